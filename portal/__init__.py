@@ -1,0 +1,105 @@
+"""The push consent portal: the application factory."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from flask import Flask, g, request
+from flask_wtf.csrf import CSRFProtect
+
+from portal.clock import Clock, SystemClock
+from portal.config import Settings
+from portal.db import db
+from portal.subscriptions.sealing import KeyRing
+
+ROOT = Path(__file__).resolve().parent.parent
+csrf = CSRFProtect()
+log = logging.getLogger("portal")
+
+
+@dataclass
+class Portal:
+    """The seams services reach through the app: settings, clock, key provider."""
+
+    settings: Settings
+    clock: Clock
+    keys: KeyRing
+
+
+def create_app(
+    settings: Settings | None = None,
+    *,
+    clock: Clock | None = None,
+    keys: KeyRing | None = None,
+) -> Flask:
+    app = Flask(
+        __name__,
+        instance_path=os.environ.get("PORTAL_INSTANCE_PATH") or str(ROOT / "instance"),
+        template_folder=str(ROOT / "templates"),
+        static_folder=str(ROOT / "static"),
+        static_url_path="/static",
+    )
+    if settings is None:
+        settings = Settings.from_env(os.environ, app.instance_path)
+    app.config.update(
+        SECRET_KEY=settings.secret_key,
+        SESSION_COOKIE_HTTPONLY=True,
+        SESSION_COOKIE_SAMESITE="Lax",
+        SESSION_COOKIE_SECURE=settings.is_production,
+        WTF_CSRF_TIME_LIMIT=None if not settings.is_production else 8 * 3600,
+        TEMPLATES_AUTO_RELOAD=not settings.is_production,
+    )
+    app.extensions["portal.settings"] = settings
+    app.extensions["portal"] = Portal(
+        settings=settings,
+        clock=clock or SystemClock(),
+        keys=keys or KeyRing(settings.auth_keys, settings.auth_key_version),
+    )
+
+    db.init_app(app)
+    csrf.init_app(app)
+    _register_blueprints(app)
+    _instrument(app)
+
+    if settings.auto_migrate:
+        from portal.migrate import upgrade
+
+        upgrade(app.extensions["portal.db"].engine)
+    return app
+
+
+def _register_blueprints(app: Flask) -> None:
+    from portal import api, cli, health, metrics, pages
+    from portal.subscriptions import views as subscription_views
+
+    api.register_error_handlers(app)
+    app.register_blueprint(health.bp)
+    app.register_blueprint(metrics.bp)
+    app.register_blueprint(pages.bp)
+    app.register_blueprint(subscription_views.bp)
+    # The JSON API is same-origin and JSON-only (checked on every request), which a
+    # cross-site form cannot forge; its callers include the service worker, which has
+    # no page to read a CSRF token from.
+    csrf.exempt(subscription_views.bp)
+    cli.register(app)
+
+
+def _instrument(app: Flask) -> None:
+    from portal.metrics import http_latency, http_requests
+
+    @app.before_request
+    def _start_timer() -> None:
+        g._portal_started = time.perf_counter()
+
+    @app.after_request
+    def _record(response):  # type: ignore[no-untyped-def]
+        route = request.url_rule.rule if request.url_rule is not None else "unmatched"
+        http_requests.labels(route, f"{response.status_code // 100}xx").inc()
+        started = g.get("_portal_started")
+        if started is not None:
+            http_latency.labels(route).observe(time.perf_counter() - started)
+        return response

@@ -1,0 +1,76 @@
+"""What every JSON endpoint shares: strict body parsing and the error shape."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+from urllib.parse import urlsplit
+
+from flask import Flask, Response, current_app, jsonify, request
+from werkzeug.exceptions import HTTPException
+
+from portal.errors import ApiError
+
+_LOCALE = re.compile(r"^[A-Za-z]{2,3}(-[A-Za-z0-9]{1,8}){0,3}$")
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def json_body() -> dict[str, Any]:
+    """The request's JSON object, or an :class:`ApiError` saying precisely what is wrong."""
+    if request.mimetype != "application/json":
+        raise ApiError(
+            "unsupported_media_type", "send the body as application/json", status=415
+        )
+    request.max_content_length = current_app.extensions["portal.settings"].api_max_body_bytes
+    raw = request.get_data(cache=True)  # 413 past the limit, raised by Werkzeug
+    try:
+        data = json.loads(raw, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError):
+        raise ApiError("invalid_json", "the body is not valid JSON") from None
+    if not isinstance(data, dict):
+        raise ApiError("invalid_json", "the body must be a JSON object")
+    return data
+
+
+def check_same_origin() -> None:
+    """The API is same-origin only: a browser's cross-site POST is refused outright."""
+    if request.headers.get("Sec-Fetch-Site") == "cross-site":
+        raise ApiError("cross_origin", "cross-site requests are not accepted", status=403)
+    origin = request.headers.get("Origin")
+    if origin and origin != "null":
+        if urlsplit(origin).netloc != request.host:
+            raise ApiError("cross_origin", "cross-origin requests are not accepted", status=403)
+
+
+def request_origin() -> str:
+    return request.host_url.rstrip("/")
+
+
+def request_locale() -> str | None:
+    best = request.accept_languages.best
+    if best and _LOCALE.fullmatch(best):
+        return best
+    return None
+
+
+def error_response(error: ApiError) -> tuple[Response, int]:
+    return jsonify(error.to_json()), error.status
+
+
+def register_error_handlers(app: Flask) -> None:
+    @app.errorhandler(ApiError)
+    def _api_error(error: ApiError) -> tuple[Response, int]:
+        return error_response(error)
+
+    @app.errorhandler(HTTPException)
+    def _http_error(error: HTTPException) -> Any:
+        if not request.path.startswith("/api/"):
+            return error
+        code = (error.name or "error").lower().replace(" ", "_")
+        return error_response(
+            ApiError(code, error.description or error.name, status=error.code or 500)
+        )

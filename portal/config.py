@@ -1,0 +1,310 @@
+"""Configuration from the environment, in one object.
+
+Development mode needs nothing: SQLite in the instance folder and secrets generated
+once into ``instance/portal-secrets.json``. Production mode refuses to start when a
+secret is missing or left at a well-known default, naming the variable.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import os
+import re
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+
+DEFAULT_PUSH_HOSTS = (
+    "fcm.googleapis.com",
+    "updates.push.services.mozilla.com",
+    "web.push.apple.com",
+    "*.notify.windows.com",
+)
+
+# Values that show a secret was never really set.
+_PLACEHOLDER_SECRETS = frozenset(
+    {"", "changeme", "change-me", "change_me", "secret", "dev", "development", "test", "default"}
+)
+_MIN_SECRET_KEY_LENGTH = 32
+_SECRETS_FILE = "portal-secrets.json"
+
+
+class ConfigError(Exception):
+    """A setting is missing or malformed; the message names the variable."""
+
+
+def b64url_encode(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+
+
+def b64url_decode(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def generate_vapid_keys() -> tuple[str, str]:
+    """A new application-server key pair: (private scalar, uncompressed public point),
+    both base64url as browsers and pywebpush expect them."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    private = key.private_numbers().private_value.to_bytes(32, "big")
+    public = key.public_key().public_bytes(
+        serialization.Encoding.X962, serialization.PublicFormat.UncompressedPoint
+    )
+    return b64url_encode(private), b64url_encode(public)
+
+
+def generate_signing_key() -> str:
+    key = ed25519.Ed25519PrivateKey.generate()
+    return b64url_encode(
+        key.private_bytes(
+            serialization.Encoding.Raw,
+            serialization.PrivateFormat.Raw,
+            serialization.NoEncryption(),
+        )
+    )
+
+
+@dataclass(frozen=True)
+class RetrySettings:
+    max_attempts: int = 5
+    initial_delay: float = 1.0
+    max_delay: float = 64.0
+    backoff_factor: float = 2.0
+    jitter: float = 0.3
+
+
+@dataclass(frozen=True)
+class Settings:
+    env: str = "development"
+    instance_path: str = "instance"
+    database_url: str = ""
+    secret_key: str = ""
+    vapid_private_key: str = ""
+    vapid_public_key: str = ""
+    vapid_subject: str = ""
+    auth_keys: Mapping[int, bytes] = field(default_factory=dict)
+    auth_key_version: int = 1
+    push_allowed_hosts: tuple[str, ...] = DEFAULT_PUSH_HOSTS
+    push_ca_bundle: str | None = None
+    scheduler: bool = True
+    feedback_secrets: tuple[str, ...] = ()
+    export_signing_key: str = ""
+    endpoint_max_length: int = 4096
+    api_max_body_bytes: int = 16 * 1024
+    last_seen_throttle_seconds: int = 3600
+    failures_before_stale: int = 3
+    retry: RetrySettings = field(default_factory=RetrySettings)
+    reseal_batch_size: int = 500
+    auto_migrate: bool = False
+
+    @property
+    def is_production(self) -> bool:
+        return self.env == "production"
+
+    def with_overrides(self, **changes: Any) -> Settings:
+        return replace(self, **changes)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str], instance_path: str) -> Settings:
+        env = environ.get("PORTAL_ENV", "development").strip().lower()
+        if env not in {"development", "production"}:
+            raise ConfigError(f"PORTAL_ENV must be 'development' or 'production', not {env!r}")
+        production = env == "production"
+        generated: dict[str, str] = {} if production else _dev_secrets(instance_path)
+
+        def get(name: str, default: str = "") -> str:
+            value = environ.get(name)
+            if value is None or value == "":
+                return generated.get(name, default)
+            return value
+
+        secret_key = get("SECRET_KEY")
+        vapid_private = get("VAPID_PRIVATE_KEY")
+        vapid_public = get("VAPID_PUBLIC_KEY")
+        vapid_subject = get("VAPID_SUBJECT", "" if production else "mailto:admin@localhost")
+        version_text = get("SUBSCRIPTION_AUTH_KEY_VERSION", "1")
+        try:
+            key_version = int(version_text)
+        except ValueError:
+            raise ConfigError(
+                f"SUBSCRIPTION_AUTH_KEY_VERSION must be a whole number, not {version_text!r}"
+            ) from None
+        auth_keys = _auth_keys(environ, generated)
+        export_key = get("EXPORT_SIGNING_KEY")
+
+        if production:
+            _require_secret("SECRET_KEY", secret_key)
+            _require_secret("VAPID_PRIVATE_KEY", vapid_private)
+            _require_secret("VAPID_PUBLIC_KEY", vapid_public)
+            _require_secret("VAPID_SUBJECT", vapid_subject)
+            _require_secret(f"SUBSCRIPTION_AUTH_KEY_V{key_version}", auth_keys.get(key_version))
+        if key_version not in auth_keys:
+            raise ConfigError(
+                f"SUBSCRIPTION_AUTH_KEY_V{key_version} is missing: "
+                f"SUBSCRIPTION_AUTH_KEY_VERSION is {key_version}"
+            )
+        if vapid_subject and not re.match(r"^(mailto:[^@\s]+@[^@\s]+|https://\S+)$", vapid_subject):
+            raise ConfigError("VAPID_SUBJECT must be a mailto: address or an https: URL")
+        _check_vapid_pair(vapid_private, vapid_public)
+
+        database_url = environ.get("DATABASE_URL") or (
+            f"sqlite:///{Path(instance_path).resolve() / 'portal.sqlite3'}"
+        )
+        hosts_text = environ.get("PUSH_ALLOWED_HOSTS", "")
+        hosts = tuple(h.strip().lower() for h in hosts_text.split(",") if h.strip())
+        return cls(
+            env=env,
+            instance_path=instance_path,
+            database_url=normalise_database_url(database_url),
+            secret_key=secret_key,
+            vapid_private_key=vapid_private,
+            vapid_public_key=vapid_public,
+            vapid_subject=vapid_subject,
+            auth_keys=auth_keys,
+            auth_key_version=key_version,
+            push_allowed_hosts=hosts or DEFAULT_PUSH_HOSTS,
+            push_ca_bundle=environ.get("PUSH_CA_BUNDLE") or None,
+            scheduler=_flag(environ, "PORTAL_SCHEDULER", default=True),
+            feedback_secrets=tuple(
+                s.strip() for s in get("FEEDBACK_SECRETS").split(",") if s.strip()
+            ),
+            export_signing_key=export_key,
+            endpoint_max_length=_int(environ, "PUSH_ENDPOINT_MAX_LENGTH", 4096),
+            api_max_body_bytes=_int(environ, "API_MAX_BODY_BYTES", 16 * 1024),
+            last_seen_throttle_seconds=_int(environ, "LAST_SEEN_THROTTLE_SECONDS", 3600),
+            failures_before_stale=_int(environ, "PUSH_FAILURES_BEFORE_STALE", 3),
+            retry=RetrySettings(
+                max_attempts=_int(environ, "RETRY_MAX_ATTEMPTS", 5),
+                initial_delay=_float(environ, "RETRY_INITIAL_DELAY_SECONDS", 1.0),
+                max_delay=_float(environ, "RETRY_MAX_DELAY_SECONDS", 64.0),
+                backoff_factor=_float(environ, "RETRY_BACKOFF_FACTOR", 2.0),
+                jitter=_float(environ, "RETRY_JITTER", 0.3),
+            ),
+            reseal_batch_size=_int(environ, "RESEAL_BATCH_SIZE", 500),
+            auto_migrate=_flag(environ, "PORTAL_AUTO_MIGRATE", default=not production),
+        )
+
+
+def normalise_database_url(url: str) -> str:
+    """Route plain ``postgresql://`` URLs to psycopg 3, the driver we ship."""
+    for prefix in ("postgres://", "postgresql://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    return url
+
+
+def _require_secret(name: str, value: object) -> None:
+    if value is None or (isinstance(value, str) and value.strip().lower() in _PLACEHOLDER_SECRETS):
+        raise ConfigError(f"{name} is missing or left at a default: set it in the environment")
+    if name == "SECRET_KEY" and isinstance(value, str) and len(value) < _MIN_SECRET_KEY_LENGTH:
+        raise ConfigError(f"SECRET_KEY is too short: use at least {_MIN_SECRET_KEY_LENGTH} characters")
+
+
+def _auth_keys(environ: Mapping[str, str], generated: Mapping[str, str]) -> dict[int, bytes]:
+    keys: dict[int, bytes] = {}
+    names = {**generated, **environ}
+    for name, value in names.items():
+        match = re.fullmatch(r"SUBSCRIPTION_AUTH_KEY_V(\d+)", name)
+        if not match or not value:
+            continue
+        try:
+            raw = base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError):
+            raise ConfigError(f"{name} is not valid base64") from None
+        if len(raw) != 32:
+            raise ConfigError(f"{name} must decode to 32 bytes, not {len(raw)}")
+        keys[int(match.group(1))] = raw
+    return keys
+
+
+def _check_vapid_pair(private: str, public: str) -> None:
+    if not private or not public:
+        return
+    try:
+        scalar = int.from_bytes(b64url_decode(private), "big")
+        key = ec.derive_private_key(scalar, ec.SECP256R1())
+    except (ValueError, binascii.Error):
+        raise ConfigError("VAPID_PRIVATE_KEY is not a base64url P-256 private key") from None
+    expected = key.public_key().public_bytes(
+        serialization.Encoding.X962, serialization.PublicFormat.UncompressedPoint
+    )
+    try:
+        given = b64url_decode(public)
+    except (ValueError, binascii.Error):
+        given = b""
+    if given != expected:
+        raise ConfigError("VAPID_PUBLIC_KEY does not match VAPID_PRIVATE_KEY")
+
+
+def _dev_secrets(instance_path: str) -> dict[str, str]:
+    """Secrets for development, generated on first start and kept in the instance folder."""
+    folder = Path(instance_path)
+    path = folder / _SECRETS_FILE
+    if path.exists():
+        return json.loads(path.read_text())
+    folder.mkdir(parents=True, exist_ok=True)
+    private, public = generate_vapid_keys()
+    values = {
+        "SECRET_KEY": secrets.token_urlsafe(48),
+        "VAPID_PRIVATE_KEY": private,
+        "VAPID_PUBLIC_KEY": public,
+        "SUBSCRIPTION_AUTH_KEY_V1": base64.b64encode(secrets.token_bytes(32)).decode(),
+        "FEEDBACK_SECRETS": secrets.token_urlsafe(32),
+        "EXPORT_SIGNING_KEY": generate_signing_key(),
+    }
+    # Written with 0600 and renamed into place so two processes starting together
+    # end up with one set of keys.
+    tmp = folder / f".{_SECRETS_FILE}.{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        json.dump(values, handle, indent=2)
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        values = json.loads(path.read_text())
+    finally:
+        tmp.unlink()
+    return values
+
+
+def _flag(environ: Mapping[str, str], name: str, *, default: bool) -> bool:
+    value = environ.get(name, "").strip().lower()
+    if not value:
+        return default
+    if value in {"1", "on", "true", "yes"}:
+        return True
+    if value in {"0", "off", "false", "no"}:
+        return False
+    raise ConfigError(f"{name} must be 'on' or 'off', not {value!r}")
+
+
+def _int(environ: Mapping[str, str], name: str, default: int) -> int:
+    value = environ.get(name, "").strip()
+    if not value:
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        raise ConfigError(f"{name} must be a whole number, not {value!r}") from None
+    if number < 0:
+        raise ConfigError(f"{name} must not be negative")
+    return number
+
+
+def _float(environ: Mapping[str, str], name: str, default: float) -> float:
+    value = environ.get(name, "").strip()
+    if not value:
+        return default
+    try:
+        number = float(value)
+    except ValueError:
+        raise ConfigError(f"{name} must be a number, not {value!r}") from None
+    if number < 0:
+        raise ConfigError(f"{name} must not be negative")
+    return number

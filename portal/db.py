@@ -1,0 +1,172 @@
+"""The database: engine, sessions, the model base and the types shared by every package."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from flask import Flask, current_app, g
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = sa.MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class UTCDateTime(sa.types.TypeDecorator[dt.datetime]):
+    """Timezone-aware UTC datetimes on every database.
+
+    SQLite has no timezone type and hands back naive values; this stores UTC and always
+    returns aware datetimes, so comparisons never mix naive and aware values.
+    """
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: dt.datetime | None, dialect: sa.Dialect) -> Any:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given where an aware UTC one is required")
+        value = value.astimezone(dt.UTC)
+        if dialect.name == "sqlite":
+            return value.replace(tzinfo=None)
+        return value
+
+    def process_result_value(self, value: Any, dialect: sa.Dialect) -> dt.datetime | None:
+        if value is None:
+            return None
+        if isinstance(value, str):
+            value = dt.datetime.fromisoformat(value)
+        if value.tzinfo is None:
+            return value.replace(tzinfo=dt.UTC)
+        return value.astimezone(dt.UTC)
+
+
+def uuid7() -> uuid.UUID:
+    """A time-ordered UUID (RFC 9562 version 7): new rows land at the end of the index."""
+    millis = int(dt.datetime.now(dt.UTC).timestamp() * 1000)
+    rand = int.from_bytes(uuid.uuid4().bytes[6:], "big") & ((1 << 74) - 1)
+    value = (millis & ((1 << 48) - 1)) << 80
+    value |= 0x7 << 76
+    value |= ((rand >> 62) & 0xFFF) << 64
+    value |= 0b10 << 62
+    value |= rand & ((1 << 62) - 1)
+    return uuid.UUID(int=value)
+
+
+def create_engine(url: str, **kwargs: Any) -> Engine:
+    if url.startswith("sqlite"):
+        engine = sa.create_engine(
+            url, connect_args={"timeout": 30, "check_same_thread": False}, **kwargs
+        )
+        _configure_sqlite(engine)
+        return engine
+    kwargs.setdefault("pool_pre_ping", True)
+    if "poolclass" not in kwargs:
+        kwargs.setdefault("pool_size", 10)
+        kwargs.setdefault("max_overflow", 20)
+    return sa.create_engine(url, **kwargs)
+
+
+def _configure_sqlite(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Let SQLAlchemy, not the driver, decide when a transaction starts.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA foreign_keys = ON")
+        cursor.execute("PRAGMA journal_mode = WAL")
+        cursor.execute("PRAGMA synchronous = NORMAL")
+        cursor.execute("PRAGMA busy_timeout = 30000")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: sa.Connection) -> None:
+        # Take the write lock up front: every transaction is serialised, so a
+        # read-then-write never fails half-way with SQLITE_BUSY, and appends that
+        # must be ordered (the consent chain, claims) are ordered.
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def is_postgres(bind: sa.Connection | Session | Engine) -> bool:
+    if isinstance(bind, Session):
+        return bind.get_bind().dialect.name == "postgresql"
+    return bind.dialect.name == "postgresql"
+
+
+@dataclass
+class _State:
+    engine: Engine
+    session_factory: sessionmaker[Session]
+
+
+class Database:
+    """Flask extension: an engine per application, a session per application context.
+
+    The state lives in ``app.extensions`` so several applications (tests, a job runner
+    beside a web app) never share an engine by accident.
+    """
+
+    def __init__(self, app: Flask | None = None) -> None:
+        if app is not None:
+            self.init_app(app)
+
+    def init_app(self, app: Flask) -> None:
+        settings = app.extensions["portal.settings"]
+        engine = create_engine(settings.database_url)
+        app.extensions["portal.db"] = _State(engine, sessionmaker(engine, expire_on_commit=False))
+        app.teardown_appcontext(self._teardown)
+
+    @staticmethod
+    def _state(app: Flask | None = None) -> _State:
+        return (app or current_app).extensions["portal.db"]
+
+    @property
+    def engine(self) -> Engine:
+        return self._state().engine
+
+    @property
+    def session(self) -> Session:
+        """The session of the current application context."""
+        session = g.get("_portal_session")
+        if session is None:
+            session = self._state().session_factory()
+            g._portal_session = session
+        return session
+
+    @contextmanager
+    def begin(self, app: Flask | None = None) -> Iterator[Session]:
+        """A fresh session in its own transaction, for jobs and scripts."""
+        with self._state(app).session_factory() as session, session.begin():
+            yield session
+
+    def session_factory(self, app: Flask | None = None) -> sessionmaker[Session]:
+        return self._state(app).session_factory
+
+    @staticmethod
+    def _teardown(_exc: BaseException | None) -> None:
+        session = g.pop("_portal_session", None)
+        if session is not None:
+            session.close()
+
+    def dispose(self, app: Flask) -> None:
+        self._state(app).engine.dispose()
+
+
+db = Database()

@@ -1,0 +1,125 @@
+"""Registry maintenance jobs: re-sealing under the current key, repairing endpoint hashes.
+
+Both walk the table by primary key (keyset pagination, never OFFSET) in short
+transactions, so they can be stopped at any point and run again: each batch that
+committed is done, and the next run picks up what is left.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import sqlalchemy as sa
+from flask import Flask
+from sqlalchemy.exc import IntegrityError
+
+from portal.db import db, is_postgres
+from portal.jobs import JobReport, Progress, job
+from portal.subscriptions.models import PushSubscription
+from portal.subscriptions.sealing import KeyRing, SealBroken, UnknownKeyVersion
+from portal.subscriptions.validation import endpoint_hash
+
+_t = PushSubscription.__table__
+
+
+def reseal(app: Flask, keys: KeyRing, *, batch_size: int, progress: Progress) -> JobReport:
+    """Move every sealed auth secret to the current key version.
+
+    A row whose version has no key (or whose seal does not open) is reported and left
+    as it is; every other row still moves.
+    """
+    report = JobReport("reseal")
+    current = keys.current_version
+    pending = (_t.c.auth_sealed.is_not(None)) & (_t.c.auth_key_version != current)
+    with db.begin(app) as session:
+        progress.start(session.execute(sa.select(sa.func.count()).where(pending)).scalar_one())
+    last_id: uuid.UUID | None = None
+    while True:
+        with db.begin(app) as session:
+            query = sa.select(_t.c.id, _t.c.auth_sealed, _t.c.auth_key_version).where(pending)
+            if last_id is not None:
+                query = query.where(_t.c.id > last_id)
+            query = query.order_by(_t.c.id).limit(batch_size)
+            if is_postgres(session):
+                # Another re-seal run (another process) takes other rows meanwhile.
+                query = query.with_for_update(skip_locked=True)
+            rows = session.execute(query).all()
+            if not rows:
+                break
+            for row in rows:
+                try:
+                    secret = keys.open(row.auth_sealed, row.auth_key_version)
+                except (UnknownKeyVersion, SealBroken) as problem:
+                    report.problems.append(f"subscription {row.id}: {problem}")
+                    continue
+                sealed = keys.seal(secret)
+                result = session.execute(
+                    sa.update(_t)
+                    .where(
+                        _t.c.id == row.id,
+                        _t.c.auth_key_version == row.auth_key_version,
+                        _t.c.auth_sealed == row.auth_sealed,
+                    )
+                    .values(auth_sealed=sealed.sealed, auth_key_version=sealed.key_version)
+                )
+                report.changed += result.rowcount
+            last_id = rows[-1].id
+        report.processed += len(rows)
+        progress.advance(len(rows))
+    return report
+
+
+def backfill_endpoint_hash(app: Flask, *, batch_size: int, progress: Progress) -> JobReport:
+    """Make every live row's ``endpoint_hash`` the SHA-256 of its endpoint.
+
+    The repair half of an online hash migration (migrations/README.md): rows written
+    before the column existed, or under an older algorithm, get the right digest. A row
+    whose endpoint already belongs to another row is reported, never merged.
+    """
+    report = JobReport("backfill-hash")
+    has_endpoint = _t.c.endpoint.is_not(None)
+    with db.begin(app) as session:
+        progress.start(session.execute(sa.select(sa.func.count()).where(has_endpoint)).scalar_one())
+    last_id: uuid.UUID | None = None
+    while True:
+        with db.begin(app) as session:
+            query = sa.select(_t.c.id, _t.c.endpoint, _t.c.endpoint_hash).where(has_endpoint)
+            if last_id is not None:
+                query = query.where(_t.c.id > last_id)
+            rows = session.execute(query.order_by(_t.c.id).limit(batch_size)).all()
+            if not rows:
+                break
+            for row in rows:
+                digest = endpoint_hash(row.endpoint)
+                if row.endpoint_hash == digest:
+                    continue
+                try:
+                    with session.begin_nested():
+                        session.execute(
+                            sa.update(_t).where(_t.c.id == row.id).values(endpoint_hash=digest)
+                        )
+                    report.changed += 1
+                except IntegrityError:
+                    report.problems.append(
+                        f"subscription {row.id}: its endpoint is already stored on another row"
+                    )
+            last_id = rows[-1].id
+        report.processed += len(rows)
+        progress.advance(len(rows))
+    return report
+
+
+@job("reseal")
+def _reseal_job(app: Flask, progress: Progress) -> JobReport:
+    portal = app.extensions["portal"]
+    return reseal(
+        app, portal.keys, batch_size=portal.settings.reseal_batch_size, progress=progress
+    )
+
+
+@job("backfill-hash")
+def _backfill_job(app: Flask, progress: Progress) -> JobReport:
+    portal = app.extensions["portal"]
+    return backfill_endpoint_hash(
+        app, batch_size=portal.settings.reseal_batch_size, progress=progress
+    )

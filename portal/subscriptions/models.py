@@ -1,0 +1,147 @@
+"""Subscribers and their push subscriptions (SPEC §3, seed 000 §3)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import uuid
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Mapped, mapped_column
+
+from portal.db import Base, UTCDateTime, uuid7
+
+
+class SubscriptionState(enum.StrEnum):
+    PENDING = "pending"
+    ACTIVE = "active"
+    STALE = "stale"
+    EXPIRED = "expired"
+    REVOKED = "revoked"
+
+
+LIVE_STATES = (SubscriptionState.PENDING, SubscriptionState.ACTIVE)
+
+subscription_state_type = sa.Enum(
+    SubscriptionState,
+    name="push_subscription_state",
+    values_callable=lambda states: [s.value for s in states],
+    create_constraint=True,
+    native_enum=True,
+    validate_strings=True,
+)
+
+
+class PushService(enum.StrEnum):
+    FCM = "fcm"
+    AUTOPUSH = "autopush"
+    APPLE = "apple"
+    WNS = "wns"
+    OTHER = "other"
+
+
+class EndReason(enum.StrEnum):
+    """How a subscription ended; kept on the tombstone and in the retention counters."""
+
+    UNSUBSCRIBED = "unsubscribed"
+    ROTATED = "rotated"
+    REVOKED_BY_PUSH_SERVICE = "revoked_by_push_service"
+    REVOKED_BY_FEEDBACK = "revoked_by_feedback"
+    EXPIRED = "expired"
+    ERASED = "erased"
+
+
+class Subscriber(Base):
+    """Whoever holds preferences: an account or an anonymous browser."""
+
+    __tablename__ = "subscriber"
+
+    id: Mapped[uuid.UUID] = mapped_column(sa.Uuid, primary_key=True, default=uuid7)
+    external_user_id: Mapped[str | None] = mapped_column(sa.String(255), unique=True)
+    region_code: Mapped[str | None] = mapped_column(sa.String(8))
+    locale: Mapped[str | None] = mapped_column(sa.String(35))
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, nullable=False)
+    erased_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+
+
+_LIVE = "state IN ('pending', 'active') AND deleted_at IS NULL"
+
+
+class PushSubscription(Base):
+    """A push subscription: a credential issued by a push service, addressed by its hash.
+
+    Tombstones (``deleted_at`` set) keep only the hash, the subscriber and the dates;
+    the credential columns are emptied, so they are nullable, and a CHECK makes sure a
+    live row always has them.
+    """
+
+    __tablename__ = "push_subscription"
+
+    id: Mapped[uuid.UUID] = mapped_column(sa.Uuid, primary_key=True, default=uuid7)
+    endpoint: Mapped[str | None] = mapped_column(sa.Text)
+    endpoint_hash: Mapped[bytes] = mapped_column(sa.LargeBinary(32), nullable=False, unique=True)
+    push_service: Mapped[str] = mapped_column(sa.String(16), nullable=False)
+    p256dh: Mapped[str | None] = mapped_column(sa.String(96))
+    auth_sealed: Mapped[bytes | None] = mapped_column(sa.LargeBinary(64))
+    auth_key_version: Mapped[int] = mapped_column(sa.SmallInteger, nullable=False, default=1)
+    content_encoding: Mapped[str] = mapped_column(
+        sa.String(16), nullable=False, default="aes128gcm", server_default="aes128gcm"
+    )
+    expiration_time: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    subscriber_id: Mapped[uuid.UUID | None] = mapped_column(
+        sa.Uuid, sa.ForeignKey("subscriber.id", ondelete="SET NULL")
+    )
+    user_agent: Mapped[str | None] = mapped_column(sa.String(400))
+    locale: Mapped[str | None] = mapped_column(sa.String(35))
+    origin: Mapped[str] = mapped_column(sa.String(255), nullable=False)
+    state: Mapped[SubscriptionState] = mapped_column(
+        subscription_state_type, nullable=False, default=SubscriptionState.PENDING
+    )
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, nullable=False)
+    last_seen_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, nullable=False)
+    last_success_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    last_failure_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    last_status_code: Mapped[int | None] = mapped_column(sa.SmallInteger)
+    consecutive_failures: Mapped[int] = mapped_column(
+        sa.SmallInteger, nullable=False, default=0, server_default="0"
+    )
+    revoked_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    end_reason: Mapped[str | None] = mapped_column(sa.String(32))
+    deleted_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+
+    __table_args__ = (
+        sa.CheckConstraint("length(endpoint_hash) = 32", name="endpoint_hash_len"),
+        sa.CheckConstraint("length(p256dh) BETWEEN 80 AND 96", name="p256dh_len"),
+        sa.CheckConstraint(
+            "deleted_at IS NOT NULL OR "
+            "(endpoint IS NOT NULL AND p256dh IS NOT NULL AND auth_sealed IS NOT NULL)",
+            name="live_has_credentials",
+        ),
+        sa.CheckConstraint(
+            "push_service IN ('fcm', 'autopush', 'apple', 'wns', 'other')", name="push_service"
+        ),
+        sa.CheckConstraint("consecutive_failures >= 0", name="failures_not_negative"),
+        # Fan-out: every live subscription of one subscriber.
+        sa.Index(
+            "ix_push_subscription_subscriber_live",
+            "subscriber_id",
+            postgresql_where=sa.text(_LIVE),
+            sqlite_where=sa.text(_LIVE),
+        ),
+        # Ageing sweeps: rows that have gone quiet. Tombstones stay out.
+        sa.Index(
+            "ix_push_subscription_sweep",
+            "state",
+            "last_seen_at",
+            postgresql_where=sa.text("deleted_at IS NULL"),
+            sqlite_where=sa.text("deleted_at IS NULL"),
+        ),
+        # Per-provider accounting and routing.
+        sa.Index(
+            "ix_push_subscription_service",
+            "push_service",
+            "state",
+            postgresql_where=sa.text("deleted_at IS NULL"),
+            sqlite_where=sa.text("deleted_at IS NULL"),
+        ),
+    )

@@ -1,0 +1,305 @@
+"""The subscription registry: upsert, heartbeat, endpoint change, unsubscribe (seed 000 §6).
+
+Plain functions over a session. They validate nothing (the caller passed validated
+values) and commit nothing: the caller owns the transaction.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from portal.clock import Clock
+from portal.db import is_postgres, uuid7
+from portal.metrics import subscription_upserts
+from portal.subscriptions.models import (
+    EndReason,
+    PushSubscription,
+    Subscriber,
+    SubscriptionState,
+    subscription_state_type,
+)
+from portal.subscriptions.sealing import KeyRing
+from portal.subscriptions.validation import ValidSubscription, endpoint_hash
+
+_t = PushSubscription.__table__
+
+
+@dataclass(frozen=True)
+class Registration:
+    """Who registers, and from where: request context the upsert stores."""
+
+    origin: str
+    user_agent: str | None = None
+    locale: str | None = None
+    subscriber_id: uuid.UUID | None = None  # from a signed cookie or a known endpoint
+
+
+@dataclass(frozen=True)
+class UpsertResult:
+    id: uuid.UUID
+    state: SubscriptionState
+    inserted: bool
+    subscriber_id: uuid.UUID
+    previous_state: SubscriptionState | None  # None when inserted
+    subscriber_created: bool
+
+
+def _state(value: SubscriptionState) -> sa.ColumnElement[Any]:
+    return sa.literal(value, type_=subscription_state_type)
+
+
+def _next_state_on_register() -> sa.ColumnElement[Any]:
+    """Never downgrade: revoked/expired → pending; stale → active if it ever succeeded,
+    else pending; pending and active stay as they are."""
+    return sa.case(
+        (_t.c.state.in_(["revoked", "expired"]), _state(SubscriptionState.PENDING)),
+        (
+            _t.c.state == "stale",
+            sa.case(
+                (_t.c.last_success_at.is_not(None), _state(SubscriptionState.ACTIVE)),
+                else_=_state(SubscriptionState.PENDING),
+            ),
+        ),
+        else_=_t.c.state,
+    )
+
+
+def find_by_endpoint(session: Session, endpoint: str) -> PushSubscription | None:
+    return session.scalars(
+        sa.select(PushSubscription).where(PushSubscription.endpoint_hash == endpoint_hash(endpoint))
+    ).one_or_none()
+
+
+def _live_subscriber(session: Session, subscriber_id: uuid.UUID | None) -> uuid.UUID | None:
+    if subscriber_id is None:
+        return None
+    found = session.execute(
+        sa.select(Subscriber.id).where(Subscriber.id == subscriber_id, Subscriber.erased_at.is_(None))
+    ).scalar_one_or_none()
+    return found
+
+
+def upsert_subscription(
+    session: Session,
+    subscription: ValidSubscription,
+    registration: Registration,
+    *,
+    keys: KeyRing,
+    clock: Clock,
+) -> UpsertResult:
+    """Insert or refresh the subscription addressed by the endpoint's hash.
+
+    The subscriber is the one named by the registration when it is live; otherwise the
+    one already on the row (unless erased: erasure means nothing is inherited);
+    otherwise a new anonymous subscriber. Two requests racing to insert the same new
+    endpoint both end on the same row and the same subscriber.
+    """
+    now = clock.now()
+    digest = subscription.endpoint.hash
+    existing = session.execute(
+        sa.select(_t.c.id, _t.c.state, _t.c.subscriber_id, Subscriber.erased_at)
+        .select_from(_t.outerjoin(Subscriber, Subscriber.id == _t.c.subscriber_id))
+        .where(_t.c.endpoint_hash == digest)
+    ).one_or_none()
+
+    subscriber_id = _live_subscriber(session, registration.subscriber_id)
+    given = subscriber_id is not None
+    created = False
+    if subscriber_id is None and existing is not None and existing.subscriber_id is not None:
+        if existing.erased_at is None:
+            subscriber_id, given = existing.subscriber_id, True
+    if subscriber_id is None:
+        subscriber_id = uuid7()
+        session.add(Subscriber(id=subscriber_id, created_at=now, locale=registration.locale))
+        session.flush()
+        created = True
+        # An existing row whose subscriber was erased (or that has none) takes the new
+        # one; only a brand-new row may keep whatever a racing insert put there.
+        given = existing is not None
+
+    sealed = keys.seal(subscription.auth)
+    values = {
+        "id": uuid7(),
+        "endpoint": subscription.endpoint.endpoint,
+        "endpoint_hash": digest,
+        "push_service": subscription.endpoint.push_service.value,
+        "p256dh": subscription.p256dh,
+        "auth_sealed": sealed.sealed,
+        "auth_key_version": sealed.key_version,
+        "content_encoding": "aes128gcm",
+        "expiration_time": subscription.expiration_time,
+        "subscriber_id": subscriber_id,
+        "user_agent": (registration.user_agent or "")[:400] or None,
+        "locale": registration.locale,
+        "origin": registration.origin[:255],
+        "state": SubscriptionState.PENDING,
+        "created_at": now,
+        "last_seen_at": now,
+        "consecutive_failures": 0,
+    }
+    postgres = is_postgres(session)
+    insert = (postgresql.insert if postgres else sqlite.insert)(_t).values(**values)
+    excluded = insert.excluded
+    subscriber_value = (
+        excluded.subscriber_id
+        if given
+        else sa.func.coalesce(_t.c.subscriber_id, excluded.subscriber_id)
+    )
+    returning = [_t.c.id, _t.c.state, _t.c.subscriber_id]
+    if postgres:
+        # xmax = 0 only on a row this statement inserted.
+        returning.append(sa.literal_column("(xmax = 0)").label("inserted"))
+    statement = insert.on_conflict_do_update(
+        index_elements=[_t.c.endpoint_hash],
+        set_={
+            "endpoint": excluded.endpoint,
+            "p256dh": excluded.p256dh,
+            "auth_sealed": excluded.auth_sealed,
+            "auth_key_version": excluded.auth_key_version,
+            "expiration_time": excluded.expiration_time,
+            "subscriber_id": subscriber_value,
+            "user_agent": excluded.user_agent,
+            "locale": excluded.locale,
+            "origin": excluded.origin,
+            "last_seen_at": excluded.last_seen_at,
+            "deleted_at": None,
+            "revoked_at": None,
+            "end_reason": None,
+            "consecutive_failures": 0,
+            "state": _next_state_on_register(),
+        },
+    ).returning(*returning)
+    row = session.execute(statement).one()
+    # On SQLite every transaction holds the write lock from its start, so the row
+    # read above cannot have appeared or vanished since.
+    inserted = bool(row.inserted) if postgres else existing is None
+    if created and row.subscriber_id != subscriber_id:
+        # Lost a race to another request that inserted this endpoint first.
+        session.execute(sa.delete(Subscriber).where(Subscriber.id == subscriber_id))
+        created = False
+    subscription_upserts.labels("inserted" if inserted else "updated").inc()
+    previous = None if inserted or existing is None else SubscriptionState(existing.state)
+    return UpsertResult(
+        id=row.id,
+        state=SubscriptionState(row.state),
+        inserted=inserted,
+        subscriber_id=row.subscriber_id,
+        previous_state=previous,
+        subscriber_created=created,
+    )
+
+
+@dataclass(frozen=True)
+class HeartbeatResult:
+    state: str
+    action: str  # none | resubscribe | unsubscribe
+    subscription: PushSubscription | None
+
+
+def heartbeat(
+    session: Session, endpoint: str, *, clock: Clock, throttle: dt.timedelta
+) -> HeartbeatResult:
+    """The page says the browser still holds this subscription.
+
+    Refreshes ``last_seen_at`` at most once per ``throttle``, revives a stale row (this
+    is the sign of life it lacked), and tells the browser what to do next.
+    """
+    now = clock.now()
+    sub = find_by_endpoint(session, endpoint)
+    if sub is None:
+        return HeartbeatResult("unknown", "resubscribe", None)
+    if sub.deleted_at is not None or sub.state == SubscriptionState.REVOKED:
+        # Erased, unsubscribed or revoked: the browser must drop its subscription, or the
+        # next registration would silently recreate the relationship.
+        return HeartbeatResult(sub.state.value, "unsubscribe", sub)
+    expired = sub.expiration_time is not None and sub.expiration_time <= now
+    if sub.state == SubscriptionState.EXPIRED or expired:
+        return HeartbeatResult(SubscriptionState.EXPIRED.value, "resubscribe", sub)
+    if sub.state == SubscriptionState.STALE:
+        sub.state = SubscriptionState.ACTIVE if sub.last_success_at else SubscriptionState.PENDING
+        sub.last_seen_at = now
+    elif sub.last_seen_at <= now - throttle:
+        session.execute(
+            sa.update(PushSubscription)
+            .where(PushSubscription.id == sub.id, PushSubscription.last_seen_at <= now - throttle)
+            .values(last_seen_at=now)
+            .execution_options(synchronize_session=False)
+        )
+        sub.last_seen_at = now
+    return HeartbeatResult(sub.state.value, "none", sub)
+
+
+def end_subscription(
+    sub: PushSubscription, *, state: SubscriptionState, reason: EndReason, now: dt.datetime
+) -> bool:
+    """Mark a subscription ended; returns False when it had already ended the same way."""
+    if sub.state == state and sub.end_reason == reason.value:
+        return False
+    sub.state = state
+    sub.end_reason = reason.value
+    if state == SubscriptionState.REVOKED and sub.revoked_at is None:
+        sub.revoked_at = now
+    return True
+
+
+@dataclass(frozen=True)
+class ChangeResult:
+    new: UpsertResult
+    old: PushSubscription | None
+    moved: bool
+
+
+def change_endpoint(
+    session: Session,
+    old_endpoint: str,
+    new: ValidSubscription,
+    registration: Registration,
+    *,
+    keys: KeyRing,
+    clock: Clock,
+) -> ChangeResult:
+    """pushsubscriptionchange: the new endpoint takes over the old one's subscriber.
+
+    The old row ends as rotated in the same transaction, so at no point do both or
+    neither carry the subscriber's preferences.
+    """
+    old = find_by_endpoint(session, old_endpoint)
+    carry = None
+    if old is not None and old.deleted_at is None and old.subscriber_id is not None:
+        carry = _live_subscriber(session, old.subscriber_id)
+    result = upsert_subscription(
+        session,
+        new,
+        Registration(
+            origin=registration.origin,
+            user_agent=registration.user_agent,
+            locale=registration.locale,
+            subscriber_id=carry or registration.subscriber_id,
+        ),
+        keys=keys,
+        clock=clock,
+    )
+    moved = False
+    if old is not None and old.id != result.id:
+        moved = end_subscription(
+            old, state=SubscriptionState.REVOKED, reason=EndReason.ROTATED, now=clock.now()
+        ) and carry is not None
+    return ChangeResult(result, old, moved)
+
+
+def unsubscribe(session: Session, endpoint: str, *, clock: Clock) -> PushSubscription | None:
+    sub = find_by_endpoint(session, endpoint)
+    if sub is None:
+        return None
+    if sub.deleted_at is None:
+        end_subscription(
+            sub, state=SubscriptionState.REVOKED, reason=EndReason.UNSUBSCRIBED, now=clock.now()
+        )
+    return sub

@@ -1,0 +1,196 @@
+"""Test fixtures: a migrated database per run (SQLite or PostgreSQL), an app per test.
+
+``PORTAL_TEST_DATABASE`` chooses the backend. Unset: SQLite, a migrated template file
+copied for every test. A PostgreSQL URL: a fresh database created on that server for
+the run, migrated, emptied after every test and dropped at the end.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+from flask import Flask
+from flask.testing import FlaskClient
+
+from portal import create_app
+from portal.clock import FrozenClock
+from portal.config import DEFAULT_PUSH_HOSTS, Settings, generate_vapid_keys, normalise_database_url
+from portal.db import create_engine
+from portal.migrate import upgrade
+from tests.factories import SubscriptionFactory
+
+TEST_DATABASE = os.environ.get("PORTAL_TEST_DATABASE", "").strip()
+BACKEND = "postgresql" if TEST_DATABASE.startswith(("postgres://", "postgresql")) else "sqlite"
+KEY_V1 = base64.b64encode(b"\x01" * 32).decode()
+KEY_V2 = base64.b64encode(b"\x02" * 32).decode()
+VAPID_PRIVATE, VAPID_PUBLIC = generate_vapid_keys()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    skip = pytest.mark.skip(reason="PostgreSQL only: set PORTAL_TEST_DATABASE to run it")
+    for item in items:
+        if BACKEND != "postgresql" and "postgres_only" in item.keywords:
+            item.add_marker(skip)
+
+
+def _psycopg_url(url: str) -> str:
+    return url.replace("postgresql+psycopg://", "postgresql://")
+
+
+class PostgresServer:
+    """Creates and drops throwaway databases on the server PORTAL_TEST_DATABASE names."""
+
+    def __init__(self, admin_url: str) -> None:
+        self.admin_url = _psycopg_url(normalise_database_url(admin_url))
+        self.created: list[str] = []
+
+    def url_for(self, name: str) -> str:
+        base, _, _ = self.admin_url.rpartition("/")
+        return normalise_database_url(f"{base}/{name}")
+
+    def create(self, prefix: str = "portal_test") -> str:
+        name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+        with psycopg.connect(self.admin_url, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        self.created.append(name)
+        return self.url_for(name)
+
+    def drop(self, url: str) -> None:
+        name = url.rpartition("/")[2]
+        with psycopg.connect(self.admin_url, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        if name in self.created:
+            self.created.remove(name)
+
+
+@pytest.fixture(scope="session")
+def backend() -> str:
+    return BACKEND
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PostgresServer | None]:
+    if BACKEND != "postgresql":
+        yield None
+        return
+    server = PostgresServer(TEST_DATABASE)
+    yield server
+    for name in list(server.created):
+        server.drop(server.url_for(name))
+
+
+@pytest.fixture(scope="session")
+def fresh_database(pg_server: PostgresServer | None, tmp_path_factory: pytest.TempPathFactory):
+    """A factory of new, empty databases on the backend under test (dropped afterwards)."""
+
+    def make() -> str:
+        if pg_server is not None:
+            return pg_server.create()
+        path = tmp_path_factory.mktemp("db") / f"{uuid.uuid4().hex}.sqlite3"
+        return f"sqlite:///{path}"
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def _migrated_template(fresh_database) -> Iterator[str]:
+    url = fresh_database()
+    engine = create_engine(url)
+    upgrade(engine)
+    engine.dispose()
+    yield url
+
+
+def _empty_postgres(url: str) -> None:
+    engine = create_engine(url, poolclass=sa.pool.NullPool)
+    with engine.begin() as conn:
+        tables = [
+            row[0]
+            for row in conn.execute(
+                sa.text(
+                    "SELECT tablename FROM pg_tables WHERE schemaname = 'public' "
+                    "AND tablename <> 'alembic_version'"
+                )
+            )
+        ]
+        if tables:
+            # replica mode skips the triggers that guard append-only tables.
+            conn.execute(sa.text("SET LOCAL session_replication_role = replica"))
+            conn.execute(
+                sa.text(f"TRUNCATE {', '.join(f'{t!s}' for t in tables)} RESTART IDENTITY CASCADE")
+            )
+    engine.dispose()
+
+
+@pytest.fixture
+def database_url(_migrated_template: str, tmp_path: Path) -> Iterator[str]:
+    """A migrated, empty database of this test's own."""
+    if BACKEND == "postgresql":
+        yield _migrated_template
+        _empty_postgres(_migrated_template)
+        return
+    source = Path(_migrated_template.removeprefix("sqlite:///"))
+    target = tmp_path / "portal.sqlite3"
+    shutil.copyfile(source, target)
+    yield f"sqlite:///{target}"
+
+
+@pytest.fixture
+def clock() -> FrozenClock:
+    return FrozenClock()
+
+
+def make_settings(database_url: str, instance_path: str, **overrides: object) -> Settings:
+    values: dict[str, object] = {
+        "env": "development",
+        "instance_path": instance_path,
+        "database_url": database_url,
+        "secret_key": "t" * 48,
+        "vapid_private_key": VAPID_PRIVATE,
+        "vapid_public_key": VAPID_PUBLIC,
+        "vapid_subject": "mailto:ops@example.test",
+        "auth_keys": {1: base64.b64decode(KEY_V1)},
+        "auth_key_version": 1,
+        "push_allowed_hosts": (*DEFAULT_PUSH_HOSTS, "127.0.0.1:8443"),
+        "scheduler": False,
+        "feedback_secrets": ("feedback-secret-one",),
+        "auto_migrate": False,
+    }
+    values.update(overrides)
+    return Settings(**values)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def settings(database_url: str, tmp_path: Path) -> Settings:
+    return make_settings(database_url, str(tmp_path / "instance"))
+
+
+@pytest.fixture
+def app(settings: Settings, clock: FrozenClock) -> Iterator[Flask]:
+    application = create_app(settings, clock=clock)
+    application.config["TESTING"] = True
+    yield application
+    application.extensions["portal.db"].engine.dispose()
+
+
+@pytest.fixture
+def client(app: Flask) -> FlaskClient:
+    return app.test_client()
+
+
+@pytest.fixture
+def engine(app: Flask) -> sa.Engine:
+    return app.extensions["portal.db"].engine
+
+
+@pytest.fixture
+def subscriptions() -> SubscriptionFactory:
+    return SubscriptionFactory()

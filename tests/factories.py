@@ -1,0 +1,66 @@
+"""Test data: browser subscriptions with real P-256 key pairs and auth secrets."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from portal.config import b64url_encode
+
+HOSTS = {
+    "fcm": "https://fcm.googleapis.com/fcm/send/",
+    "autopush": "https://updates.push.services.mozilla.com/wpush/v2/",
+    "apple": "https://web.push.apple.com/",
+    "wns": "https://wns2-by3p.notify.windows.com/w/?token=",
+    "local": "https://127.0.0.1:8443/push/",
+}
+
+
+@dataclass
+class BrowserSubscription:
+    """What ``pushManager.subscribe()`` gives a page, plus the keys only the browser has."""
+
+    endpoint: str
+    private_key: ec.EllipticCurvePrivateKey
+    auth: bytes
+    expiration_time: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def p256dh(self) -> str:
+        return b64url_encode(
+            self.private_key.public_key().public_bytes(
+                serialization.Encoding.X962, serialization.PublicFormat.UncompressedPoint
+            )
+        )
+
+    @property
+    def auth_b64(self) -> str:
+        return b64url_encode(self.auth)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "endpoint": self.endpoint,
+            "expirationTime": self.expiration_time,
+            "keys": {"p256dh": self.p256dh, "auth": self.auth_b64},
+        }
+
+
+class SubscriptionFactory:
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self, service: str = "fcm", **kwargs: Any) -> BrowserSubscription:
+        self.count += 1
+        token = secrets.token_urlsafe(96)
+        return BrowserSubscription(
+            endpoint=HOSTS[service] + token,
+            private_key=ec.generate_private_key(ec.SECP256R1()),
+            auth=os.urandom(16),
+            **kwargs,
+        )
