@@ -52,7 +52,8 @@ class UpsertResult:
 
 
 def _state(value: SubscriptionState) -> sa.ColumnElement[Any]:
-    return sa.literal(value, type_=subscription_state_type)
+    # An explicit cast: PostgreSQL will not unify a bare parameter with the enum in CASE.
+    return sa.cast(sa.literal(value.value), subscription_state_type)
 
 
 def _next_state_on_register() -> sa.ColumnElement[Any]:

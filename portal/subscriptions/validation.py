@@ -176,7 +176,9 @@ def validate_expiration(value: object, field: str) -> dt.datetime | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValidationError("invalid_type", f"{field} must be a number or null", field)
+        raise ValidationError(
+            "invalid_type", f"{field} must be a number or null", field, status=400
+        )
     if not 0 <= value < _MAX_EXPIRATION_MS:
         raise ValidationError("invalid_value", f"{field} is out of range", field)
     return dt.datetime.fromtimestamp(value / 1000, tz=dt.UTC)

@@ -1,0 +1,134 @@
+"""Heartbeat, endpoint change and unsubscribe."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import sqlalchemy as sa
+
+from tests.helpers import all_rows
+
+SUBSCRIBE = "/api/push/subscribe"
+
+
+def _rows(engine):
+    return {r["endpoint"]: r for r in all_rows(engine, "push_subscription")}
+
+
+def test_heartbeat_throttles_last_seen_to_once_an_hour(client, engine, subscriptions, clock):
+    sub = subscriptions()
+    client.post(SUBSCRIBE, json={"subscription": sub.to_json()})
+    first_seen = _rows(engine)[sub.endpoint]["last_seen_at"]
+
+    clock.advance(minutes=59)
+    response = client.post("/api/push/heartbeat", json={"endpoint": sub.endpoint})
+    assert response.json == {"state": "pending", "action": "none"}
+    assert _rows(engine)[sub.endpoint]["last_seen_at"] == first_seen
+
+    clock.advance(minutes=2)
+    client.post("/api/push/heartbeat", json={"endpoint": sub.endpoint})
+    assert _rows(engine)[sub.endpoint]["last_seen_at"] != first_seen
+
+
+def test_heartbeat_actions(client, engine, subscriptions, clock):
+    sub = subscriptions()
+    client.post(SUBSCRIBE, json={"subscription": sub.to_json()})
+
+    def beat():
+        return client.post("/api/push/heartbeat", json={"endpoint": sub.endpoint}).json
+
+    def set_row(**values):
+        with engine.begin() as conn:
+            conn.execute(
+                sa.text("UPDATE push_subscription SET " + ", ".join(f"{k} = :{k}" for k in values)),
+                values,
+            )
+
+    set_row(state="stale")
+    assert beat() == {"state": "pending", "action": "none"}  # a sign of life revives it
+    set_row(state="stale", last_success_at=clock.now())
+    assert beat() == {"state": "active", "action": "none"}
+    set_row(expiration_time=clock.now() - dt.timedelta(seconds=1))
+    assert beat() == {"state": "expired", "action": "resubscribe"}
+    set_row(expiration_time=None, state="expired")
+    assert beat() == {"state": "expired", "action": "resubscribe"}
+    set_row(state="revoked")
+    assert beat() == {"state": "revoked", "action": "unsubscribe"}
+    set_row(state="revoked", endpoint=None, p256dh=None, auth_sealed=None, deleted_at=clock.now())
+    # A tombstone keeps only the hash: enough to tell the browser to unsubscribe.
+    assert beat() == {"state": "revoked", "action": "unsubscribe"}
+    unknown = client.post("/api/push/heartbeat", json={"endpoint": subscriptions().endpoint})
+    assert unknown.json == {"state": "unknown", "action": "resubscribe"}
+
+
+def test_heartbeat_refuses_bad_input(client):
+    assert client.post("/api/push/heartbeat", json={}).status_code == 400
+    assert client.post("/api/push/heartbeat", json={"endpoint": 5}).status_code == 400
+    long = client.post("/api/push/heartbeat", json={"endpoint": "https://x/" + "a" * 5000})
+    assert long.status_code == 422
+
+
+def test_change_moves_the_subscriber_and_ends_the_old_endpoint(app, engine, subscriptions):
+    browser = app.test_client()
+    old = subscriptions()
+    browser.post(SUBSCRIBE, json={"subscription": old.to_json()})
+    new = subscriptions()
+    # The service worker's request: no cookie is needed, the old endpoint identifies it.
+    response = app.test_client().post(
+        "/api/push/change", json={"oldEndpoint": old.endpoint, "subscription": new.to_json()}
+    )
+    assert response.status_code == 201
+    assert response.json["moved"] is True
+    rows = _rows(engine)
+    assert rows[new.endpoint]["subscriber_id"] == rows[old.endpoint]["subscriber_id"]
+    assert rows[old.endpoint]["state"] == "revoked"
+    assert rows[old.endpoint]["end_reason"] == "rotated"
+    assert rows[old.endpoint]["revoked_at"] is not None
+    assert rows[new.endpoint]["state"] == "pending"
+
+    repeat = app.test_client().post(
+        "/api/push/change", json={"oldEndpoint": old.endpoint, "subscription": new.to_json()}
+    )
+    assert repeat.status_code == 200  # idempotent: same row, same subscriber
+    assert repeat.json["id"] == response.json["id"]
+    assert len(_rows(engine)) == 2
+
+
+def test_change_from_an_unknown_endpoint_still_registers_the_new_one(client, engine, subscriptions):
+    new = subscriptions()
+    response = client.post(
+        "/api/push/change",
+        json={"oldEndpoint": "https://fcm.googleapis.com/fcm/send/gone", "subscription": new.to_json()},
+    )
+    assert response.status_code == 201
+    assert response.json["moved"] is False
+    assert list(_rows(engine)) == [new.endpoint]
+
+
+def test_change_with_a_bad_new_subscription_changes_nothing(client, engine, subscriptions):
+    old = subscriptions()
+    client.post(SUBSCRIBE, json={"subscription": old.to_json()})
+    bad = subscriptions().to_json()
+    bad["keys"]["auth"] = "short"
+    response = client.post("/api/push/change", json={"oldEndpoint": old.endpoint, "subscription": bad})
+    assert response.status_code == 422
+    assert response.json["error"]["field"] == "subscription.keys.auth"
+    rows = _rows(engine)
+    assert list(rows) == [old.endpoint]
+    assert rows[old.endpoint]["state"] == "pending"
+
+
+def test_unsubscribe(client, engine, subscriptions):
+    sub = subscriptions()
+    client.post(SUBSCRIBE, json={"subscription": sub.to_json()})
+    response = client.post("/api/push/unsubscribe", json={"endpoint": sub.endpoint})
+    assert response.status_code == 200
+    assert response.json["state"] == "revoked"
+    row = _rows(engine)[sub.endpoint]
+    assert row["end_reason"] == "unsubscribed"
+    assert client.post("/api/push/unsubscribe", json={"endpoint": sub.endpoint}).status_code == 200
+    missing = client.post("/api/push/unsubscribe", json={"endpoint": subscriptions().endpoint})
+    assert missing.status_code == 404
+    assert missing.json["error"]["code"] == "unknown_endpoint"
+    # Subscribing again later brings it back to pending (never left revoked by mistake).
+    assert client.post(SUBSCRIBE, json={"subscription": sub.to_json()}).json["state"] == "pending"
