@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from flask import Flask, g, request
+from flask import Flask, Response, g, request
 from flask_wtf.csrf import CSRFProtect
 
 from portal.clock import Clock, SystemClock
@@ -96,7 +96,7 @@ def _instrument(app: Flask) -> None:
         g._portal_started = time.perf_counter()
 
     @app.after_request
-    def _record(response):  # type: ignore[no-untyped-def]
+    def _record(response: Response) -> Response:
         route = request.url_rule.rule if request.url_rule is not None else "unmatched"
         http_requests.labels(route, f"{response.status_code // 100}xx").inc()
         started = g.get("_portal_started")

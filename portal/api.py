@@ -22,9 +22,7 @@ def _refuse_constant(name: str) -> Any:
 def json_body() -> dict[str, Any]:
     """The request's JSON object, or an :class:`ApiError` saying precisely what is wrong."""
     if request.mimetype != "application/json":
-        raise ApiError(
-            "unsupported_media_type", "send the body as application/json", status=415
-        )
+        raise ApiError("unsupported_media_type", "send the body as application/json", status=415)
     request.max_content_length = current_app.extensions["portal.settings"].api_max_body_bytes
     raw = request.get_data(cache=True)  # 413 past the limit, raised by Werkzeug
     try:
@@ -41,9 +39,8 @@ def check_same_origin() -> None:
     if request.headers.get("Sec-Fetch-Site") == "cross-site":
         raise ApiError("cross_origin", "cross-site requests are not accepted", status=403)
     origin = request.headers.get("Origin")
-    if origin and origin != "null":
-        if urlsplit(origin).netloc != request.host:
-            raise ApiError("cross_origin", "cross-origin requests are not accepted", status=403)
+    if origin and origin != "null" and urlsplit(origin).netloc != request.host:
+        raise ApiError("cross_origin", "cross-origin requests are not accepted", status=403)
 
 
 def request_origin() -> str:

@@ -203,7 +203,9 @@ def _require_secret(name: str, value: object) -> None:
     if value is None or (isinstance(value, str) and value.strip().lower() in _PLACEHOLDER_SECRETS):
         raise ConfigError(f"{name} is missing or left at a default: set it in the environment")
     if name == "SECRET_KEY" and isinstance(value, str) and len(value) < _MIN_SECRET_KEY_LENGTH:
-        raise ConfigError(f"SECRET_KEY is too short: use at least {_MIN_SECRET_KEY_LENGTH} characters")
+        raise ConfigError(
+            f"SECRET_KEY is too short: use at least {_MIN_SECRET_KEY_LENGTH} characters"
+        )
 
 
 def _auth_keys(environ: Mapping[str, str], generated: Mapping[str, str]) -> dict[int, bytes]:

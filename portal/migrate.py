@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -12,7 +13,7 @@ MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
 
 
 def alembic_config(connection: sa.Connection | None = None, url: str | None = None) -> Config:
-    config = Config()
+    config = Config(stdout=sys.stdout)  # the current stdout, so click can capture it
     config.set_main_option("script_location", str(MIGRATIONS))
     if url:
         config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))

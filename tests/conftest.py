@@ -101,12 +101,12 @@ def fresh_database(pg_server: PostgresServer | None, tmp_path_factory: pytest.Te
 
 
 @pytest.fixture(scope="session")
-def _migrated_template(fresh_database) -> Iterator[str]:
+def _migrated_template(fresh_database) -> str:
     url = fresh_database()
     engine = create_engine(url)
     upgrade(engine)
     engine.dispose()
-    yield url
+    return url
 
 
 def _empty_postgres(url: str) -> None:

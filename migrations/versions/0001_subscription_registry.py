@@ -44,9 +44,7 @@ def upgrade() -> None:
         sa.Column("p256dh", sa.String(96), nullable=True),
         sa.Column("auth_sealed", sa.LargeBinary(64), nullable=True),
         sa.Column("auth_key_version", sa.SmallInteger(), nullable=False),
-        sa.Column(
-            "content_encoding", sa.String(16), server_default="aes128gcm", nullable=False
-        ),
+        sa.Column("content_encoding", sa.String(16), server_default="aes128gcm", nullable=False),
         sa.Column("expiration_time", _when(), nullable=True),
         sa.Column("subscriber_id", sa.Uuid(), nullable=True),
         sa.Column("user_agent", sa.String(400), nullable=True),
@@ -66,8 +64,12 @@ def upgrade() -> None:
         sa.Column("revoked_at", _when(), nullable=True),
         sa.Column("end_reason", sa.String(32), nullable=True),
         sa.Column("deleted_at", _when(), nullable=True),
-        sa.CheckConstraint("length(endpoint_hash) = 32", name=op.f("ck_push_subscription_endpoint_hash_len")),
-        sa.CheckConstraint("length(p256dh) BETWEEN 80 AND 96", name=op.f("ck_push_subscription_p256dh_len")),
+        sa.CheckConstraint(
+            "length(endpoint_hash) = 32", name=op.f("ck_push_subscription_endpoint_hash_len")
+        ),
+        sa.CheckConstraint(
+            "length(p256dh) BETWEEN 80 AND 96", name=op.f("ck_push_subscription_p256dh_len")
+        ),
         sa.CheckConstraint(
             "deleted_at IS NOT NULL OR "
             "(endpoint IS NOT NULL AND p256dh IS NOT NULL AND auth_sealed IS NOT NULL)",

@@ -112,9 +112,7 @@ def backfill_endpoint_hash(app: Flask, *, batch_size: int, progress: Progress) -
 @job("reseal")
 def _reseal_job(app: Flask, progress: Progress) -> JobReport:
     portal = app.extensions["portal"]
-    return reseal(
-        app, portal.keys, batch_size=portal.settings.reseal_batch_size, progress=progress
-    )
+    return reseal(app, portal.keys, batch_size=portal.settings.reseal_batch_size, progress=progress)
 
 
 @job("backfill-hash")

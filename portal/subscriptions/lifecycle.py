@@ -8,8 +8,8 @@ use it, so the rules live in exactly one place.
 from __future__ import annotations
 
 import datetime as dt
-import enum
 import email.utils
+import enum
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -55,7 +55,9 @@ class Transition:
 _TERMINAL = (SubscriptionState.REVOKED, SubscriptionState.EXPIRED)
 
 
-def apply_answer(current: Lifecycle, answer: PushAnswer, *, failures_before_stale: int = 3) -> Transition:
+def apply_answer(
+    current: Lifecycle, answer: PushAnswer, *, failures_before_stale: int = 3
+) -> Transition:
     status = answer.status
     if status is None:
         return Transition(Outcome.RETRY, current, "network_error")
@@ -65,7 +67,9 @@ def apply_answer(current: Lifecycle, answer: PushAnswer, *, failures_before_stal
     if status == 410:
         return Transition(
             Outcome.REVOKED,
-            Lifecycle(SubscriptionState.REVOKED, current.consecutive_failures, current.has_succeeded),
+            Lifecycle(
+                SubscriptionState.REVOKED, current.consecutive_failures, current.has_succeeded
+            ),
             "gone",
         )
     if status == 404:
@@ -77,7 +81,9 @@ def apply_answer(current: Lifecycle, answer: PushAnswer, *, failures_before_stal
             SubscriptionState.ACTIVE,
         ):
             state = SubscriptionState.STALE
-        return Transition(Outcome.FAILED, Lifecycle(state, failures, current.has_succeeded), "not_found")
+        return Transition(
+            Outcome.FAILED, Lifecycle(state, failures, current.has_succeeded), "not_found"
+        )
     if status == 429 or (status == WNS_RATE_LIMITED and answer.push_service == PushService.WNS):
         return Transition(Outcome.RETRY, current, "rate_limited")
     if 500 <= status < 600:
@@ -98,7 +104,9 @@ def backoff_delay(
 
     min(initial × factor^(attempt−1), max), at least Retry-After, times (1 + jitter·U[0,1)).
     """
-    exponential = min(retry.initial_delay * retry.backoff_factor ** max(attempt - 1, 0), retry.max_delay)
+    exponential = min(
+        retry.initial_delay * retry.backoff_factor ** max(attempt - 1, 0), retry.max_delay
+    )
     floor = max(exponential, retry_after or 0.0)
     return floor * (1 + rand() * retry.jitter)
 

@@ -81,10 +81,11 @@ def find_by_endpoint(session: Session, endpoint: str) -> PushSubscription | None
 def _live_subscriber(session: Session, subscriber_id: uuid.UUID | None) -> uuid.UUID | None:
     if subscriber_id is None:
         return None
-    found = session.execute(
-        sa.select(Subscriber.id).where(Subscriber.id == subscriber_id, Subscriber.erased_at.is_(None))
+    return session.execute(
+        sa.select(Subscriber.id).where(
+            Subscriber.id == subscriber_id, Subscriber.erased_at.is_(None)
+        )
     ).scalar_one_or_none()
-    return found
 
 
 def upsert_subscription(
@@ -113,9 +114,13 @@ def upsert_subscription(
     subscriber_id = _live_subscriber(session, registration.subscriber_id)
     given = subscriber_id is not None
     created = False
-    if subscriber_id is None and existing is not None and existing.subscriber_id is not None:
-        if existing.erased_at is None:
-            subscriber_id, given = existing.subscriber_id, True
+    if (
+        subscriber_id is None
+        and existing is not None
+        and existing.subscriber_id is not None
+        and existing.erased_at is None
+    ):
+        subscriber_id, given = existing.subscriber_id, True
     if subscriber_id is None:
         subscriber_id = uuid7()
         session.add(Subscriber(id=subscriber_id, created_at=now, locale=registration.locale))
@@ -289,9 +294,12 @@ def change_endpoint(
     )
     moved = False
     if old is not None and old.id != result.id:
-        moved = end_subscription(
-            old, state=SubscriptionState.REVOKED, reason=EndReason.ROTATED, now=clock.now()
-        ) and carry is not None
+        moved = (
+            end_subscription(
+                old, state=SubscriptionState.REVOKED, reason=EndReason.ROTATED, now=clock.now()
+            )
+            and carry is not None
+        )
     return ChangeResult(result, old, moved)
 
 

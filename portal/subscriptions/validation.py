@@ -45,7 +45,9 @@ def decode_b64url(text: str, *, field: str, length: int) -> bytes:
     try:
         raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
     except (binascii.Error, ValueError):
-        raise ValidationError("invalid_base64url", f"{field} is not valid base64url", field) from None
+        raise ValidationError(
+            "invalid_base64url", f"{field} is not valid base64url", field
+        ) from None
     if len(raw) != length:
         raise ValidationError(
             "invalid_length", f"{field} must decode to {length} bytes, not {len(raw)}", field

@@ -72,8 +72,13 @@ def test_other_answers_fail_the_delivery_only(status):
 
 
 def test_406_is_a_rate_limit_only_from_wns():
-    assert apply_answer(Lifecycle(S.ACTIVE), PushAnswer(406, PushService.WNS)).outcome == Outcome.RETRY
-    assert apply_answer(Lifecycle(S.ACTIVE), PushAnswer(406, PushService.APPLE)).outcome == Outcome.FAILED
+    assert (
+        apply_answer(Lifecycle(S.ACTIVE), PushAnswer(406, PushService.WNS)).outcome == Outcome.RETRY
+    )
+    assert (
+        apply_answer(Lifecycle(S.ACTIVE), PushAnswer(406, PushService.APPLE)).outcome
+        == Outcome.FAILED
+    )
 
 
 services = st.sampled_from(list(PushService))
@@ -89,7 +94,12 @@ lifecycles = st.builds(Lifecycle, states, st.integers(0, 10), st.booleans())
 
 def _transient(answer: PushAnswer) -> bool:
     s = answer.status
-    return s is None or s == 429 or 500 <= s < 600 or (s == 406 and answer.push_service == PushService.WNS)
+    return (
+        s is None
+        or s == 429
+        or 500 <= s < 600
+        or (s == 406 and answer.push_service == PushService.WNS)
+    )
 
 
 @settings(max_examples=500)
@@ -132,7 +142,9 @@ def test_stale_exactly_when_three_404s_in_a_row(sequence):
         assert (life.state == S.STALE) == (run >= 3)
 
 
-@given(st.integers(1, 12), st.floats(0, 1, exclude_max=True), st.one_of(st.none(), st.floats(0, 500)))
+@given(
+    st.integers(1, 12), st.floats(0, 1, exclude_max=True), st.one_of(st.none(), st.floats(0, 500))
+)
 def test_backoff_bounds(attempt, u, retry_after):
     retry = RetrySettings()
     delay = backoff_delay(attempt, retry, retry_after=retry_after, rand=lambda: u)
@@ -142,7 +154,16 @@ def test_backoff_bounds(attempt, u, retry_after):
 
 def test_backoff_schedule():
     retry = RetrySettings()
-    assert [backoff_delay(n, retry, rand=lambda: 0.0) for n in range(1, 9)] == [1, 2, 4, 8, 16, 32, 64, 64]
+    assert [backoff_delay(n, retry, rand=lambda: 0.0) for n in range(1, 9)] == [
+        1,
+        2,
+        4,
+        8,
+        16,
+        32,
+        64,
+        64,
+    ]
     assert backoff_delay(1, retry, retry_after=30, rand=lambda: 0.0) == 30
     assert backoff_delay(1, retry, rand=lambda: 1.0) == pytest.approx(1.3)
     assert may_retry(4, retry) and not may_retry(5, retry)

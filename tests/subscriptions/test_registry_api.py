@@ -98,7 +98,10 @@ def test_change_from_an_unknown_endpoint_still_registers_the_new_one(client, eng
     new = subscriptions()
     response = client.post(
         "/api/push/change",
-        json={"oldEndpoint": "https://fcm.googleapis.com/fcm/send/gone", "subscription": new.to_json()},
+        json={
+            "oldEndpoint": "https://fcm.googleapis.com/fcm/send/gone",
+            "subscription": new.to_json(),
+        },
     )
     assert response.status_code == 201
     assert response.json["moved"] is False
@@ -110,7 +113,9 @@ def test_change_with_a_bad_new_subscription_changes_nothing(client, engine, subs
     client.post(SUBSCRIBE, json={"subscription": old.to_json()})
     bad = subscriptions().to_json()
     bad["keys"]["auth"] = "short"
-    response = client.post("/api/push/change", json={"oldEndpoint": old.endpoint, "subscription": bad})
+    response = client.post(
+        "/api/push/change", json={"oldEndpoint": old.endpoint, "subscription": bad}
+    )
     assert response.status_code == 422
     assert response.json["error"]["field"] == "subscription.keys.auth"
     rows = _rows(engine)

@@ -58,11 +58,15 @@ def _app(settings, clock, keys: dict[int, bytes], current: int):
     )
 
 
-def test_rotation_old_rows_open_new_rows_use_v2_and_reseal_moves_all(settings, clock, subscriptions):
+def test_rotation_old_rows_open_new_rows_use_v2_and_reseal_moves_all(
+    settings, clock, subscriptions
+):
     old_app = _app(settings, clock, {1: K1}, 1)
     subs = [subscriptions() for _ in range(5)]
     for sub in subs[:4]:
-        assert old_app.test_client().post(URL, json={"subscription": sub.to_json()}).status_code == 201
+        assert (
+            old_app.test_client().post(URL, json={"subscription": sub.to_json()}).status_code == 201
+        )
 
     app = _app(settings, clock, {1: K1, 2: K2}, 2)
     engine = app.extensions["portal.db"].engine

@@ -6,12 +6,13 @@ import base64
 import json
 import sqlite3
 import subprocess
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 
 from portal.subscriptions.validation import endpoint_hash
-from tests.factories import BrowserSubscription
+from tests.factories import BrowserSubscription, SubscriptionFactory
 from tests.helpers import all_rows, count_rows
 
 URL = "/api/push/subscribe"
@@ -90,8 +91,7 @@ def test_auth_secret_never_appears_in_a_plain_dump(client, engine, subscriptions
         conn = sqlite3.connect(engine.url.database)
         dump = "\n".join(conn.iterdump()).encode()
         conn.close()
-        with open(engine.url.database, "rb") as handle:
-            dump += handle.read()  # the database file itself, byte for byte
+        dump += Path(engine.url.database).read_bytes()  # the database file itself
     assert b"push_subscription" in dump
     for sub in subs:
         assert sub.p256dh.encode() in dump  # the dump is real: public values are there
@@ -100,8 +100,6 @@ def test_auth_secret_never_appears_in_a_plain_dump(client, engine, subscriptions
 
 
 def _valid() -> dict:
-    from tests.factories import SubscriptionFactory
-
     return SubscriptionFactory()().to_json()
 
 
@@ -142,40 +140,189 @@ def _standard_b64() -> dict:
 
 
 BAD_JSON_BODIES = [
-    pytest.param(lambda: _with("subscription.endpoint", "http://fcm.googleapis.com/fcm/send/x"), 422, "subscription.endpoint", id="http-endpoint"),
-    pytest.param(lambda: _with("subscription.endpoint", "https://push.example.com/x"), 422, "subscription.endpoint", id="host-not-allowed"),
-    pytest.param(lambda: _with("subscription.endpoint", "https://fcm.googleapis.com.evil.example/x"), 422, "subscription.endpoint", id="allowed-name-as-prefix"),
-    pytest.param(lambda: _with("subscription.endpoint", "https://evilfcm.googleapis.com/x"), 422, "subscription.endpoint", id="allowed-name-as-suffix"),
-    pytest.param(lambda: _with("subscription.endpoint", "https://evil.example/fcm.googleapis.com/x"), 422, "subscription.endpoint", id="allowed-name-in-path"),
-    pytest.param(lambda: _with("subscription.endpoint", "https://fcm.googleapis.com@evil.example/x"), 422, "subscription.endpoint", id="userinfo-host-trick"),
-    pytest.param(lambda: _with("subscription.endpoint", "https://evil.example@fcm.googleapis.com/x"), 422, "subscription.endpoint", id="userinfo"),
-    pytest.param(lambda: _with("subscription.endpoint", "https://fcm.googleapis.com:8443/x"), 422, "subscription.endpoint", id="port-not-allowed"),
-    pytest.param(lambda: _with("subscription.endpoint", "https://fcm.googleapis.com:443@evil.example/x"), 422, "subscription.endpoint", id="port-userinfo-trick"),
-    pytest.param(lambda: _with("subscription.endpoint", "https://fcm.googleapis.com:99999/x"), 422, "subscription.endpoint", id="port-out-of-range"),
-    pytest.param(lambda: _with("subscription.endpoint", "https://fcm.googleapis.com\\@evil.example/x"), 422, "subscription.endpoint", id="backslash-trick"),
-    pytest.param(lambda: _with("subscription.endpoint", "https://notify.windows.com/x"), 422, "subscription.endpoint", id="wildcard-needs-a-label"),
-    pytest.param(lambda: _with("subscription.endpoint", "https://evilnotify.windows.com/x"), 422, "subscription.endpoint", id="wildcard-substring"),
-    pytest.param(lambda: _with("subscription.endpoint", "https://fcm.googleapis.com/"), 422, "subscription.endpoint", id="no-registration-path"),
-    pytest.param(lambda: _with("subscription.endpoint", "https://fcm.googleapis.com/" + "a" * 4100), 422, "subscription.endpoint", id="endpoint-over-bound"),
-    pytest.param(lambda: _with("subscription.endpoint", "https://fcm.googleapis.com/a b"), 422, "subscription.endpoint", id="endpoint-whitespace"),
-    pytest.param(lambda: _with("subscription.keys.p256dh", SIXTY_FOUR), 422, "subscription.keys.p256dh", id="p256dh-64-bytes"),
-    pytest.param(lambda: _with("subscription.keys.p256dh", OFF_CURVE), 422, "subscription.keys.p256dh", id="p256dh-off-curve"),
-    pytest.param(lambda: _with("subscription.keys.p256dh", _padded(_valid()["keys"]["p256dh"])), 422, "subscription.keys.p256dh", id="p256dh-padded"),
+    pytest.param(
+        lambda: _with("subscription.endpoint", "http://fcm.googleapis.com/fcm/send/x"),
+        422,
+        "subscription.endpoint",
+        id="http-endpoint",
+    ),
+    pytest.param(
+        lambda: _with("subscription.endpoint", "https://push.example.com/x"),
+        422,
+        "subscription.endpoint",
+        id="host-not-allowed",
+    ),
+    pytest.param(
+        lambda: _with("subscription.endpoint", "https://fcm.googleapis.com.evil.example/x"),
+        422,
+        "subscription.endpoint",
+        id="allowed-name-as-prefix",
+    ),
+    pytest.param(
+        lambda: _with("subscription.endpoint", "https://evilfcm.googleapis.com/x"),
+        422,
+        "subscription.endpoint",
+        id="allowed-name-as-suffix",
+    ),
+    pytest.param(
+        lambda: _with("subscription.endpoint", "https://evil.example/fcm.googleapis.com/x"),
+        422,
+        "subscription.endpoint",
+        id="allowed-name-in-path",
+    ),
+    pytest.param(
+        lambda: _with("subscription.endpoint", "https://fcm.googleapis.com@evil.example/x"),
+        422,
+        "subscription.endpoint",
+        id="userinfo-host-trick",
+    ),
+    pytest.param(
+        lambda: _with("subscription.endpoint", "https://evil.example@fcm.googleapis.com/x"),
+        422,
+        "subscription.endpoint",
+        id="userinfo",
+    ),
+    pytest.param(
+        lambda: _with("subscription.endpoint", "https://fcm.googleapis.com:8443/x"),
+        422,
+        "subscription.endpoint",
+        id="port-not-allowed",
+    ),
+    pytest.param(
+        lambda: _with("subscription.endpoint", "https://fcm.googleapis.com:443@evil.example/x"),
+        422,
+        "subscription.endpoint",
+        id="port-userinfo-trick",
+    ),
+    pytest.param(
+        lambda: _with("subscription.endpoint", "https://fcm.googleapis.com:99999/x"),
+        422,
+        "subscription.endpoint",
+        id="port-out-of-range",
+    ),
+    pytest.param(
+        lambda: _with("subscription.endpoint", "https://fcm.googleapis.com\\@evil.example/x"),
+        422,
+        "subscription.endpoint",
+        id="backslash-trick",
+    ),
+    pytest.param(
+        lambda: _with("subscription.endpoint", "https://notify.windows.com/x"),
+        422,
+        "subscription.endpoint",
+        id="wildcard-needs-a-label",
+    ),
+    pytest.param(
+        lambda: _with("subscription.endpoint", "https://evilnotify.windows.com/x"),
+        422,
+        "subscription.endpoint",
+        id="wildcard-substring",
+    ),
+    pytest.param(
+        lambda: _with("subscription.endpoint", "https://fcm.googleapis.com/"),
+        422,
+        "subscription.endpoint",
+        id="no-registration-path",
+    ),
+    pytest.param(
+        lambda: _with("subscription.endpoint", "https://fcm.googleapis.com/" + "a" * 4100),
+        422,
+        "subscription.endpoint",
+        id="endpoint-over-bound",
+    ),
+    pytest.param(
+        lambda: _with("subscription.endpoint", "https://fcm.googleapis.com/a b"),
+        422,
+        "subscription.endpoint",
+        id="endpoint-whitespace",
+    ),
+    pytest.param(
+        lambda: _with("subscription.keys.p256dh", SIXTY_FOUR),
+        422,
+        "subscription.keys.p256dh",
+        id="p256dh-64-bytes",
+    ),
+    pytest.param(
+        lambda: _with("subscription.keys.p256dh", OFF_CURVE),
+        422,
+        "subscription.keys.p256dh",
+        id="p256dh-off-curve",
+    ),
+    pytest.param(
+        lambda: _with("subscription.keys.p256dh", _padded(_valid()["keys"]["p256dh"])),
+        422,
+        "subscription.keys.p256dh",
+        id="p256dh-padded",
+    ),
     pytest.param(_standard_b64, 422, "subscription.keys.p256dh", id="p256dh-standard-base64"),
-    pytest.param(lambda: _with("subscription.keys.auth", _padded(_valid()["keys"]["auth"])), 422, "subscription.keys.auth", id="auth-padded"),
-    pytest.param(lambda: _with("subscription.keys.auth", AUTH_15), 422, "subscription.keys.auth", id="auth-15-bytes"),
-    pytest.param(lambda: _with("subscription.keys.auth", AUTH_17), 422, "subscription.keys.auth", id="auth-17-bytes"),
-    pytest.param(lambda: _with("subscription.keys.auth", 12345), 400, "subscription.keys.auth", id="auth-not-a-string"),
-    pytest.param(lambda: _with("subscription.endpoint", _DELETE), 400, "subscription.endpoint", id="missing-endpoint"),
-    pytest.param(lambda: _with("subscription.endpoint", None), 400, "subscription.endpoint", id="null-endpoint"),
-    pytest.param(lambda: _with("subscription.keys", _DELETE), 400, "subscription.keys", id="missing-keys"),
-    pytest.param(lambda: _with("subscription.keys.p256dh", None), 400, "subscription.keys.p256dh", id="null-p256dh"),
-    pytest.param(lambda: _with("subscription.keys.auth", _DELETE), 400, "subscription.keys.auth", id="missing-auth"),
+    pytest.param(
+        lambda: _with("subscription.keys.auth", _padded(_valid()["keys"]["auth"])),
+        422,
+        "subscription.keys.auth",
+        id="auth-padded",
+    ),
+    pytest.param(
+        lambda: _with("subscription.keys.auth", AUTH_15),
+        422,
+        "subscription.keys.auth",
+        id="auth-15-bytes",
+    ),
+    pytest.param(
+        lambda: _with("subscription.keys.auth", AUTH_17),
+        422,
+        "subscription.keys.auth",
+        id="auth-17-bytes",
+    ),
+    pytest.param(
+        lambda: _with("subscription.keys.auth", 12345),
+        400,
+        "subscription.keys.auth",
+        id="auth-not-a-string",
+    ),
+    pytest.param(
+        lambda: _with("subscription.endpoint", _DELETE),
+        400,
+        "subscription.endpoint",
+        id="missing-endpoint",
+    ),
+    pytest.param(
+        lambda: _with("subscription.endpoint", None),
+        400,
+        "subscription.endpoint",
+        id="null-endpoint",
+    ),
+    pytest.param(
+        lambda: _with("subscription.keys", _DELETE), 400, "subscription.keys", id="missing-keys"
+    ),
+    pytest.param(
+        lambda: _with("subscription.keys.p256dh", None),
+        400,
+        "subscription.keys.p256dh",
+        id="null-p256dh",
+    ),
+    pytest.param(
+        lambda: _with("subscription.keys.auth", _DELETE),
+        400,
+        "subscription.keys.auth",
+        id="missing-auth",
+    ),
     pytest.param(lambda: {"subscription": None}, 400, "subscription", id="null-subscription"),
     pytest.param(lambda: {}, 400, "subscription", id="empty-object"),
-    pytest.param(lambda: {"subscription": "text"}, 400, "subscription", id="subscription-not-object"),
-    pytest.param(lambda: _with("subscription.expirationTime", "tomorrow"), 400, "subscription.expirationTime", id="expiration-not-number"),
-    pytest.param(lambda: _with("subscription.expirationTime", -5), 422, "subscription.expirationTime", id="expiration-negative"),
+    pytest.param(
+        lambda: {"subscription": "text"}, 400, "subscription", id="subscription-not-object"
+    ),
+    pytest.param(
+        lambda: _with("subscription.expirationTime", "tomorrow"),
+        400,
+        "subscription.expirationTime",
+        id="expiration-not-number",
+    ),
+    pytest.param(
+        lambda: _with("subscription.expirationTime", -5),
+        422,
+        "subscription.expirationTime",
+        id="expiration-negative",
+    ),
 ]
 
 
@@ -194,17 +341,37 @@ RAW_BAD_REQUESTS = [
     pytest.param(b"{not json", "application/json", 400, "invalid_json", id="not-json"),
     pytest.param(b"[1, 2]", "application/json", 400, "invalid_json", id="json-array"),
     pytest.param(b'{"subscription": NaN}', "application/json", 400, "invalid_json", id="json-nan"),
-    pytest.param(b"[" * 5000 + b"]" * 5000, "application/json", 400, "invalid_json", id="deep-nesting"),
-    pytest.param(b'{"subscription": {}}', "text/plain", 415, "unsupported_media_type", id="text-plain"),
-    pytest.param(b"subscription=x", "application/x-www-form-urlencoded", 415, "unsupported_media_type", id="form-encoded"),
-    pytest.param(b'{"subscription": {}}', None, 415, "unsupported_media_type", id="no-content-type"),
-    pytest.param(b'{"pad": "' + b"x" * 20000 + b'"}', "application/json", 413, "request_entity_too_large", id="oversized-body"),
+    pytest.param(
+        b"[" * 5000 + b"]" * 5000, "application/json", 400, "invalid_json", id="deep-nesting"
+    ),
+    pytest.param(
+        b'{"subscription": {}}', "text/plain", 415, "unsupported_media_type", id="text-plain"
+    ),
+    pytest.param(
+        b"subscription=x",
+        "application/x-www-form-urlencoded",
+        415,
+        "unsupported_media_type",
+        id="form-encoded",
+    ),
+    pytest.param(
+        b'{"subscription": {}}', None, 415, "unsupported_media_type", id="no-content-type"
+    ),
+    pytest.param(
+        b'{"pad": "' + b"x" * 20000 + b'"}',
+        "application/json",
+        413,
+        "request_entity_too_large",
+        id="oversized-body",
+    ),
     pytest.param(b"\xff\xfe{}", "application/json", 400, "invalid_json", id="not-utf8"),
 ]
 
 
 @pytest.mark.parametrize(("data", "content_type", "status", "code"), RAW_BAD_REQUESTS)
-def test_malformed_request_is_refused_and_writes_nothing(client, engine, data, content_type, status, code):
+def test_malformed_request_is_refused_and_writes_nothing(
+    client, engine, data, content_type, status, code
+):
     headers = {"Content-Type": content_type} if content_type else {}
     response = client.post(URL, data=data, headers=headers)
     assert response.status_code == status
@@ -257,12 +424,23 @@ def test_configured_endpoint_bound_is_used(app, client, engine, subscriptions):
 
 @pytest.mark.parametrize(
     ("service", "expected"),
-    [("fcm", "fcm"), ("autopush", "autopush"), ("apple", "apple"), ("wns", "wns"), ("local", "other")],
+    [
+        ("fcm", "fcm"),
+        ("autopush", "autopush"),
+        ("apple", "apple"),
+        ("wns", "wns"),
+        ("local", "other"),
+    ],
 )
 def test_push_service_is_derived_and_stored(client, engine, subscriptions, service, expected):
-    assert client.post(URL, json={"subscription": subscriptions(service).to_json()}).status_code == 201
+    assert (
+        client.post(URL, json={"subscription": subscriptions(service).to_json()}).status_code == 201
+    )
     with engine.connect() as conn:
-        assert conn.execute(sa.text("SELECT push_service FROM push_subscription")).scalar_one() == expected
+        assert (
+            conn.execute(sa.text("SELECT push_service FROM push_subscription")).scalar_one()
+            == expected
+        )
 
 
 def test_expiration_time_is_stored(client, engine, subscriptions):

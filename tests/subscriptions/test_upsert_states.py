@@ -24,10 +24,19 @@ def _expected(stored: str, *, had_success: bool) -> str:
 
 def _set(engine, **values):
     with engine.begin() as conn:
-        conn.execute(sa.text("UPDATE push_subscription SET " + ", ".join(f"{k} = :{k}" for k in values)), values)
+        conn.execute(
+            sa.text("UPDATE push_subscription SET " + ", ".join(f"{k} = :{k}" for k in values)),
+            values,
+        )
 
 
-REREGISTRATIONS = ["same-keys", "new-keys", "after-success", "from-tombstone", "other-browser-identity"]
+REREGISTRATIONS = [
+    "same-keys",
+    "new-keys",
+    "after-success",
+    "from-tombstone",
+    "other-browser-identity",
+]
 
 
 @pytest.mark.parametrize("stored", STATES)

@@ -1,0 +1,35 @@
+"""gunicorn settings for the portal: ``gunicorn -c gunicorn.conf.py app:app``.
+
+Metrics are per process under gunicorn, so prometheus_client runs in multi-process mode:
+the directory must be known before any worker imports prometheus_client.
+"""
+
+import os
+import tempfile
+from pathlib import Path
+
+_metrics_dir = os.environ.setdefault(
+    "PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="portal-metrics-")
+)
+Path(_metrics_dir).mkdir(parents=True, exist_ok=True)
+
+bind = os.environ.get("PORTAL_BIND", "127.0.0.1:8000")
+workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
+threads = int(os.environ.get("PORTAL_THREADS", "4"))
+worker_class = "gthread"
+timeout = 30
+graceful_timeout = 30
+accesslog = "-"
+forwarded_allow_ips = os.environ.get("FORWARDED_ALLOW_IPS", "127.0.0.1")
+
+
+def on_starting(server):  # noqa: ANN001, ANN201
+    # Values left by a previous run would be summed into this one's.
+    for stale in Path(_metrics_dir).glob("*.db"):
+        stale.unlink()
+
+
+def child_exit(server, worker):  # noqa: ANN001, ANN201
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(worker.pid)

@@ -1,0 +1,69 @@
+"""The endpoint-hash backfill job and the command line around jobs."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+from portal.jobs import run_job
+from portal.subscriptions.validation import endpoint_hash
+from tests.helpers import all_rows
+
+
+def _subscribe(client, subscriptions, n):
+    subs = [subscriptions() for _ in range(n)]
+    for sub in subs:
+        assert client.post("/api/push/subscribe", json={"subscription": sub.to_json()}).status_code == 201
+    return subs
+
+
+def test_backfill_repairs_wrong_hashes_and_is_safe_to_run_again(app, client, engine, subscriptions):
+    subs = _subscribe(client, subscriptions, 5)
+    with engine.begin() as conn:
+        for index, sub in enumerate(subs[:3]):
+            conn.execute(
+                sa.text("UPDATE push_subscription SET endpoint_hash = :h WHERE endpoint = :e"),
+                {"h": bytes([index]) * 32, "e": sub.endpoint},
+            )
+    report = run_job(app, "backfill-hash")
+    assert (report.processed, report.changed, report.problems) == (5, 3, [])
+    for row in all_rows(engine, "push_subscription"):
+        assert bytes(row["endpoint_hash"]) == endpoint_hash(row["endpoint"])
+    again = run_job(app, "backfill-hash")
+    assert (again.processed, again.changed) == (5, 0)
+
+
+def test_backfill_reports_a_duplicate_endpoint_instead_of_merging(app, client, engine, subscriptions):
+    first, second = _subscribe(client, subscriptions, 2)
+    with engine.begin() as conn:  # a legacy row: the same endpoint stored twice
+        conn.execute(
+            sa.text("UPDATE push_subscription SET endpoint = :e, endpoint_hash = :h WHERE endpoint = :old"),
+            {"e": first.endpoint, "h": b"\x07" * 32, "old": second.endpoint},
+        )
+    report = run_job(app, "backfill-hash")
+    assert report.changed == 0
+    assert len(report.problems) == 1
+    assert "already stored on another row" in report.problems[0]
+
+
+def test_cli_run_job_prints_progress_and_summary(app, client, subscriptions):
+    _subscribe(client, subscriptions, 3)
+    result = app.test_cli_runner().invoke(args=["portal", "run-job", "backfill-hash"])
+    assert result.exit_code == 0, result.output
+    assert "backfill-hash: 3 rows looked at, 0 changed" in result.output
+
+
+def test_cli_vapid_keys_prints_a_matching_pair(app):
+    from portal.config import Settings
+
+    result = app.test_cli_runner().invoke(args=["portal", "vapid-keys"])
+    lines = dict(line.split("=", 1) for line in result.output.strip().splitlines())
+    environ = {"VAPID_PRIVATE_KEY": lines["VAPID_PRIVATE_KEY"], "VAPID_PUBLIC_KEY": lines["VAPID_PUBLIC_KEY"]}
+    settings = Settings.from_env(environ, app.instance_path)  # raises if the pair mismatched
+    assert settings.vapid_public_key == lines["VAPID_PUBLIC_KEY"]
+    assert len(lines["VAPID_PUBLIC_KEY"]) == 87
+
+
+def test_cli_db_current_names_the_head(app):
+    result = app.test_cli_runner().invoke(args=["db", "current"])
+    assert result.exit_code == 0
+    assert "(head)" in result.output

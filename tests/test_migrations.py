@@ -1,0 +1,178 @@
+"""The migrations are the schema: they run both ways, and the models agree with them."""
+
+from __future__ import annotations
+
+import pytest
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy.exc import IntegrityError
+
+import portal.models  # noqa: F401
+from portal.db import Base, create_engine
+from portal.migrate import downgrade, upgrade
+
+
+@pytest.fixture
+def empty_engine(fresh_database, pg_server):
+    url = fresh_database()
+    engine = create_engine(url)
+    yield engine
+    engine.dispose()
+    if pg_server is not None:
+        pg_server.drop(url)
+
+
+def _tables(engine) -> set[str]:
+    return set(sa.inspect(engine).get_table_names())
+
+
+def test_upgrade_downgrade_upgrade(empty_engine, backend):
+    upgrade(empty_engine)
+    assert {"subscriber", "push_subscription", "alembic_version"} <= _tables(empty_engine)
+    downgrade(empty_engine, "base")
+    assert _tables(empty_engine) <= {"alembic_version"}
+    if backend == "postgresql":
+        with empty_engine.connect() as conn:
+            types = conn.execute(
+                sa.text("SELECT typname FROM pg_type WHERE typname = 'push_subscription_state'")
+            ).all()
+        assert types == []
+    upgrade(empty_engine)
+    assert "push_subscription" in _tables(empty_engine)
+
+
+def test_models_match_the_migrations(engine):
+    with engine.connect() as conn:
+        diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
+    assert diff == []
+
+
+def test_constraints_follow_the_naming_convention(engine):
+    inspector = sa.inspect(engine)
+    uniques = {u["name"] for u in inspector.get_unique_constraints("push_subscription")}
+    assert "uq_push_subscription_endpoint_hash" in uniques
+    indexes = {i["name"] for i in inspector.get_indexes("push_subscription")}
+    assert {
+        "ix_push_subscription_subscriber_live",
+        "ix_push_subscription_sweep",
+        "ix_push_subscription_service",
+    } <= indexes
+    fks = {f["name"] for f in inspector.get_foreign_keys("push_subscription")}
+    assert fks == {"fk_push_subscription_subscriber_id_subscriber"}
+
+
+def test_indexes_are_partial(engine, backend):
+    with engine.connect() as conn:
+        if backend == "postgresql":
+            defs = dict(
+                conn.execute(
+                    sa.text(
+                        "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'push_subscription'"
+                    )
+                ).all()
+            )
+        else:
+            defs = dict(
+                conn.execute(
+                    sa.text(
+                        "SELECT name, sql FROM sqlite_master WHERE type = 'index' AND tbl_name = 'push_subscription'"
+                    )
+                ).all()
+            )
+    assert "deleted_at IS NULL" in defs["ix_push_subscription_sweep"]
+    assert "deleted_at IS NULL" in defs["ix_push_subscription_service"]
+    live = defs["ix_push_subscription_subscriber_live"]
+    assert "deleted_at IS NULL" in live and "pending" in live and "active" in live
+
+
+def test_state_is_an_enum_on_postgres_and_a_check_on_sqlite(engine, backend):
+    with engine.connect() as conn:
+        if backend == "postgresql":
+            labels = (
+                conn.execute(
+                    sa.text(
+                        "SELECT e.enumlabel FROM pg_enum e JOIN pg_type t ON t.oid = e.enumtypid WHERE t.typname = 'push_subscription_state' ORDER BY e.enumsortorder"
+                    )
+                )
+                .scalars()
+                .all()
+            )
+            assert labels == ["pending", "active", "stale", "expired", "revoked"]
+        else:
+            ddl = conn.execute(
+                sa.text("SELECT sql FROM sqlite_master WHERE name = 'push_subscription'")
+            ).scalar_one()
+            assert "CHECK (state IN ('pending', 'active', 'stale', 'expired', 'revoked'))" in ddl
+
+
+def _insert(conn, **overrides):
+    values = {
+        "id": "0" * 31 + str(len(overrides)),
+        "endpoint": "https://fcm.googleapis.com/x",
+        "endpoint_hash": b"h" * 32,
+        "push_service": "fcm",
+        "p256dh": "B" * 87,
+        "auth_sealed": b"s" * 44,
+        "auth_key_version": 1,
+        "origin": "https://portal.example",
+        "state": "pending",
+        "created_at": "2026-01-01 00:00:00",
+        "last_seen_at": "2026-01-01 00:00:00",
+    }
+    values.update(overrides)
+    if conn.dialect.name == "postgresql":
+        values["id"] = "00000000-0000-0000-0000-0000000000" + str(10 + len(overrides))
+    columns = ", ".join(values)
+    params = ", ".join(f":{k}" for k in values)
+    conn.execute(sa.text(f"INSERT INTO push_subscription ({columns}) VALUES ({params})"), values)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"endpoint_hash": b"h" * 31},
+        {"p256dh": "B" * 40},
+        {"endpoint": None},
+        {"auth_sealed": None},
+        {"push_service": "carrier-pigeon"},
+        {"state": "lost"},
+        {"consecutive_failures": -1},
+    ],
+    ids=[
+        "hash-31-bytes",
+        "short-p256dh",
+        "live-without-endpoint",
+        "live-without-auth",
+        "unknown-service",
+        "unknown-state",
+        "negative-failures",
+    ],
+)
+def test_database_refuses_rows_the_rules_forbid(engine, overrides):
+    with (
+        pytest.raises((IntegrityError, sa.exc.DataError, sa.exc.StatementError)),
+        engine.begin() as conn,
+    ):
+        _insert(conn, **overrides)
+
+
+def test_database_accepts_a_tombstone_without_credentials(engine):
+    with engine.begin() as conn:
+        _insert(
+            conn,
+            endpoint=None,
+            p256dh=None,
+            auth_sealed=None,
+            deleted_at="2026-02-01 00:00:00",
+            state="revoked",
+        )
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM push_subscription")).scalar_one() == 1
+
+
+def test_endpoint_hash_is_unique(engine):
+    with engine.begin() as conn:
+        _insert(conn)
+    with pytest.raises(IntegrityError), engine.begin() as conn:
+        _insert(conn, endpoint="https://fcm.googleapis.com/other")
