@@ -69,23 +69,33 @@ def create_app(
         from portal.migrate import upgrade
 
         upgrade(app.extensions["portal.db"].engine)
+    if settings.seed_demo_data and settings.auto_migrate:
+        from portal.consent.demo import seed
+
+        seed(app)
     return app
 
 
 def _register_blueprints(app: Flask) -> None:
     from portal import api, cli, health, metrics, pages
+    from portal.consent import cli as consent_cli
+    from portal.consent import views as consent_views
     from portal.subscriptions import views as subscription_views
 
     api.register_error_handlers(app)
     app.register_blueprint(health.bp)
     app.register_blueprint(metrics.bp)
     app.register_blueprint(pages.bp)
+    app.register_blueprint(consent_views.bp)
     app.register_blueprint(subscription_views.bp)
+    app.register_blueprint(consent_views.api)
     # The JSON API is same-origin and JSON-only (checked on every request), which a
     # cross-site form cannot forge; its callers include the service worker, which has
     # no page to read a CSRF token from.
     csrf.exempt(subscription_views.bp)
+    csrf.exempt(consent_views.api)
     cli.register(app)
+    consent_cli.register(cli.portal_cli)
 
 
 def _instrument(app: Flask) -> None:

@@ -102,6 +102,10 @@ class Settings:
     retry: RetrySettings = field(default_factory=RetrySettings)
     reseal_batch_size: int = 500
     auto_migrate: bool = False
+    identity_assertion_secrets: tuple[str, ...] = ()
+    preference_link_max_age: int = 30 * 24 * 3600
+    region_header: str | None = None
+    seed_demo_data: bool = False
 
     @property
     def is_production(self) -> bool:
@@ -188,6 +192,14 @@ class Settings:
             ),
             reseal_batch_size=_int(environ, "RESEAL_BATCH_SIZE", 500),
             auto_migrate=_flag(environ, "PORTAL_AUTO_MIGRATE", default=not production),
+            identity_assertion_secrets=tuple(
+                s.strip() for s in get("IDENTITY_ASSERTION_SECRETS").split(",") if s.strip()
+            ),
+            preference_link_max_age=_int(
+                environ, "PREFERENCE_LINK_MAX_AGE_SECONDS", 30 * 24 * 3600
+            ),
+            region_header=environ.get("REGION_HEADER") or None,
+            seed_demo_data=_flag(environ, "PORTAL_DEMO_DATA", default=not production),
         )
 
 
@@ -258,6 +270,7 @@ def _dev_secrets(instance_path: str) -> dict[str, str]:
         "VAPID_PUBLIC_KEY": public,
         "SUBSCRIPTION_AUTH_KEY_V1": base64.b64encode(secrets.token_bytes(32)).decode(),
         "FEEDBACK_SECRETS": secrets.token_urlsafe(32),
+        "IDENTITY_ASSERTION_SECRETS": secrets.token_urlsafe(32),
         "EXPORT_SIGNING_KEY": generate_signing_key(),
     }
     # Written with 0600 and renamed into place so two processes starting together

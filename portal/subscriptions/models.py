@@ -107,6 +107,9 @@ class PushSubscription(Base):
     )
     revoked_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
     end_reason: Mapped[str | None] = mapped_column(sa.String(32))
+    # The consent event recording the browser's permission grant for this subscription:
+    # the justification of a transactional send.
+    grant_event_seq: Mapped[int | None] = mapped_column(sa.BigInteger)
     deleted_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
 
     __table_args__ = (

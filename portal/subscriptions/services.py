@@ -6,6 +6,7 @@ values) and commit nothing: the caller owns the transaction.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import uuid
 from dataclasses import dataclass
@@ -16,6 +17,8 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from portal.clock import Clock
+from portal.consent import log
+from portal.consent.models import EventKind, Source
 from portal.db import is_postgres, uuid7
 from portal.metrics import subscription_upserts
 from portal.subscriptions.models import (
@@ -27,6 +30,7 @@ from portal.subscriptions.models import (
 )
 from portal.subscriptions.sealing import KeyRing
 from portal.subscriptions.validation import ValidSubscription, endpoint_hash
+from portal.useragent import family
 
 _t = PushSubscription.__table__
 
@@ -39,6 +43,11 @@ class Registration:
     user_agent: str | None = None
     locale: str | None = None
     subscriber_id: uuid.UUID | None = None  # from a signed cookie or a known endpoint
+    source: str = Source.API.value
+    screen: str | None = None
+
+    def context(self, **extra: str) -> log.Context:
+        return log.Context(screen=self.screen, client=family(self.user_agent), extra=extra or None)
 
 
 @dataclass(frozen=True)
@@ -49,6 +58,7 @@ class UpsertResult:
     subscriber_id: uuid.UUID
     previous_state: SubscriptionState | None  # None when inserted
     subscriber_created: bool
+    became_live: bool  # inserted, or back from revoked, expired or a tombstone
 
 
 def _state(value: SubscriptionState) -> sa.ColumnElement[Any]:
@@ -95,6 +105,7 @@ def upsert_subscription(
     *,
     keys: KeyRing,
     clock: Clock,
+    record_events: bool = True,
 ) -> UpsertResult:
     """Insert or refresh the subscription addressed by the endpoint's hash.
 
@@ -102,11 +113,15 @@ def upsert_subscription(
     one already on the row (unless erased: erasure means nothing is inherited);
     otherwise a new anonymous subscriber. Two requests racing to insert the same new
     endpoint both end on the same row and the same subscriber.
+
+    A subscription that becomes live (new, or back from an end) logs the browser's
+    permission grant and the subscription itself as consent events.
     """
+    log.lock_chain(session)
     now = clock.now()
     digest = subscription.endpoint.hash
     existing = session.execute(
-        sa.select(_t.c.id, _t.c.state, _t.c.subscriber_id, Subscriber.erased_at)
+        sa.select(_t.c.id, _t.c.state, _t.c.subscriber_id, _t.c.deleted_at, Subscriber.erased_at)
         .select_from(_t.outerjoin(Subscriber, Subscriber.id == _t.c.subscriber_id))
         .where(_t.c.endpoint_hash == digest)
     ).one_or_none()
@@ -192,6 +207,38 @@ def upsert_subscription(
         created = False
     subscription_upserts.labels("inserted" if inserted else "updated").inc()
     previous = None if inserted or existing is None else SubscriptionState(existing.state)
+    became_live = (
+        inserted
+        or existing is None
+        or existing.deleted_at is not None
+        or previous in (SubscriptionState.REVOKED, SubscriptionState.EXPIRED)
+    )
+    if became_live and record_events:
+        context = registration.context()
+        grant = log.append(
+            session,
+            kind=EventKind.PERMISSION_GRANTED,
+            subscriber_id=row.subscriber_id,
+            subscription_id=row.id,
+            new_state="granted",
+            source=registration.source,
+            actor="subscriber",
+            recorded_at=now,
+            context=context,
+        )
+        log.append(
+            session,
+            kind=EventKind.SUBSCRIBED,
+            subscriber_id=row.subscriber_id,
+            subscription_id=row.id,
+            previous_state=previous.value if previous else None,
+            new_state=SubscriptionState(row.state).value,
+            source=registration.source,
+            actor="subscriber",
+            recorded_at=now,
+            context=context,
+        )
+        session.execute(sa.update(_t).where(_t.c.id == row.id).values(grant_event_seq=grant))
     return UpsertResult(
         id=row.id,
         state=SubscriptionState(row.state),
@@ -199,6 +246,7 @@ def upsert_subscription(
         subscriber_id=row.subscriber_id,
         previous_state=previous,
         subscriber_created=created,
+        became_live=became_live,
     )
 
 
@@ -276,39 +324,85 @@ def change_endpoint(
     The old row ends as rotated in the same transaction, so at no point do both or
     neither carry the subscriber's preferences.
     """
+    log.lock_chain(session)
     old = find_by_endpoint(session, old_endpoint)
     carry = None
     if old is not None and old.deleted_at is None and old.subscriber_id is not None:
         carry = _live_subscriber(session, old.subscriber_id)
+    rotating = carry is not None and old is not None and old.endpoint_hash != new.endpoint.hash
     result = upsert_subscription(
         session,
         new,
-        Registration(
-            origin=registration.origin,
-            user_agent=registration.user_agent,
-            locale=registration.locale,
-            subscriber_id=carry or registration.subscriber_id,
-        ),
+        dataclasses.replace(registration, subscriber_id=carry or registration.subscriber_id),
         keys=keys,
         clock=clock,
+        # A rotation is one event, not a fresh grant: the grant carries over.
+        record_events=not rotating,
     )
     moved = False
-    if old is not None and old.id != result.id:
-        moved = (
-            end_subscription(
-                old, state=SubscriptionState.REVOKED, reason=EndReason.ROTATED, now=clock.now()
-            )
-            and carry is not None
+    if rotating and old is not None:
+        now = clock.now()
+        old_state = old.state
+        moved = end_subscription(
+            old, state=SubscriptionState.REVOKED, reason=EndReason.ROTATED, now=now
         )
+        if moved:
+            seq = log.append(
+                session,
+                kind=EventKind.ENDPOINT_ROTATED,
+                subscriber_id=result.subscriber_id,
+                subscription_id=result.id,
+                previous_state=old_state.value,
+                new_state=result.state.value,
+                source=registration.source,
+                actor="subscriber",
+                recorded_at=now,
+                context=registration.context(previous_subscription=str(old.id)),
+            )
+            session.execute(
+                sa.update(_t)
+                .where(_t.c.id == result.id)
+                .values(grant_event_seq=sa.func.coalesce(old.grant_event_seq, seq))
+            )
     return ChangeResult(result, old, moved)
 
 
-def unsubscribe(session: Session, endpoint: str, *, clock: Clock) -> PushSubscription | None:
-    sub = find_by_endpoint(session, endpoint)
+def unsubscribe(
+    session: Session,
+    endpoint: str | None = None,
+    *,
+    clock: Clock,
+    subscription_id: uuid.UUID | None = None,
+    source: str = Source.API.value,
+    context: log.Context | None = None,
+) -> PushSubscription | None:
+    """The person stops notifications on one device: revoked, and logged as unsubscribed."""
+    log.lock_chain(session)
+    if subscription_id is not None:
+        sub = session.get(PushSubscription, subscription_id)
+    else:
+        sub = find_by_endpoint(session, endpoint or "")
     if sub is None:
         return None
-    if sub.deleted_at is None:
-        end_subscription(
-            sub, state=SubscriptionState.REVOKED, reason=EndReason.UNSUBSCRIBED, now=clock.now()
+    previous = sub.state
+    now = clock.now()
+    if (
+        sub.deleted_at is None
+        and end_subscription(
+            sub, state=SubscriptionState.REVOKED, reason=EndReason.UNSUBSCRIBED, now=now
+        )
+        and sub.subscriber_id is not None
+    ):
+        log.append(
+            session,
+            kind=EventKind.UNSUBSCRIBED,
+            subscriber_id=sub.subscriber_id,
+            subscription_id=sub.id,
+            previous_state=previous.value,
+            new_state=SubscriptionState.REVOKED.value,
+            source=source,
+            actor="subscriber",
+            recorded_at=now,
+            context=context,
         )
     return sub

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import uuid
 from typing import TYPE_CHECKING, Any
@@ -9,9 +10,12 @@ from typing import TYPE_CHECKING, Any
 from flask import Blueprint, Response, current_app, jsonify, request
 
 from portal.api import check_same_origin, json_body, request_locale, request_origin
+from portal.consent import catalogue
+from portal.consent.models import PreferenceState, Source
+from portal.consent.preferences import Decision, apply_decisions
 from portal.db import db
 from portal.errors import NotFound, ValidationError
-from portal.identity import set_subscriber_cookie, subscriber_from_cookie
+from portal.identity import set_device_cookie, set_subscriber_cookie, subscriber_from_cookie
 from portal.subscriptions import services
 from portal.subscriptions.validation import (
     HostAllowList,
@@ -66,26 +70,87 @@ def _registration() -> services.Registration:
     )
 
 
+def _secure() -> bool:
+    return request.is_secure or _settings().is_production
+
+
 def _with_cookie(response: Response, subscriber_id: uuid.UUID) -> Response:
-    set_subscriber_cookie(
-        response, subscriber_id, secure=request.is_secure or _settings().is_production
-    )
+    set_subscriber_cookie(response, subscriber_id, secure=_secure())
     return response
+
+
+_SOURCES = (Source.API.value, Source.SUBSCRIBE_PAGE.value, Source.SERVICE_WORKER.value)
+
+
+def _source(body: dict[str, Any]) -> str:
+    source = body.get("source", Source.API.value)
+    if source not in _SOURCES:
+        raise ValidationError("invalid_value", "source is not one this API accepts", "source")
+    return source
+
+
+def _topic_choice(body: dict[str, Any]) -> tuple[list[Decision], str | None]:
+    """The topics chosen on the subscribe page: chosen ones opt in; the marketing topics
+    shown but not chosen opt out; transactional ones follow the permission grant."""
+    if body.get("topics") is None:
+        if body.get("policyVersion") is not None:
+            require_string(body.get("policyVersion"), "policyVersion")
+        return [], None
+    chosen = body["topics"]
+    if not isinstance(chosen, list) or not all(isinstance(slug, str) for slug in chosen):
+        raise ValidationError(
+            "invalid_type", "topics must be a list of slugs", "topics", status=400
+        )
+    if len(set(chosen)) != len(chosen):
+        raise ValidationError("duplicate_topic", "a topic appears twice", "topics")
+    version = require_string(body.get("policyVersion"), "policyVersion")
+    session = db.session
+    if catalogue.policy(session, version) is None:
+        raise ValidationError(
+            "unknown_policy_version", f"no policy version {version!r}", "policyVersion"
+        )
+    topics = {t.slug: t for t in catalogue.active_topics(session)}
+    for index, slug in enumerate(chosen):
+        if slug not in topics:
+            raise ValidationError("unknown_topic", f"no active topic {slug!r}", f"topics[{index}]")
+    decisions = [
+        Decision(topic, PreferenceState.OPT_IN if slug in chosen else PreferenceState.OPT_OUT)
+        for slug, topic in topics.items()
+        if slug in chosen or not topic.is_transactional
+    ]
+    return decisions, version
 
 
 @bp.post("/subscribe")
 def subscribe() -> tuple[Response, int]:
     body = json_body()
     subscription = _subscription(body.get("subscription"))
+    source = _source(body)
+    decisions, version = _topic_choice(body)
     session = db.session
     portal = _portal()
+    registration = dataclasses.replace(_registration(), source=source, screen=source)
     result = services.upsert_subscription(
-        session, subscription, _registration(), keys=portal.keys, clock=portal.clock
+        session, subscription, registration, keys=portal.keys, clock=portal.clock
     )
+    if decisions:
+        now = portal.clock.now()
+        apply_decisions(
+            session,
+            result.subscriber_id,
+            decisions,
+            source=source,
+            policy_version=version,
+            decided_at=now,
+            recorded_at=now,
+            context=registration.context(),
+            subscription_id=result.id,
+        )
     session.commit()
     response = jsonify(
         {"id": str(result.id), "state": result.state.value, "inserted": result.inserted}
     )
+    set_device_cookie(response, result.id, secure=_secure())
     return _with_cookie(response, result.subscriber_id), 201 if result.inserted else 200
 
 
@@ -109,10 +174,13 @@ def change() -> tuple[Response, int]:
     body = json_body()
     old_endpoint = _endpoint(body, "oldEndpoint")
     new = _subscription(body.get("subscription"))
+    registration = dataclasses.replace(
+        _registration(), source=Source.SERVICE_WORKER.value, screen="pushsubscriptionchange"
+    )
     session = db.session
     portal = _portal()
     result = services.change_endpoint(
-        session, old_endpoint, new, _registration(), keys=portal.keys, clock=portal.clock
+        session, old_endpoint, new, registration, keys=portal.keys, clock=portal.clock
     )
     session.commit()
     response = jsonify(
@@ -131,7 +199,9 @@ def unsubscribe() -> Response:
     body = json_body()
     endpoint = _endpoint(body)
     session = db.session
-    sub = services.unsubscribe(session, endpoint, clock=_portal().clock)
+    sub = services.unsubscribe(
+        session, endpoint, clock=_portal().clock, context=_registration().context()
+    )
     if sub is None:
         raise NotFound("unknown_endpoint", "no subscription has this endpoint", "endpoint")
     session.commit()

@@ -42,10 +42,11 @@ def test_same_subscription_twice_same_id_inserted_then_updated(client, engine, s
 
 def test_subscribe_sets_a_signed_httponly_subscriber_cookie(client, subscriptions):
     response = client.post(URL, json={"subscription": subscriptions().to_json()})
-    cookie = response.headers["Set-Cookie"]
-    assert cookie.startswith("portal_subscriber=")
-    assert "HttpOnly" in cookie
-    assert "SameSite=Lax" in cookie
+    cookies = {c.split("=", 1)[0]: c for c in response.headers.getlist("Set-Cookie")}
+    assert set(cookies) == {"portal_subscriber", "portal_device"}
+    for cookie in cookies.values():
+        assert "HttpOnly" in cookie
+        assert "SameSite=Lax" in cookie
 
 
 def test_two_endpoints_from_one_browser_share_the_subscriber(client, engine, subscriptions):

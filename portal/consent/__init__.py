@@ -1,0 +1,1 @@
+"""Consent: topics, policy versions, tri-state preferences and the consent log."""

@@ -1,0 +1,135 @@
+"""The topic catalogue (two levels: category, topic) and the policy versions."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from portal.consent.models import PolicyVersion, Topic
+from portal.errors import Conflict, NotFound, ValidationError
+
+SLUG = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
+VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,31}$")
+
+
+def add_topic(
+    session: Session,
+    *,
+    slug: str,
+    category: str,
+    label: str,
+    description: str = "",
+    transactional: bool = False,
+    default_state: str = "opt_out",
+    now: dt.datetime,
+) -> Topic:
+    if not SLUG.fullmatch(slug) or len(slug) > 64:
+        raise ValidationError(
+            "invalid_slug",
+            "a slug is lowercase words joined by hyphens, at most 64 characters",
+            "slug",
+        )
+    if default_state not in ("opt_in", "opt_out"):
+        raise ValidationError("invalid_default", "the default is opt_in or opt_out", "default")
+    if not category.strip() or not label.strip():
+        raise ValidationError("missing_field", "category and label are required", "label")
+    if session.scalars(sa.select(Topic).where(Topic.slug == slug)).first() is not None:
+        raise Conflict(
+            "slug_taken", f"topic {slug!r} exists already (slugs are never reused)", "slug"
+        )
+    position = session.execute(
+        sa.select(sa.func.coalesce(sa.func.max(Topic.position), 0))
+    ).scalar_one()
+    topic = Topic(
+        slug=slug,
+        category=category.strip(),
+        label=label.strip(),
+        description=description.strip(),
+        is_transactional=transactional,
+        default_state=default_state,
+        position=position + 1,
+        created_at=now,
+    )
+    session.add(topic)
+    session.flush()
+    return topic
+
+
+def topic_by_slug(session: Session, slug: str) -> Topic:
+    topic = session.scalars(sa.select(Topic).where(Topic.slug == slug)).first()
+    if topic is None:
+        raise NotFound("unknown_topic", f"no topic {slug!r}", "slug")
+    return topic
+
+
+def retire_topic(session: Session, slug: str, *, now: dt.datetime) -> Topic:
+    """Retiring hides the topic from pages and audiences; every row about it stays."""
+    topic = topic_by_slug(session, slug)
+    if topic.retired_at is None:
+        topic.retired_at = now
+    return topic
+
+
+def active_topics(session: Session) -> Sequence[Topic]:
+    return session.scalars(
+        sa.select(Topic).where(Topic.retired_at.is_(None)).order_by(Topic.position, Topic.id)
+    ).all()
+
+
+def all_topics(session: Session) -> Sequence[Topic]:
+    return session.scalars(sa.select(Topic).order_by(Topic.position, Topic.id)).all()
+
+
+@dataclass(frozen=True)
+class Category:
+    name: str
+    topics: list[Topic]
+
+
+def by_category(topics: Sequence[Topic]) -> list[Category]:
+    """Categories in the order their first topic appears."""
+    groups: dict[str, list[Topic]] = {}
+    for topic in topics:
+        groups.setdefault(topic.category, []).append(topic)
+    return [Category(name, items) for name, items in groups.items()]
+
+
+def text_digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def publish_policy(session: Session, *, version: str, text: str, now: dt.datetime) -> PolicyVersion:
+    if not VERSION.fullmatch(version):
+        raise ValidationError(
+            "invalid_version", "a version is 1–32 letters, digits, '.', '_' or '-'", "version"
+        )
+    if not text.strip():
+        raise ValidationError("missing_field", "the policy text is empty", "text")
+    if session.get(PolicyVersion, version) is not None:
+        raise Conflict(
+            "version_taken", f"policy {version!r} is published already and immutable", "version"
+        )
+    policy = PolicyVersion(
+        version=version, published_at=now, text=text, text_sha256=text_digest(text)
+    )
+    session.add(policy)
+    session.flush()
+    return policy
+
+
+def current_policy(session: Session) -> PolicyVersion | None:
+    return session.scalars(
+        sa.select(PolicyVersion)
+        .order_by(PolicyVersion.published_at.desc(), PolicyVersion.version.desc())
+        .limit(1)
+    ).first()
+
+
+def policy(session: Session, version: str) -> PolicyVersion | None:
+    return session.get(PolicyVersion, version)

@@ -1,0 +1,128 @@
+"""``portal topic …``, ``portal policy publish`` and ``portal verify-log``."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+from flask import current_app
+from flask.cli import AppGroup
+
+from portal.cli import ClickProgress
+from portal.consent import catalogue
+from portal.consent.log import verify_chain
+from portal.db import db
+from portal.errors import ApiError
+
+topic_cli = AppGroup("topic", help="The topic catalogue.")
+policy_cli = AppGroup("policy", help="Policy versions (immutable once published).")
+
+
+def _now():  # noqa: ANN202
+    return current_app.extensions["portal"].clock.now()
+
+
+def _fail(error: ApiError) -> None:
+    click.echo(f"error: {error.message}", err=True)
+    sys.exit(1)
+
+
+@topic_cli.command("add")
+@click.argument("slug")
+@click.option("--category", required=True)
+@click.option("--label", required=True)
+@click.option("--description", default="")
+@click.option("--transactional", is_flag=True, help="Account messages the permission grant covers.")
+@click.option(
+    "--default", "default_state", type=click.Choice(["opt_in", "opt_out"]), default="opt_out"
+)
+def topic_add(
+    slug: str, category: str, label: str, description: str, transactional: bool, default_state: str
+) -> None:
+    """Add a topic to the catalogue."""
+    try:
+        with db.begin() as session:
+            topic = catalogue.add_topic(
+                session,
+                slug=slug,
+                category=category,
+                label=label,
+                description=description,
+                transactional=transactional,
+                default_state=default_state,
+                now=_now(),
+            )
+            click.echo(f"added {topic.slug} ({topic.category}, default {topic.default_state})")
+    except ApiError as error:
+        _fail(error)
+
+
+@topic_cli.command("retire")
+@click.argument("slug")
+def topic_retire(slug: str) -> None:
+    """Retire a topic: it leaves pages and audiences; its history stays."""
+    try:
+        with db.begin() as session:
+            topic = catalogue.retire_topic(session, slug, now=_now())
+            click.echo(f"retired {topic.slug} at {topic.retired_at:%Y-%m-%d %H:%M} UTC")
+    except ApiError as error:
+        _fail(error)
+
+
+@topic_cli.command("list")
+def topic_list() -> None:
+    """List every topic, retired ones included."""
+    with db.begin() as session:
+        topics = catalogue.all_topics(session)
+        if not topics:
+            click.echo("no topics")
+            return
+        click.echo(f"{'slug':<28} {'category':<16} {'class':<14} {'default':<8} status")
+        for t in topics:
+            kind = "transactional" if t.is_transactional else "marketing"
+            status = f"retired {t.retired_at:%Y-%m-%d}" if t.retired_at else "active"
+            click.echo(f"{t.slug:<28} {t.category:<16} {kind:<14} {t.default_state:<8} {status}")
+
+
+@policy_cli.command("publish")
+@click.argument("version")
+@click.option(
+    "--file", "path", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path)
+)
+def policy_publish(version: str, path: Path) -> None:
+    """Publish the policy text in FILE as VERSION."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        click.echo("error: the file is not UTF-8 text", err=True)
+        sys.exit(1)
+    try:
+        with db.begin() as session:
+            policy = catalogue.publish_policy(session, version=version, text=text, now=_now())
+            click.echo(f"published {policy.version} sha256={policy.text_sha256}")
+    except ApiError as error:
+        _fail(error)
+
+
+def verify_log() -> None:
+    """Check the consent log's hash chain; exit 1 naming the first bad event."""
+    with db.engine.connect() as connection:
+        total = connection.exec_driver_sql("SELECT count(*) FROM consent_event").scalar_one()
+        progress = ClickProgress("verify-log")
+        progress.start(total)
+        try:
+            report = verify_chain(connection, progress=progress)
+        finally:
+            progress.close()
+    if report.ok:
+        click.echo(f"consent log intact: {report.events} events, head {report.last_hash.hex()}")
+        return
+    click.echo(f"consent log BROKEN at {report.problem}", err=True)
+    sys.exit(1)
+
+
+def register(portal_cli: AppGroup) -> None:
+    portal_cli.add_command(topic_cli)
+    portal_cli.add_command(policy_cli)
+    portal_cli.command("verify-log")(verify_log)

@@ -1,0 +1,236 @@
+"""The consent log: append-only, SHA-256 hash-chained, verified end to end.
+
+Each event's hash covers a canonical encoding of its fields and the previous event's
+hash, so editing or deleting any event breaks the chain from there on. Appends are
+serialised — an advisory lock on PostgreSQL, the write lock SQLite takes at BEGIN
+IMMEDIATE — and ``prev_hash`` is UNIQUE, so the chain cannot fork even if a writer
+forgot the lock.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from portal.consent.models import ConsentEvent, EventKind
+from portal.db import is_postgres
+
+GENESIS = bytes(32)
+# Any constant; names the one advisory lock that orders appends to the chain.
+_CHAIN_LOCK = 0x636F6E73656E74  # "consent"
+_t = ConsentEvent.__table__
+
+
+def _iso(value: dt.datetime) -> str:
+    return value.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def canonical(fields: Mapping[str, Any]) -> bytes:
+    """The bytes an event's hash covers: sorted-key compact JSON of its fields."""
+    return json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def event_fields(
+    *,
+    seq: int,
+    subscriber_id: uuid.UUID,
+    subscription_id: uuid.UUID | None,
+    topic_id: int | None,
+    kind: str,
+    previous_state: str | None,
+    new_state: str | None,
+    source: str,
+    policy_version: str | None,
+    decided_at: dt.datetime,
+    recorded_at: dt.datetime,
+    actor: str,
+    context: str,
+) -> dict[str, Any]:
+    return {
+        "seq": seq,
+        "subscriber_id": str(subscriber_id),
+        "subscription_id": str(subscription_id) if subscription_id else None,
+        "topic_id": topic_id,
+        "kind": kind,
+        "previous_state": previous_state,
+        "new_state": new_state,
+        "source": source,
+        "policy_version": policy_version,
+        "decided_at": _iso(decided_at),
+        "recorded_at": _iso(recorded_at),
+        "actor": actor,
+        "context": context,
+    }
+
+
+def chain_hash(prev_hash: bytes, fields: Mapping[str, Any]) -> bytes:
+    return hashlib.sha256(prev_hash + canonical(fields)).digest()
+
+
+def lock_chain(session: Session) -> None:
+    """Take the chain's append lock for this transaction.
+
+    Call it before any other write in a transaction that may append, so every such
+    transaction takes its locks in the same order and none can deadlock on the chain.
+    """
+    if is_postgres(session):
+        session.execute(sa.select(sa.func.pg_advisory_xact_lock(_CHAIN_LOCK)))
+
+
+@dataclass(frozen=True)
+class Context:
+    """Where a decision was made: the screen and the client family. Never an IP."""
+
+    screen: str | None = None
+    client: str | None = None
+    extra: Mapping[str, str] | None = None
+
+    def encode(self) -> str:
+        values: dict[str, str] = {}
+        if self.screen:
+            values["screen"] = self.screen
+        if self.client:
+            values["client"] = self.client
+        if self.extra:
+            values.update(self.extra)
+        return json.dumps(values, sort_keys=True, separators=(",", ":"))
+
+
+def append(
+    session: Session,
+    *,
+    kind: EventKind,
+    subscriber_id: uuid.UUID,
+    source: str,
+    actor: str,
+    recorded_at: dt.datetime,
+    decided_at: dt.datetime | None = None,
+    subscription_id: uuid.UUID | None = None,
+    topic_id: int | None = None,
+    previous_state: str | None = None,
+    new_state: str | None = None,
+    policy_version: str | None = None,
+    context: Context | None = None,
+) -> int:
+    """Append one event in the caller's transaction; returns its sequence number."""
+    lock_chain(session)
+    last = session.execute(
+        sa.select(_t.c.seq, _t.c.hash).order_by(_t.c.seq.desc()).limit(1)
+    ).one_or_none()
+    seq, prev_hash = (last.seq + 1, bytes(last.hash)) if last else (1, GENESIS)
+    fields = event_fields(
+        seq=seq,
+        subscriber_id=subscriber_id,
+        subscription_id=subscription_id,
+        topic_id=topic_id,
+        kind=kind.value,
+        previous_state=previous_state,
+        new_state=new_state,
+        source=source,
+        policy_version=policy_version,
+        decided_at=decided_at or recorded_at,
+        recorded_at=recorded_at,
+        actor=actor,
+        context=(context or Context()).encode(),
+    )
+    session.execute(
+        sa.insert(_t).values(
+            seq=seq,
+            subscriber_id=subscriber_id,
+            subscription_id=subscription_id,
+            topic_id=topic_id,
+            kind=kind.value,
+            previous_state=previous_state,
+            new_state=new_state,
+            source=source,
+            policy_version=policy_version,
+            decided_at=decided_at or recorded_at,
+            recorded_at=recorded_at,
+            actor=actor,
+            context=fields["context"],
+            prev_hash=prev_hash,
+            hash=chain_hash(prev_hash, fields),
+        )
+    )
+    return seq
+
+
+@dataclass(frozen=True)
+class ChainProblem:
+    seq: int
+    reason: str
+
+    def __str__(self) -> str:
+        return f"event {self.seq}: {self.reason}"
+
+
+@dataclass(frozen=True)
+class ChainReport:
+    events: int
+    problem: ChainProblem | None
+    last_hash: bytes
+
+    @property
+    def ok(self) -> bool:
+        return self.problem is None
+
+
+def _rows(connection: sa.Connection, batch: int) -> Iterator[Any]:
+    last = 0
+    while True:
+        rows = connection.execute(
+            sa.select(_t).where(_t.c.seq > last).order_by(_t.c.seq).limit(batch)
+        ).all()
+        if not rows:
+            return
+        yield from rows
+        last = rows[-1].seq
+
+
+def verify_chain(
+    connection: sa.Connection, *, batch: int = 5000, progress: Any = None
+) -> ChainReport:
+    """Walk the whole log in order; report the first event that breaks the chain."""
+    expected_seq, prev_hash, count = 1, GENESIS, 0
+    for row in _rows(connection, batch):
+        count += 1
+        if progress is not None:
+            progress.advance(1)
+        if row.seq != expected_seq:
+            return ChainReport(count, ChainProblem(expected_seq, "missing (deleted?)"), prev_hash)
+        if bytes(row.prev_hash) != prev_hash:
+            return ChainReport(
+                count,
+                ChainProblem(row.seq, "prev_hash does not match the previous event"),
+                prev_hash,
+            )
+        fields = event_fields(
+            seq=row.seq,
+            subscriber_id=row.subscriber_id,
+            subscription_id=row.subscription_id,
+            topic_id=row.topic_id,
+            kind=row.kind,
+            previous_state=row.previous_state,
+            new_state=row.new_state,
+            source=row.source,
+            policy_version=row.policy_version,
+            decided_at=row.decided_at,
+            recorded_at=row.recorded_at,
+            actor=row.actor,
+            context=row.context,
+        )
+        if chain_hash(prev_hash, fields) != bytes(row.hash):
+            return ChainReport(
+                count, ChainProblem(row.seq, "hash does not match its content (altered)"), prev_hash
+            )
+        prev_hash = bytes(row.hash)
+        expected_seq += 1
+    return ChainReport(count, None, prev_hash)

@@ -1,0 +1,245 @@
+"""Tri-state preferences: effective state at read time, and applying decisions.
+
+Defaults are never written: an unset preference resolves at read time from the topic's
+default, its class (transactional or not) and the subscriber's region. The same rule is
+mirrored in SQL by :mod:`portal.consent.recipients`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from portal.consent import log
+from portal.consent.catalogue import active_topics
+from portal.consent.models import EventKind, PreferenceState, Topic, TopicPreference
+from portal.subscriptions.models import Subscriber
+
+# Marketing defaults never apply here. An unknown region is treated the same way: we
+# only presume agreement where we know the law allows it.
+RESTRICTED_REGIONS = frozenset({"EU", "UK", "CA"})
+
+
+class Reason(enum.StrEnum):
+    EXPLICIT_OPT_IN = "explicit_opt_in"
+    EXPLICIT_OPT_OUT = "explicit_opt_out"
+    TRANSACTIONAL_GRANT = "transactional_grant"
+    DEFAULT_BY_REGION = "default_by_region"
+    DEFAULT_OFF = "default_off"
+    REGION_BLOCKS_DEFAULT = "region_blocks_default"
+
+
+@dataclass(frozen=True)
+class Effective:
+    on: bool
+    reason: Reason
+    state: str  # the stored tri-state value
+
+    @property
+    def explicit(self) -> bool:
+        return self.reason in (Reason.EXPLICIT_OPT_IN, Reason.EXPLICIT_OPT_OUT)
+
+
+def marketing_defaults_apply(region_code: str | None) -> bool:
+    return region_code is not None and region_code not in RESTRICTED_REGIONS
+
+
+def effective_state(state: str | None, topic: Topic, region_code: str | None) -> Effective:
+    """The one rule: explicit decisions win; an unset one falls back to the default,
+    which for marketing topics applies only outside the restricted regions, and for
+    transactional topics rests on the browser's permission grant."""
+    stored = state or PreferenceState.UNSET.value
+    if stored == PreferenceState.OPT_IN:
+        return Effective(True, Reason.EXPLICIT_OPT_IN, stored)
+    if stored == PreferenceState.OPT_OUT:
+        return Effective(False, Reason.EXPLICIT_OPT_OUT, stored)
+    if topic.default_state != PreferenceState.OPT_IN:
+        return Effective(False, Reason.DEFAULT_OFF, stored)
+    if topic.is_transactional:
+        return Effective(True, Reason.TRANSACTIONAL_GRANT, stored)
+    if marketing_defaults_apply(region_code):
+        return Effective(True, Reason.DEFAULT_BY_REGION, stored)
+    return Effective(False, Reason.REGION_BLOCKS_DEFAULT, stored)
+
+
+def explain(effective: Effective, topic: Topic, decided_at: dt.datetime | None = None) -> str:
+    """Plain words for the preference centre and the compliance view."""
+    when = f" on {decided_at:%d %B %Y}" if decided_at else ""
+    match effective.reason:
+        case Reason.EXPLICIT_OPT_IN:
+            return f"On: you turned this on{when}."
+        case Reason.EXPLICIT_OPT_OUT:
+            return f"Off: you turned this off{when}."
+        case Reason.TRANSACTIONAL_GRANT:
+            return "On by default for account messages, because you allowed notifications."
+        case Reason.DEFAULT_BY_REGION:
+            return "On by default where you live. Turn it off if you do not want it."
+        case Reason.REGION_BLOCKS_DEFAULT:
+            return "Off until you turn it on: we only send these with your agreement."
+        case _:
+            return "Off until you turn it on."
+
+
+@dataclass(frozen=True)
+class TopicView:
+    topic: Topic
+    effective: Effective
+    decided_at: dt.datetime | None
+    source: str | None
+    policy_version: str | None
+
+    @property
+    def explanation(self) -> str:
+        return explain(
+            self.effective, self.topic, self.decided_at if self.effective.explicit else None
+        )
+
+
+def preference_rows(session: Session, subscriber_id: uuid.UUID) -> dict[int, TopicPreference]:
+    rows = session.scalars(
+        sa.select(TopicPreference).where(TopicPreference.subscriber_id == subscriber_id)
+    ).all()
+    return {row.topic_id: row for row in rows}
+
+
+def topic_views(
+    session: Session, subscriber: Subscriber, topics: Sequence[Topic] | None = None
+) -> list[TopicView]:
+    rows = preference_rows(session, subscriber.id)
+    views = []
+    for topic in topics if topics is not None else active_topics(session):
+        row = rows.get(topic.id)
+        views.append(
+            TopicView(
+                topic=topic,
+                effective=effective_state(
+                    row.state if row else None, topic, subscriber.region_code
+                ),
+                decided_at=row.decided_at if row else None,
+                source=row.source if row else None,
+                policy_version=row.policy_version if row else None,
+            )
+        )
+    return views
+
+
+@dataclass(frozen=True)
+class Decision:
+    topic: Topic
+    state: PreferenceState
+
+
+@dataclass(frozen=True)
+class Change:
+    topic: Topic
+    previous: str
+    new: str
+    event_seq: int
+
+
+def apply_decisions(
+    session: Session,
+    subscriber_id: uuid.UUID,
+    decisions: Iterable[Decision],
+    *,
+    source: str,
+    policy_version: str | None,
+    decided_at: dt.datetime,
+    recorded_at: dt.datetime,
+    actor: str = "subscriber",
+    context: log.Context | None = None,
+    subscription_id: uuid.UUID | None = None,
+) -> list[Change]:
+    """Apply a set of decisions in the caller's transaction.
+
+    Only real transitions write: a decision equal to the stored state changes nothing
+    and logs nothing. A withdrawal is an opt_out row, never a deletion.
+    """
+    log.lock_chain(session)
+    rows = preference_rows(session, subscriber_id)
+    changes: list[Change] = []
+    for decision in decisions:
+        row = rows.get(decision.topic.id)
+        previous = row.state if row else PreferenceState.UNSET.value
+        new = decision.state.value
+        if previous == new:
+            continue
+        seq = log.append(
+            session,
+            kind=EventKind.PREFERENCE_CHANGED,
+            subscriber_id=subscriber_id,
+            subscription_id=subscription_id,
+            topic_id=decision.topic.id,
+            previous_state=previous,
+            new_state=new,
+            source=source,
+            policy_version=policy_version,
+            decided_at=decided_at,
+            recorded_at=recorded_at,
+            actor=actor,
+            context=context,
+        )
+        if row is None:
+            row = TopicPreference(subscriber_id=subscriber_id, topic_id=decision.topic.id)
+            session.add(row)
+            rows[decision.topic.id] = row
+        row.state = new
+        row.source = source
+        row.policy_version = policy_version
+        row.decided_at = decided_at
+        row.recorded_at = recorded_at
+        row.event_seq = seq
+        changes.append(Change(decision.topic, previous, new, seq))
+    session.flush()
+    return changes
+
+
+def form_decisions(views: Sequence[TopicView], checked: set[str]) -> list[Decision]:
+    """Decisions from the preference centre's checkboxes (the whole visible set).
+
+    A topic left where its default put it stays unset: a box that was ticked by default
+    and saved untouched is not an opt-in the person made, and must not be recorded as one.
+    """
+    decisions = []
+    for view in views:
+        wanted_on = view.topic.slug in checked
+        if not view.effective.explicit and wanted_on == view.effective.on:
+            continue
+        state = PreferenceState.OPT_IN if wanted_on else PreferenceState.OPT_OUT
+        decisions.append(Decision(view.topic, state))
+    return decisions
+
+
+def marketing_off_decisions(views: Sequence[TopicView]) -> list[Decision]:
+    """ "Turn off all marketing": opt_out for every non-transactional topic that is on or unset."""
+    return [
+        Decision(view.topic, PreferenceState.OPT_OUT)
+        for view in views
+        if not view.topic.is_transactional and view.effective.state != PreferenceState.OPT_OUT
+    ]
+
+
+# EU member states and the rest of the EEA, where GDPR applies: region "EU".
+_EEA = frozenset(
+    ["AT", "BE", "BG", "HR", "CY", "CZ", "DK", "EE", "FI", "FR", "DE", "GR", "HU", "IE", "IT", "LV", "LT", "LU", "MT", "NL", "PL", "PT", "RO", "SK", "SI", "ES", "SE", "IS", "LI", "NO"]
+)
+
+
+def region_for_country(code: str | None) -> str | None:
+    """Map an ISO 3166 country code (or a region code) to the region the rules speak of."""
+    if not code:
+        return None
+    code = code.strip().upper()
+    if code in _EEA or code == "EU":
+        return "EU"
+    if code in ("GB", "UK"):
+        return "UK"
+    if len(code) == 2 and code.isalpha():
+        return code
+    return None

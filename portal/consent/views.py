@@ -1,0 +1,385 @@
+"""The preference centre (server-rendered, complete without JavaScript) and its JSON API."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from flask import (
+    Blueprint,
+    Response,
+    abort,
+    current_app,
+    flash,
+    get_flashed_messages,
+    jsonify,
+    redirect,
+    render_template,
+    request,
+    url_for,
+)
+
+from portal.api import check_same_origin, json_body
+from portal.consent import catalogue
+from portal.consent.accounts import link_account
+from portal.consent.log import Context
+from portal.consent.models import PreferenceState, Source
+from portal.consent.preferences import (
+    Decision,
+    apply_decisions,
+    form_decisions,
+    marketing_off_decisions,
+    topic_views,
+)
+from portal.db import db
+from portal.errors import NotFound, ValidationError
+from portal.identity import (
+    InvalidLink,
+    device_from_cookie,
+    set_subscriber_cookie,
+    subscriber_from_cookie,
+    subscriber_from_link_token,
+    verify_assertion,
+)
+from portal.subscriptions import services as subscription_services
+from portal.subscriptions.models import PushSubscription, Subscriber
+from portal.subscriptions.validation import require_object, require_string
+from portal.useragent import family
+
+if TYPE_CHECKING:
+    from portal import Portal
+
+bp = Blueprint("preferences", __name__)
+api = Blueprint("consent_api", __name__, url_prefix="/api/push")
+
+
+def _portal() -> Portal:
+    return current_app.extensions["portal"]
+
+
+def _secure() -> bool:
+    return request.is_secure or _portal().settings.is_production
+
+
+def _context(screen: str) -> Context:
+    return Context(screen=screen, client=family(request.headers.get("User-Agent")))
+
+
+def _current_subscriber() -> Subscriber | None:
+    subscriber_id = subscriber_from_cookie(request)
+    if subscriber_id is None:
+        return None
+    subscriber = db.session.get(Subscriber, subscriber_id)
+    if subscriber is None or subscriber.erased_at is not None:
+        return None
+    return subscriber
+
+
+def _render(
+    subscriber: Subscriber | None,
+    *,
+    errors: list[tuple[str, str]] | None = None,
+    status: int = 200,
+    checked: set[str] | None = None,
+    ack_error: str | None = None,
+) -> tuple[str, int]:
+    session = db.session
+    policy = catalogue.current_policy(session)
+    if subscriber is None:
+        return render_template("preferences/unknown.html", policy=policy), status
+    views = topic_views(session, subscriber)
+    devices = (
+        session.query(PushSubscription)
+        .filter(
+            PushSubscription.subscriber_id == subscriber.id,
+            PushSubscription.deleted_at.is_(None),
+            PushSubscription.state.in_(["pending", "active", "stale"]),
+        )
+        .all()
+    )
+    return render_template(
+        "preferences/centre.html",
+        categories=catalogue.by_category([v.topic for v in views]),
+        views={v.topic.slug: v for v in views},
+        policy=policy,
+        errors=errors or [],
+        messages=get_flashed_messages(with_categories=True),
+        devices=devices,
+        this_device=device_from_cookie(request),
+        family=family,
+        checked=checked,
+        ack_required=checked is not None,
+        ack_error=ack_error,
+    ), status
+
+
+@bp.get("/preferences")
+def centre() -> Any:
+    token = request.args.get("token")
+    assertion = request.args.get("assertion")
+    if token or assertion:
+        return _identify(token, assertion)
+    return _render(_current_subscriber())
+
+
+def _identify(token: str | None, assertion: str | None) -> Any:
+    settings = _portal().settings
+    session = db.session
+    try:
+        if token:
+            subscriber_id = subscriber_from_link_token(
+                token, max_age=settings.preference_link_max_age
+            )
+            subscriber = session.get(Subscriber, subscriber_id)
+            if subscriber is None or subscriber.erased_at is not None:
+                raise InvalidLink("This link is no longer valid.")
+        else:
+            claims = verify_assertion(
+                assertion or "", secrets=settings.identity_assertion_secrets, now=time.time()
+            )
+            subscriber = link_account(
+                session,
+                claims,
+                browser_subscriber_id=subscriber_from_cookie(request),
+                now=_portal().clock.now(),
+                context=_context("account-link"),
+            )
+            session.commit()
+    except InvalidLink as problem:
+        session.rollback()
+        return render_template("preferences/link_error.html", message=problem.message), 400
+    # A clean address: the token leaves the URL bar and the history.
+    response = redirect(url_for("preferences.centre"), code=303)
+    set_subscriber_cookie(response, subscriber.id, secure=_secure())
+    return response
+
+
+@bp.post("/preferences")
+def save() -> Any:
+    subscriber = _current_subscriber()
+    if subscriber is None:
+        return _render(None, status=403)
+    session = db.session
+    version = request.form.get("policy_version", "")
+    current = catalogue.current_policy(session)
+    visible = set(request.form.getlist("visible"))
+    checked = set(request.form.getlist("topics"))
+    if current is None:
+        abort(409)
+    stale = version != current.version
+    unconfirmed = request.form.get("ack_required") == "1" and request.form.get("policy_ack") != "1"
+    if stale or unconfirmed:
+        # Keep what they ticked; ask them to read the notice they are agreeing to.
+        message = "Confirm you have read the updated notice before saving"
+        return _render(
+            subscriber,
+            errors=[("policy-ack", message)],
+            status=409 if stale else 400,
+            checked=checked,
+            ack_error=message,
+        )
+    views = [v for v in topic_views(session, subscriber) if v.topic.slug in visible]
+    now = _portal().clock.now()
+    changes = apply_decisions(
+        session,
+        subscriber.id,
+        form_decisions(views, checked),
+        source=Source.PREFERENCE_CENTRE.value,
+        policy_version=current.version,
+        decided_at=now,
+        recorded_at=now,
+        context=_context("preference-centre"),
+    )
+    session.commit()
+    flash(
+        "Your choices are saved."
+        if changes
+        else "Your choices are saved. Nothing needed to change.",
+        "success",
+    )
+    return redirect(url_for("preferences.centre"), code=303)
+
+
+@bp.post("/preferences/marketing-off")
+def marketing_off() -> Any:
+    subscriber = _current_subscriber()
+    if subscriber is None:
+        return _render(None, status=403)
+    session = db.session
+    current = catalogue.current_policy(session)
+    now = _portal().clock.now()
+    apply_decisions(
+        session,
+        subscriber.id,
+        marketing_off_decisions(topic_views(session, subscriber)),
+        source=Source.PREFERENCE_CENTRE.value,
+        policy_version=current.version if current else None,
+        decided_at=now,
+        recorded_at=now,
+        context=_context("preference-centre:marketing-off"),
+    )
+    session.commit()
+    flash("All marketing notifications are off. Account messages stay as they were.", "success")
+    return redirect(url_for("preferences.centre"), code=303)
+
+
+@bp.post("/preferences/stop-device")
+def stop_device() -> Any:
+    subscriber = _current_subscriber()
+    if subscriber is None:
+        return _render(None, status=403)
+    session = db.session
+    device = device_from_cookie(request)
+    sub = session.get(PushSubscription, device) if device else None
+    if sub is None or sub.subscriber_id != subscriber.id:
+        return _render(
+            subscriber,
+            errors=[
+                (
+                    "devices",
+                    "We cannot tell which device this is. Use the Stop button next to it below.",
+                )
+            ],
+            status=400,
+        )
+    subscription_services.unsubscribe(
+        session,
+        clock=_portal().clock,
+        subscription_id=sub.id,
+        source=Source.PREFERENCE_CENTRE.value,
+        context=_context("preference-centre:stop-device"),
+    )
+    session.commit()
+    flash("Notifications are stopped on this device.", "success")
+    return redirect(url_for("preferences.centre"), code=303)
+
+
+@bp.post("/preferences/devices/<uuid:subscription_id>/stop")
+def stop_other_device(subscription_id: uuid.UUID) -> Any:
+    subscriber = _current_subscriber()
+    if subscriber is None:
+        return _render(None, status=403)
+    session = db.session
+    sub = session.get(PushSubscription, subscription_id)
+    if sub is None or sub.subscriber_id != subscriber.id:
+        abort(404)
+    subscription_services.unsubscribe(
+        session,
+        clock=_portal().clock,
+        subscription_id=sub.id,
+        source=Source.PREFERENCE_CENTRE.value,
+        context=_context("preference-centre:stop-device"),
+    )
+    session.commit()
+    flash("Notifications are stopped on that device.", "success")
+    return redirect(url_for("preferences.centre"), code=303)
+
+
+@bp.get("/policy/<version>")
+def policy_text(version: str) -> Any:
+    found = catalogue.policy(db.session, version)
+    if found is None:
+        abort(404)
+    return render_template("preferences/policy.html", policy=found)
+
+
+# JSON API ------------------------------------------------------------------------------
+
+api.before_request(check_same_origin)
+
+
+def _parse_decided_at(value: object, now: dt.datetime) -> dt.datetime:
+    text = require_string(value, "decidedAt")
+    try:
+        when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValidationError(
+            "invalid_datetime", "decidedAt must be an ISO 8601 time", "decidedAt"
+        ) from None
+    if when.tzinfo is None:
+        raise ValidationError("invalid_datetime", "decidedAt must include a time zone", "decidedAt")
+    if when > now + dt.timedelta(minutes=10):
+        raise ValidationError("invalid_datetime", "decidedAt is in the future", "decidedAt")
+    return when.astimezone(dt.UTC)
+
+
+@api.post("/preferences")
+def api_preferences() -> Response:
+    body = json_body()
+    session = db.session
+    portal = _portal()
+    now = portal.clock.now()
+    endpoint = require_string(body.get("endpoint"), "endpoint")
+    raw = body.get("decisions")
+    if raw is None:
+        raise ValidationError("missing_field", "decisions is required", "decisions", status=400)
+    if not isinstance(raw, list):
+        raise ValidationError("invalid_type", "decisions must be a list", "decisions", status=400)
+    if not raw:
+        raise ValidationError("invalid_value", "decisions must not be empty", "decisions")
+    version = require_string(body.get("policyVersion"), "policyVersion")
+    decided_at = _parse_decided_at(body.get("decidedAt"), now)
+    source = body.get("source", Source.API.value)
+    if source not in (
+        Source.API.value,
+        Source.PREFERENCE_CENTRE.value,
+        Source.SUBSCRIBE_PAGE.value,
+    ):
+        raise ValidationError("invalid_value", "source is not one this API accepts", "source")
+    if catalogue.policy(session, version) is None:
+        raise ValidationError(
+            "unknown_policy_version", f"no policy version {version!r}", "policyVersion"
+        )
+    topics = {t.slug: t for t in catalogue.active_topics(session)}
+    decisions: list[Decision] = []
+    seen: set[str] = set()
+    for index, item in enumerate(raw):
+        field = f"decisions[{index}]"
+        entry = require_object(item, field)
+        slug = require_string(entry.get("slug"), f"{field}.slug")
+        state = require_string(entry.get("state"), f"{field}.state")
+        if slug in seen:
+            raise ValidationError("duplicate_topic", f"{slug!r} appears twice", f"{field}.slug")
+        seen.add(slug)
+        if slug not in topics:
+            raise ValidationError("unknown_topic", f"no active topic {slug!r}", f"{field}.slug")
+        if state not in {s.value for s in PreferenceState}:
+            raise ValidationError(
+                "invalid_state", "state is opt_in, opt_out or unset", f"{field}.state"
+            )
+        decisions.append(Decision(topics[slug], PreferenceState(state)))
+    sub = subscription_services.find_by_endpoint(session, endpoint)
+    if sub is None or sub.deleted_at is not None or sub.subscriber_id is None:
+        raise NotFound("unknown_endpoint", "no subscription has this endpoint", "endpoint")
+    subscriber = session.get(Subscriber, sub.subscriber_id)
+    if subscriber is None or subscriber.erased_at is not None:
+        raise NotFound("unknown_endpoint", "no subscription has this endpoint", "endpoint")
+    apply_decisions(
+        session,
+        subscriber.id,
+        decisions,
+        source=source,
+        policy_version=version,
+        decided_at=decided_at,
+        recorded_at=now,
+        context=_context("api"),
+        subscription_id=sub.id,
+    )
+    session.commit()
+    return jsonify({"preferences": preferences_json(subscriber)})
+
+
+def preferences_json(subscriber: Subscriber) -> list[dict[str, Any]]:
+    return [
+        {
+            "slug": view.topic.slug,
+            "state": view.effective.state,
+            "effective": "on" if view.effective.on else "off",
+            "reason": view.effective.reason.value,
+            "decidedAt": view.decided_at.isoformat() if view.decided_at else None,
+            "policyVersion": view.policy_version,
+        }
+        for view in topic_views(db.session, subscriber)
+    ]

@@ -1,0 +1,287 @@
+"""POST /api/push/preferences, and consent through subscribe, change and unsubscribe."""
+
+from __future__ import annotations
+
+import pytest
+import sqlalchemy as sa
+
+from tests.helpers import count_rows
+
+URL = "/api/push/preferences"
+
+
+def _body(endpoint, decisions=None, **overrides):
+    body = {
+        "endpoint": endpoint,
+        "decisions": decisions
+        if decisions is not None
+        else [{"slug": "offers", "state": "opt_in"}],
+        "policyVersion": "v1",
+        "decidedAt": "2025-12-31T23:00:00Z",
+    }
+    body.update(overrides)
+    return body
+
+
+def test_preferences_api_stores_the_set_and_answers_it(client, engine, subscribed):
+    response = client.post(
+        URL,
+        json=_body(
+            subscribed.endpoint,
+            [
+                {"slug": "offers", "state": "opt_in"},
+                {"slug": "security-alerts", "state": "opt_out"},
+                {"slug": "weekly-digest", "state": "unset"},
+            ],
+        ),
+    )
+    assert response.status_code == 200
+    stored = {p["slug"]: p for p in response.json["preferences"]}
+    assert stored["offers"]["state"] == "opt_in"
+    assert stored["offers"]["effective"] == "on"
+    assert stored["offers"]["decidedAt"].startswith("2025-12-31T23:00:00")
+    assert stored["security-alerts"]["reason"] == "explicit_opt_out"
+    assert stored["weekly-digest"]["state"] == "unset"
+    assert stored["order-updates"]["reason"] == "default_off"
+    with engine.connect() as conn:
+        events = conn.execute(
+            sa.text(
+                "SELECT new_state, decided_at, recorded_at FROM consent_event WHERE kind = 'preference_changed' ORDER BY seq"
+            )
+        ).all()
+    assert [e[0] for e in events] == ["opt_in", "opt_out"]  # unset → unset is no transition
+    assert str(events[0][1]).startswith("2025-12-31 23:00:00")  # client clock
+    assert str(events[0][2]).startswith("2026-01-01 00:00:00")  # server clock
+
+
+@pytest.fixture
+def retired(app, subscribed):
+    app.test_cli_runner().invoke(args=["portal", "topic", "retire", "order-updates"])
+
+
+BAD = [
+    (
+        "unknown-slug",
+        lambda e: _body(e, [{"slug": "nope", "state": "opt_in"}]),
+        422,
+        "decisions[0].slug",
+    ),
+    (
+        "retired-slug",
+        lambda e: _body(e, [{"slug": "order-updates", "state": "opt_in"}]),
+        422,
+        "decisions[0].slug",
+    ),
+    (
+        "bad-state",
+        lambda e: _body(e, [{"slug": "offers", "state": "yes"}]),
+        422,
+        "decisions[0].state",
+    ),
+    (
+        "state-null",
+        lambda e: _body(e, [{"slug": "offers", "state": None}]),
+        400,
+        "decisions[0].state",
+    ),
+    (
+        "duplicate-slug",
+        lambda e: _body(
+            e, [{"slug": "offers", "state": "opt_in"}, {"slug": "offers", "state": "opt_out"}]
+        ),
+        422,
+        "decisions[1].slug",
+    ),
+    (
+        "missing-endpoint",
+        lambda e: {k: v for k, v in _body(e).items() if k != "endpoint"},
+        400,
+        "endpoint",
+    ),
+    (
+        "unknown-endpoint",
+        lambda e: _body("https://fcm.googleapis.com/fcm/send/unknown"),
+        404,
+        "endpoint",
+    ),
+    ("unknown-policy", lambda e: _body(e, policyVersion="v9"), 422, "policyVersion"),
+    (
+        "missing-policy",
+        lambda e: {k: v for k, v in _body(e).items() if k != "policyVersion"},
+        400,
+        "policyVersion",
+    ),
+    ("empty-decisions", lambda e: _body(e, []), 422, "decisions"),
+    ("decisions-not-list", lambda e: _body(e, {"offers": "opt_in"}), 400, "decisions"),
+    ("decision-not-object", lambda e: _body(e, ["offers"]), 400, "decisions[0]"),
+    ("decided-at-garbage", lambda e: _body(e, decidedAt="yesterday"), 422, "decidedAt"),
+    ("decided-at-naive", lambda e: _body(e, decidedAt="2026-01-01T00:00:00"), 422, "decidedAt"),
+    ("decided-at-future", lambda e: _body(e, decidedAt="2027-01-01T00:00:00Z"), 422, "decidedAt"),
+    ("bad-source", lambda e: _body(e, source="import"), 422, "source"),
+]
+
+
+@pytest.mark.parametrize(
+    ("make", "status", "field"), [pytest.param(m, s, f, id=i) for i, m, s, f in BAD]
+)
+def test_bad_preferences_write_nothing(client, engine, subscribed, retired, make, status, field):
+    events = count_rows(engine, "consent_event")
+    response = client.post(URL, json=make(subscribed.endpoint))
+    assert response.status_code == status, response.json
+    assert response.json["error"]["field"] == field
+    assert count_rows(engine, "topic_preference") == 0
+    assert count_rows(engine, "consent_event") == events
+
+
+def test_preferences_of_a_revoked_device_still_apply_to_the_person(client, engine, subscribed):
+    """Preferences are per subscriber; the endpoint is only the address."""
+    client.post("/api/push/unsubscribe", json={"endpoint": subscribed.endpoint})
+    assert client.post(URL, json=_body(subscribed.endpoint)).status_code == 200
+
+
+def test_subscribe_with_topics_records_choices_and_grant(
+    client, engine, subscriptions, catalogue_ready
+):
+    sub = subscriptions()
+    response = client.post(
+        "/api/push/subscribe",
+        json={
+            "subscription": sub.to_json(),
+            "topics": ["weekly-digest"],
+            "policyVersion": "v1",
+            "source": "subscribe-page",
+        },
+    )
+    assert response.status_code == 201
+    with engine.connect() as conn:
+        prefs = dict(
+            conn.execute(
+                sa.text(
+                    "SELECT t.slug, p.state FROM topic_preference p JOIN topic t ON t.id = p.topic_id"
+                )
+            ).all()
+        )
+        kinds = conn.execute(sa.text("SELECT kind, source FROM consent_event ORDER BY seq")).all()
+        grant = conn.execute(sa.text("SELECT grant_event_seq FROM push_subscription")).scalar_one()
+    # Chosen → opt_in; marketing shown but not chosen → opt_out; transactional follow the grant.
+    assert prefs == {"weekly-digest": "opt_in", "offers": "opt_out"}
+    assert [k for k, _ in kinds] == [
+        "permission_granted",
+        "subscribed",
+        "preference_changed",
+        "preference_changed",
+    ]
+    assert {s for _, s in kinds} == {"subscribe-page"}
+    assert grant == 1
+    # Re-posting the same subscription is not a new grant.
+    client.post("/api/push/subscribe", json={"subscription": sub.to_json()})
+    assert count_rows(engine, "consent_event") == 4
+
+
+@pytest.mark.parametrize(
+    ("extra", "status", "field"),
+    [
+        ({"topics": ["nope"], "policyVersion": "v1"}, 422, "topics[0]"),
+        ({"topics": ["offers"]}, 400, "policyVersion"),
+        ({"topics": ["offers"], "policyVersion": "v7"}, 422, "policyVersion"),
+        ({"topics": "offers", "policyVersion": "v1"}, 400, "topics"),
+        ({"topics": ["offers", "offers"], "policyVersion": "v1"}, 422, "topics"),
+        ({"source": "import"}, 422, "source"),
+    ],
+)
+def test_subscribe_with_bad_topics_writes_nothing(
+    client, engine, subscriptions, catalogue_ready, extra, status, field
+):
+    response = client.post(
+        "/api/push/subscribe", json={"subscription": subscriptions().to_json(), **extra}
+    )
+    assert response.status_code == status
+    assert response.json["error"]["field"] == field
+    for table in ("push_subscription", "subscriber", "consent_event", "topic_preference"):
+        assert count_rows(engine, table) == 0
+
+
+def test_change_carries_preferences_with_an_endpoint_rotated_event(
+    app, client, engine, subscriptions, subscribed
+):
+    client.post(URL, json=_body(subscribed.endpoint))
+    new = subscriptions()
+    response = app.test_client().post(
+        "/api/push/change", json={"oldEndpoint": subscribed.endpoint, "subscription": new.to_json()}
+    )
+    assert response.json["moved"] is True
+    with engine.connect() as conn:
+        rotated = conn.execute(
+            sa.text(
+                "SELECT subscription_id, previous_state, context FROM consent_event WHERE kind = 'endpoint_rotated'"
+            )
+        ).one()
+        grants = conn.execute(
+            sa.text("SELECT count(*) FROM consent_event WHERE kind = 'permission_granted'")
+        ).scalar_one()
+        new_grant = conn.execute(
+            sa.text("SELECT grant_event_seq FROM push_subscription WHERE endpoint = :e"),
+            {"e": new.endpoint},
+        ).scalar_one()
+    assert str(rotated.subscription_id).replace("-", "") == response.json["id"].replace("-", "")
+    assert rotated.previous_state == "pending"
+    assert "previous_subscription" in rotated.context
+    assert grants == 1  # the grant carries over; rotation is not a new one
+    assert new_grant == 1
+    # The new endpoint speaks for the same person: its preferences are already there.
+    answer = client.post(
+        URL, json=_body(new.endpoint, [{"slug": "weekly-digest", "state": "opt_in"}])
+    )
+    states = {p["slug"]: p["state"] for p in answer.json["preferences"]}
+    assert states["offers"] == "opt_in"
+
+
+def test_cli_topic_and_policy_commands(app, engine, tmp_path):
+    runner = app.test_cli_runner()
+    ok = runner.invoke(
+        args=[
+            "portal",
+            "topic",
+            "add",
+            "flash-sales",
+            "--category",
+            "Offers",
+            "--label",
+            "Flash sales",
+            "--default",
+            "opt_in",
+        ]
+    )
+    assert ok.exit_code == 0
+    assert "added flash-sales" in ok.output
+    assert (
+        runner.invoke(
+            args=[
+                "portal",
+                "topic",
+                "add",
+                "flash-sales",
+                "--category",
+                "Offers",
+                "--label",
+                "Again",
+            ]
+        ).exit_code
+        == 1
+    )
+    bad = runner.invoke(
+        args=["portal", "topic", "add", "Bad Slug", "--category", "x", "--label", "y"]
+    )
+    assert bad.exit_code == 1
+    assert "slug" in bad.output
+    notice = tmp_path / "n.txt"
+    notice.write_text("Exact words.")
+    published = runner.invoke(
+        args=["portal", "policy", "publish", "2026-02", "--file", str(notice)]
+    )
+    assert published.exit_code == 0
+    assert "sha256=" in published.output
+    again = runner.invoke(args=["portal", "policy", "publish", "2026-02", "--file", str(notice)])
+    assert again.exit_code == 1
+    assert "immutable" in again.output
+    assert runner.invoke(args=["portal", "topic", "retire", "missing"]).exit_code == 1

@@ -1,0 +1,222 @@
+"""The consent log: append-only at the database, a hash chain that finds tampering."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import sqlalchemy as sa
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from portal.consent import catalogue
+from portal.consent.log import verify_chain
+from portal.consent.models import PreferenceState
+from portal.consent.preferences import Decision, apply_decisions
+from portal.db import db, uuid7
+from portal.subscriptions.models import Subscriber
+from tests.helpers import count_rows
+
+
+def _subscriber(app, clock):
+    with db.begin(app) as session:
+        subscriber = Subscriber(id=uuid7(), created_at=clock.now())
+        session.add(subscriber)
+    return subscriber.id
+
+
+def _decide(app, clock, subscriber_id, pairs):
+    with db.begin(app) as session:
+        topics = {t.slug: t for t in catalogue.active_topics(session)}
+        return apply_decisions(
+            session,
+            subscriber_id,
+            [Decision(topics[slug], PreferenceState(state)) for slug, state in pairs],
+            source="preference-centre",
+            policy_version="v1",
+            decided_at=clock.now(),
+            recorded_at=clock.now(),
+        )
+
+
+def _verify(engine):
+    with engine.connect() as conn:
+        return verify_chain(conn)
+
+
+SLUGS = ["security-alerts", "order-updates", "weekly-digest", "offers"]
+STATES = [s.value for s in PreferenceState]
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 2),
+            st.lists(
+                st.tuples(st.sampled_from(SLUGS), st.sampled_from(STATES)),
+                max_size=4,
+                unique_by=lambda p: p[0],
+            ),
+        ),
+        max_size=12,
+    )
+)
+def test_current_state_is_the_fold_of_the_log(catalogue_ready, engine, clock, submissions):
+    app = catalogue_ready
+    subscribers = getattr(app, "_test_subscribers", None)
+    if subscribers is None:
+        subscribers = app._test_subscribers = [_subscriber(app, clock) for _ in range(3)]
+    for who, pairs in submissions:
+        clock.advance(seconds=1)
+        _decide(app, clock, subscribers[who], pairs)
+
+    with engine.connect() as conn:
+        folded: dict[tuple, str] = {}
+        for row in conn.execute(
+            sa.text(
+                "SELECT subscriber_id, topic_id, previous_state, new_state FROM consent_event WHERE kind = 'preference_changed' ORDER BY seq"
+            )
+        ):
+            key = (str(row.subscriber_id), row.topic_id)
+            assert (
+                folded.get(key, "unset") == row.previous_state
+            )  # every event starts where the last ended
+            folded[key] = row.new_state
+        table = {
+            (str(r.subscriber_id), r.topic_id): r.state
+            for r in conn.execute(
+                sa.text("SELECT subscriber_id, topic_id, state FROM topic_preference")
+            )
+        }
+    assert table == folded
+    assert _verify(engine).ok
+
+
+def test_only_real_transitions_are_logged(catalogue_ready, engine, clock):
+    who = _subscriber(catalogue_ready, clock)
+    assert len(_decide(catalogue_ready, clock, who, [("offers", "opt_in")])) == 1
+    assert _decide(catalogue_ready, clock, who, [("offers", "opt_in")]) == []
+    assert count_rows(engine, "consent_event") == 1
+    withdrawn = _decide(catalogue_ready, clock, who, [("offers", "opt_out")])
+    assert [(c.previous, c.new) for c in withdrawn] == [("opt_in", "opt_out")]
+    assert count_rows(engine, "topic_preference") == 1  # a withdrawal never deletes
+
+
+@pytest.mark.parametrize(
+    "statement", ["UPDATE consent_event SET kind = 'erased'", "DELETE FROM consent_event"]
+)
+def test_the_database_refuses_to_change_the_log(catalogue_ready, engine, clock, statement):
+    _decide(catalogue_ready, clock, _subscriber(catalogue_ready, clock), [("offers", "opt_in")])
+    with pytest.raises(sa.exc.DatabaseError, match="append-only"), engine.begin() as conn:
+        conn.execute(sa.text(statement))
+    assert count_rows(engine, "consent_event") == 1
+
+
+@pytest.mark.parametrize(
+    "statement", ["UPDATE policy_version SET text = 'edited'", "DELETE FROM policy_version"]
+)
+def test_the_database_refuses_to_change_a_published_policy(catalogue_ready, engine, statement):
+    with pytest.raises(sa.exc.DatabaseError, match="immutable"), engine.begin() as conn:
+        conn.execute(sa.text(statement))
+
+
+@pytest.mark.postgres_only
+def test_truncate_is_refused_too(catalogue_ready, engine):
+    with pytest.raises(sa.exc.DatabaseError, match="append-only"), engine.begin() as conn:
+        conn.execute(sa.text("TRUNCATE consent_event"))
+
+
+def _tamper(engine, backend, sql):
+    """Edit the log behind the application's back: the guard trigger is lifted for it."""
+    with engine.begin() as conn:
+        if backend == "postgresql":
+            conn.execute(
+                sa.text("ALTER TABLE consent_event DISABLE TRIGGER consent_event_append_only")
+            )
+            conn.execute(sa.text(sql))
+            conn.execute(
+                sa.text("ALTER TABLE consent_event ENABLE TRIGGER consent_event_append_only")
+            )
+        else:
+            ddl = dict(
+                conn.execute(
+                    sa.text(
+                        "SELECT name, sql FROM sqlite_master WHERE type = 'trigger' AND tbl_name = 'consent_event'"
+                    )
+                ).all()
+            )
+            for name in ddl:
+                conn.execute(sa.text(f"DROP TRIGGER {name}"))
+            conn.execute(sa.text(sql))
+            for statement in ddl.values():
+                conn.execute(sa.text(statement))
+
+
+@pytest.mark.parametrize(
+    ("sql", "expected"),
+    [
+        (
+            "UPDATE consent_event SET new_state = 'unset' WHERE seq = 3",
+            "event 3: hash does not match its content",
+        ),
+        (
+            "UPDATE consent_event SET recorded_at = recorded_at WHERE seq = 2; UPDATE consent_event SET actor = 'staff' WHERE seq = 2",
+            "event 2: hash does not match",
+        ),
+        ("DELETE FROM consent_event WHERE seq = 4", "event 4: missing"),
+    ],
+    ids=["edited-state", "edited-actor", "deleted"],
+)
+def test_verify_log_names_the_first_tampered_event(
+    catalogue_ready, engine, clock, backend, sql, expected
+):
+    who = _subscriber(catalogue_ready, clock)
+    for state in ["opt_in", "opt_out", "opt_in", "opt_out", "opt_in"]:
+        clock.advance(seconds=5)
+        _decide(catalogue_ready, clock, who, [("offers", state)])
+    runner = catalogue_ready.test_cli_runner()
+    ok = runner.invoke(args=["portal", "verify-log"])
+    assert ok.exit_code == 0
+    assert "consent log intact: 5 events" in ok.output
+    for statement in sql.split("; "):
+        _tamper(engine, backend, statement)
+    broken = runner.invoke(args=["portal", "verify-log"])
+    assert broken.exit_code == 1
+    assert expected in broken.output
+
+
+@pytest.mark.postgres_only
+def test_fifty_concurrent_submissions_keep_the_chain_linear(catalogue_ready, engine, clock):
+    app = catalogue_ready
+    people = [_subscriber(app, clock) for _ in range(10)]
+    barrier = threading.Barrier(50)
+    failures: list[BaseException] = []
+
+    def submit(index: int) -> None:
+        barrier.wait()
+        try:
+            state = "opt_in" if index % 2 else "opt_out"
+            _decide(
+                app, clock, people[index % 10], [("offers", state), (SLUGS[index % 4], "opt_in")]
+            )
+        except BaseException as error:
+            failures.append(error)
+
+    threads = [threading.Thread(target=submit, args=(i,)) for i in range(50)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+    with engine.connect() as conn:
+        seqs = conn.execute(sa.text("SELECT seq FROM consent_event ORDER BY seq")).scalars().all()
+        prevs = conn.execute(
+            sa.text("SELECT count(DISTINCT prev_hash) FROM consent_event")
+        ).scalar_one()
+    assert seqs == list(range(1, len(seqs) + 1))
+    assert prevs == len(seqs)  # no fork: every event has its own predecessor
+    assert len(seqs) >= 10
+    assert _verify(engine).ok

@@ -1,0 +1,291 @@
+"""The preference centre without JavaScript: identity, round trip, one-click actions."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import sqlalchemy as sa
+
+from portal.identity import preference_link_token, sign_assertion
+from tests.consent.conftest import csrf_token
+from tests.helpers import all_rows, count_rows
+
+
+def _prefs(engine):
+    with engine.connect() as conn:
+        return dict(
+            conn.execute(
+                sa.text(
+                    "SELECT t.slug, p.state FROM topic_preference p JOIN topic t ON t.id = p.topic_id"
+                )
+            ).all()
+        )
+
+
+def test_a_visitor_without_identity_gets_an_explanation(client, catalogue_ready):
+    page = client.get("/preferences")
+    assert page.status_code == 200
+    assert "We do not know who you are on this browser yet" in page.text
+    assert 'href="/"' in page.text
+
+
+def test_round_trip_load_change_save_banner(client, engine, subscribed):
+    page = client.get("/preferences")
+    assert page.status_code == 200
+    html = page.text
+    assert "<legend>Your account</legend>" in html
+    assert "<legend>News</legend>" in html
+    assert 'id="topic-security-alerts"' in html
+    assert "On by default for account messages, because you allowed notifications." in html
+    assert "Off until you turn it on" in html
+    assert "We send what you choose." in html  # the policy text itself
+    assert 'name="policy_version" value="v1"' in html
+
+    # Everything visible is submitted; only the ticked ones are on.
+    saved = client.post(
+        "/preferences",
+        data={
+            "csrf_token": csrf_token(html),
+            "policy_version": "v1",
+            "visible": ["security-alerts", "order-updates", "weekly-digest", "offers"],
+            "topics": ["security-alerts", "offers"],
+        },
+    )
+    assert saved.status_code == 303
+    after = client.get(saved.headers["Location"])
+    assert "Your choices are saved." in after.text
+    assert "data-focus-on-load" in after.text
+    assert 'role="status"' in after.text
+    # security-alerts was ticked by default and saved untouched: it stays unset, never
+    # turned into an opt-in nobody made. weekly-digest was shown off (an unknown region
+    # gets no marketing default) and left off: unset too.
+    assert _prefs(engine) == {"offers": "opt_in"}
+    assert "On: you turned this on" in after.text
+
+
+def test_unticking_a_default_on_topic_is_an_explicit_opt_out(client, engine, subscribed):
+    html = client.get("/preferences").text
+    client.post(
+        "/preferences",
+        data={
+            "csrf_token": csrf_token(html),
+            "policy_version": "v1",
+            "visible": ["security-alerts"],
+            "topics": [],
+        },
+    )
+    assert _prefs(engine) == {"security-alerts": "opt_out"}
+    with engine.connect() as conn:
+        event = conn.execute(
+            sa.text(
+                "SELECT kind, previous_state, new_state, source, policy_version, context FROM consent_event WHERE kind = 'preference_changed'"
+            )
+        ).one()
+    assert event[:5] == ("preference_changed", "unset", "opt_out", "preference-centre", "v1")
+    assert '"screen":"preference-centre"' in event[5]
+
+
+def test_post_without_csrf_token_is_refused(client, engine, subscribed):
+    response = client.post(
+        "/preferences", data={"policy_version": "v1", "visible": ["offers"], "topics": ["offers"]}
+    )
+    assert response.status_code == 400
+    assert _prefs(engine) == {}
+    for path in ("/preferences/marketing-off", "/preferences/stop-device"):
+        assert client.post(path).status_code == 400
+
+
+def test_a_stale_policy_asks_for_confirmation_and_keeps_the_choices(
+    app, client, engine, subscribed, clock, tmp_path
+):
+    html = client.get("/preferences").text
+    notice = tmp_path / "v2.txt"
+    notice.write_text("We send what you choose, and now weekly.")
+    assert (
+        app.test_cli_runner()
+        .invoke(args=["portal", "policy", "publish", "v2", "--file", str(notice)])
+        .exit_code
+        == 0
+    )
+    response = client.post(
+        "/preferences",
+        data={
+            "csrf_token": csrf_token(html),
+            "policy_version": "v1",
+            "visible": ["offers"],
+            "topics": ["offers"],
+        },
+    )
+    assert response.status_code == 409
+    page = response.text
+    assert "<title>Error: Your notification choices" in page
+    assert 'class="error-summary"' in page
+    assert 'href="#policy-ack"' in page
+    assert 'id="policy-ack"' in page
+    assert "and now weekly" in page
+    assert re.search(r'id="topic-offers"[^>]*\bchecked\b', page)  # what they ticked is kept
+    assert _prefs(engine) == {}
+    # Saving again without ticking the confirmation: still an error.
+    again = client.post(
+        "/preferences",
+        data={
+            "csrf_token": csrf_token(page),
+            "policy_version": "v2",
+            "ack_required": "1",
+            "visible": ["offers"],
+            "topics": ["offers"],
+        },
+    )
+    assert again.status_code == 400
+    assert _prefs(engine) == {}
+    confirmed = client.post(
+        "/preferences",
+        data={
+            "csrf_token": csrf_token(page),
+            "policy_version": "v2",
+            "ack_required": "1",
+            "policy_ack": "1",
+            "visible": ["offers"],
+            "topics": ["offers"],
+        },
+    )
+    assert confirmed.status_code == 303
+    with engine.connect() as conn:
+        assert (
+            conn.execute(sa.text("SELECT policy_version FROM topic_preference")).scalar_one()
+            == "v2"
+        )
+
+
+def test_turn_off_all_marketing_in_one_click(client, engine, subscribed):
+    html = client.get("/preferences").text
+    client.post(
+        "/preferences",
+        data={
+            "csrf_token": csrf_token(html),
+            "policy_version": "v1",
+            "visible": ["offers", "weekly-digest"],
+            "topics": ["offers", "weekly-digest"],
+        },
+    )
+    response = client.post("/preferences/marketing-off", data={"csrf_token": csrf_token(html)})
+    assert response.status_code == 303
+    assert "All marketing notifications are off" in client.get("/preferences").text
+    assert _prefs(engine) == {
+        "offers": "opt_out",
+        "weekly-digest": "opt_out",
+    }  # account topics untouched
+
+
+def test_stop_notifications_on_this_device_in_one_click(client, engine, subscribed):
+    html = client.get("/preferences").text
+    assert "(this device)" in html
+    response = client.post("/preferences/stop-device", data={"csrf_token": csrf_token(html)})
+    assert response.status_code == 303
+    (row,) = all_rows(engine, "push_subscription")
+    assert row["state"] == "revoked"
+    assert row["end_reason"] == "unsubscribed"
+    with engine.connect() as conn:
+        assert (
+            conn.execute(
+                sa.text("SELECT count(*) FROM consent_event WHERE kind = 'unsubscribed'")
+            ).scalar_one()
+            == 1
+        )
+    heartbeat = client.post("/api/push/heartbeat", json={"endpoint": subscribed.endpoint})
+    assert heartbeat.json["action"] == "unsubscribe"
+
+
+def test_link_token_identifies_and_expires(app, client, engine, subscribed, clock):
+    with engine.connect() as conn:
+        subscriber_id = conn.execute(sa.text("SELECT id FROM subscriber")).scalar_one()
+    import uuid
+
+    with app.test_request_context():
+        token = preference_link_token(
+            uuid.UUID(str(subscriber_id))
+            if not isinstance(subscriber_id, uuid.UUID)
+            else subscriber_id
+        )
+    other_browser = app.test_client()
+    assert "We do not know who you are" in other_browser.get("/preferences").text
+    opened = other_browser.get(f"/preferences?token={token}")
+    assert opened.status_code == 303
+    assert opened.headers["Location"] == "/preferences"  # the token leaves the address bar
+    assert "topic-offers" in other_browser.get("/preferences").text
+
+    forged = app.test_client().get(f"/preferences?token={token[:-2]}xx")
+    assert forged.status_code == 400
+    assert "This link is not valid." in forged.text
+
+    app.extensions["portal"].settings = app.extensions["portal.settings"] = app.extensions[
+        "portal.settings"
+    ].with_overrides(preference_link_max_age=0)
+    time.sleep(1.1)
+    expired = app.test_client().get(f"/preferences?token={token}")
+    assert expired.status_code == 400
+    assert "expired" in expired.text
+
+
+def test_identity_assertion_links_the_account_and_merges_device_preferences(
+    app, client, engine, subscribed, clock
+):
+    secret = "host-product-secret"
+    app.extensions["portal"].settings = app.extensions["portal.settings"] = app.extensions[
+        "portal.settings"
+    ].with_overrides(identity_assertion_secrets=(secret,))
+    html = client.get("/preferences").text
+    client.post(
+        "/preferences",
+        data={
+            "csrf_token": csrf_token(html),
+            "policy_version": "v1",
+            "visible": ["offers"],
+            "topics": ["offers"],
+        },
+    )
+
+    # The account already exists from another device, with an older decision on offers.
+    laptop = app.test_client()
+    first = sign_assertion({"sub": "user-42", "exp": time.time() + 60, "region": "DE"}, secret)
+    assert laptop.get(f"/preferences?assertion={first}").status_code == 303
+
+    phone_link = sign_assertion({"sub": "user-42", "exp": time.time() + 60}, secret)
+    response = client.get(f"/preferences?assertion={phone_link}")
+    assert response.status_code == 303
+    with engine.connect() as conn:
+        account = conn.execute(
+            sa.text("SELECT id, region_code FROM subscriber WHERE external_user_id = 'user-42'")
+        ).one()
+        owners = set(conn.execute(sa.text("SELECT subscriber_id FROM push_subscription")).scalars())
+        linked = conn.execute(
+            sa.text("SELECT count(*) FROM consent_event WHERE kind = 'account_linked'")
+        ).scalar_one()
+        merged = conn.execute(
+            sa.text(
+                "SELECT state, source FROM topic_preference p JOIN topic t ON t.id = p.topic_id WHERE t.slug = 'offers' AND p.subscriber_id = :a"
+            ),
+            {"a": account.id},
+        ).one()
+    assert account.region_code == "EU"
+    assert owners == {account.id}  # the phone's subscription now belongs to the account
+    assert linked == 2
+    assert tuple(merged) == ("opt_in", "account-link")
+    # Both browsers now show the account's choices.
+    assert "On: you turned this on" in laptop.get("/preferences").text
+
+    expired = sign_assertion({"sub": "user-42", "exp": time.time() - 1}, secret)
+    assert app.test_client().get(f"/preferences?assertion={expired}").status_code == 400
+    forged = sign_assertion({"sub": "user-42", "exp": time.time() + 60}, "wrong-secret")
+    refused = app.test_client().get(f"/preferences?assertion={forged}")
+    assert refused.status_code == 400
+    assert "not valid" in refused.text
+    assert count_rows(engine, "subscriber") == 2  # the phone's anonymous subscriber remains, empty
+
+
+def test_policy_page_shows_the_exact_text(client, catalogue_ready):
+    page = client.get("/policy/v1")
+    assert page.status_code == 200
+    assert "We send what you choose." in page.text
+    assert client.get("/policy/nope").status_code == 404
