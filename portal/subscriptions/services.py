@@ -45,6 +45,7 @@ class Registration:
     subscriber_id: uuid.UUID | None = None  # from a signed cookie or a known endpoint
     source: str = Source.API.value
     screen: str | None = None
+    region_code: str | None = None  # from a trusted edge header, when configured
 
     def context(self, **extra: str) -> log.Context:
         return log.Context(screen=self.screen, client=family(self.user_agent), extra=extra or None)
@@ -138,7 +139,14 @@ def upsert_subscription(
         subscriber_id, given = existing.subscriber_id, True
     if subscriber_id is None:
         subscriber_id = uuid7()
-        session.add(Subscriber(id=subscriber_id, created_at=now, locale=registration.locale))
+        session.add(
+            Subscriber(
+                id=subscriber_id,
+                created_at=now,
+                locale=registration.locale,
+                region_code=registration.region_code,
+            )
+        )
         session.flush()
         created = True
         # An existing row whose subscriber was erased (or that has none) takes the new

@@ -12,7 +12,7 @@ from flask import Blueprint, Response, current_app, jsonify, request
 from portal.api import check_same_origin, json_body, request_locale, request_origin
 from portal.consent import catalogue
 from portal.consent.models import PreferenceState, Source
-from portal.consent.preferences import Decision, apply_decisions
+from portal.consent.preferences import Decision, apply_decisions, region_for_country
 from portal.db import db
 from portal.errors import NotFound, ValidationError
 from portal.identity import set_device_cookie, set_subscriber_cookie, subscriber_from_cookie
@@ -62,11 +62,13 @@ def _endpoint(body: dict[str, Any], field: str = "endpoint") -> str:
 
 
 def _registration() -> services.Registration:
+    header = _settings().region_header
     return services.Registration(
         origin=request_origin(),
         user_agent=request.headers.get("User-Agent"),
         locale=request_locale(),
         subscriber_id=subscriber_from_cookie(request),
+        region_code=region_for_country(request.headers.get(header)) if header else None,
     )
 
 
