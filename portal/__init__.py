@@ -65,6 +65,10 @@ def create_app(
     _register_blueprints(app)
     _instrument(app)
 
+    if settings.scheduler:
+        from portal.operations.scheduler import install
+
+        install(app)
     if settings.auto_migrate:
         from portal.migrate import upgrade
 
@@ -80,6 +84,7 @@ def _register_blueprints(app: Flask) -> None:
     from portal import api, cli, health, metrics, pages
     from portal.consent import cli as consent_cli
     from portal.consent import views as consent_views
+    from portal.retention import views as erasure_views
     from portal.subscriptions import views as subscription_views
 
     api.register_error_handlers(app)
@@ -87,6 +92,7 @@ def _register_blueprints(app: Flask) -> None:
     app.register_blueprint(metrics.bp)
     app.register_blueprint(pages.bp)
     app.register_blueprint(consent_views.bp)
+    app.register_blueprint(erasure_views.bp)
     app.register_blueprint(subscription_views.bp)
     app.register_blueprint(consent_views.api)
     # The JSON API is same-origin and JSON-only (checked on every request), which a

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 from typing import Any
 
 import click
@@ -42,7 +44,8 @@ class ClickProgress:
 @click.argument("name")
 def run_job_command(name: str) -> None:
     """Run one background job once, with progress."""
-    from portal.jobs import job_names, run_job
+    from portal.jobs import job_names
+    from portal.operations.scheduler import JobBusy, run_recorded
 
     if name not in job_names():
         raise click.BadParameter(
@@ -50,14 +53,39 @@ def run_job_command(name: str) -> None:
         )
     progress = ClickProgress(name)
     try:
-        report = run_job(current_app._get_current_object(), name, progress)  # type: ignore[attr-defined]
+        report = run_recorded(
+            current_app._get_current_object(),  # type: ignore[attr-defined]
+            name,
+            trigger="command",
+            progress=progress,
+        )
+    except JobBusy:
+        click.echo(f"{name} is running in another process right now; try again later", err=True)
+        sys.exit(2)
     finally:
         progress.close()
+    assert report is not None
     click.echo(report.summary())
     for problem in report.problems:
         click.echo(f"  problem: {problem}", err=True)
     if report.problems:
         sys.exit(1)
+
+
+@portal_cli.command("scheduler")
+def scheduler_command() -> None:
+    """Run the scheduler in this process, in the foreground, until stopped."""
+    from portal.operations.scheduler import PortalScheduler
+
+    scheduler = PortalScheduler(current_app._get_current_object())  # type: ignore[attr-defined]
+    stopping = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stopping.set())
+    scheduler.start()
+    click.echo("scheduler running; stop with Ctrl-C or SIGTERM", err=True)
+    stopping.wait()
+    click.echo("finishing the current batch…", err=True)
+    scheduler.shutdown()
 
 
 @portal_cli.command("vapid-keys")

@@ -80,6 +80,28 @@ class RetrySettings:
 
 
 @dataclass(frozen=True)
+class RetentionSettings:
+    """How long subscriptions live without a sign of life, and what is kept after."""
+
+    stale_after_days: int = 30
+    expire_stale_after_days: int = 30
+    tombstone_grace_days: int = 7
+    audit_window_months: int = 13
+    batch_size: int = 1000
+
+
+@dataclass(frozen=True)
+class ScheduleSettings:
+    """Intervals of the embedded scheduler's jobs, in seconds."""
+
+    dispatch: int = 5
+    sweep: int = 3600
+    tombstone: int = 3600
+    purge: int = 86400
+    reseal: int = 86400
+
+
+@dataclass(frozen=True)
 class Settings:
     env: str = "development"
     instance_path: str = "instance"
@@ -106,6 +128,8 @@ class Settings:
     preference_link_max_age: int = 30 * 24 * 3600
     region_header: str | None = None
     seed_demo_data: bool = False
+    retention: RetentionSettings = field(default_factory=RetentionSettings)
+    schedule: ScheduleSettings = field(default_factory=ScheduleSettings)
 
     @property
     def is_production(self) -> bool:
@@ -200,6 +224,20 @@ class Settings:
             ),
             region_header=environ.get("REGION_HEADER") or None,
             seed_demo_data=_flag(environ, "PORTAL_DEMO_DATA", default=not production),
+            retention=RetentionSettings(
+                stale_after_days=_int(environ, "STALE_AFTER_DAYS", 30),
+                expire_stale_after_days=_int(environ, "EXPIRE_STALE_AFTER_DAYS", 30),
+                tombstone_grace_days=_int(environ, "TOMBSTONE_GRACE_DAYS", 7),
+                audit_window_months=_int(environ, "AUDIT_WINDOW_MONTHS", 13),
+                batch_size=_int(environ, "SWEEP_BATCH_SIZE", 1000) or 1000,
+            ),
+            schedule=ScheduleSettings(
+                dispatch=_int(environ, "DISPATCH_TICK_SECONDS", 5) or 5,
+                sweep=_int(environ, "SWEEP_INTERVAL_SECONDS", 3600) or 3600,
+                tombstone=_int(environ, "TOMBSTONE_INTERVAL_SECONDS", 3600) or 3600,
+                purge=_int(environ, "PURGE_INTERVAL_SECONDS", 86400) or 86400,
+                reseal=_int(environ, "RESEAL_INTERVAL_SECONDS", 86400) or 86400,
+            ),
         )
 
 

@@ -50,9 +50,14 @@ def job(name: str) -> Callable[[JobFunction], JobFunction]:
     return register
 
 
-def run_job(app: Flask, name: str, progress: Progress | None = None) -> JobReport:
-    import portal.subscriptions.jobs  # noqa: F401 - registers the registry's jobs
+def _load() -> None:
+    """Import every module that registers jobs."""
+    import portal.retention.jobs
+    import portal.subscriptions.jobs  # noqa: F401
 
+
+def run_job(app: Flask, name: str, progress: Progress | None = None) -> JobReport:
+    _load()
     if name not in JOBS:
         raise KeyError(name)
     started = time.perf_counter()
@@ -62,6 +67,5 @@ def run_job(app: Flask, name: str, progress: Progress | None = None) -> JobRepor
 
 
 def job_names() -> list[str]:
-    import portal.subscriptions.jobs  # noqa: F401
-
+    _load()
     return sorted(JOBS)

@@ -1,12 +1,17 @@
 """Every model, imported in one place so the metadata is complete (Alembic, tests)."""
 
 from portal.consent.models import ConsentEvent, PolicyVersion, Topic, TopicPreference
+from portal.operations.models import JobRun, JobState
+from portal.retention.models import RetentionCounter
 from portal.subscriptions.models import PushSubscription, Subscriber
 
 __all__ = [
     "ConsentEvent",
+    "JobRun",
+    "JobState",
     "PolicyVersion",
     "PushSubscription",
+    "RetentionCounter",
     "Subscriber",
     "Topic",
     "TopicPreference",

@@ -23,7 +23,8 @@ from flask.testing import FlaskClient
 from portal import create_app
 from portal.clock import FrozenClock
 from portal.config import DEFAULT_PUSH_HOSTS, Settings, generate_vapid_keys, normalise_database_url
-from portal.db import create_engine
+from portal.consent import catalogue
+from portal.db import create_engine, db
 from portal.migrate import upgrade
 from tests.factories import SubscriptionFactory
 
@@ -194,3 +195,33 @@ def engine(app: Flask) -> sa.Engine:
 @pytest.fixture
 def subscriptions() -> SubscriptionFactory:
     return SubscriptionFactory()
+
+
+TOPICS = [
+    # slug, category, transactional, default
+    ("security-alerts", "Your account", True, "opt_in"),
+    ("order-updates", "Your account", True, "opt_out"),
+    ("weekly-digest", "News", False, "opt_in"),
+    ("offers", "Offers", False, "opt_out"),
+]
+
+
+@pytest.fixture
+def catalogue_ready(app, clock):
+    """Four topics (each class × each default) and a published policy."""
+    with db.begin(app) as session:
+        catalogue.publish_policy(
+            session, version="v1", text="We send what you choose.", now=clock.now()
+        )
+        for slug, category, transactional, default in TOPICS:
+            catalogue.add_topic(
+                session,
+                slug=slug,
+                category=category,
+                label=slug.replace("-", " ").title(),
+                description=f"About {slug}.",
+                transactional=transactional,
+                default_state=default,
+                now=clock.now(),
+            )
+    return app

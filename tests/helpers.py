@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import sqlalchemy as sa
@@ -19,3 +20,9 @@ def all_rows(engine: sa.Engine, table: str) -> list[dict[str, Any]]:
 
 def post_json(client: Any, url: str, body: Any, **kwargs: Any) -> Any:
     return client.post(url, json=body, **kwargs)
+
+
+def csrf_token(html: str) -> str:
+    match = re.search(r'name="csrf_token" value="([^"]+)"', html)
+    assert match, "the page has no CSRF token"
+    return match.group(1)

@@ -110,6 +110,10 @@ class PushSubscription(Base):
     # The consent event recording the browser's permission grant for this subscription:
     # the justification of a transactional send.
     grant_event_seq: Mapped[int | None] = mapped_column(sa.BigInteger)
+    # When the row turned stale, and when it ended (revoked or expired): the clocks of the
+    # expiry sweep and the tombstone grace period.
+    stale_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    ended_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
     deleted_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
 
     __table_args__ = (

@@ -201,6 +201,8 @@ def upsert_subscription(
             "deleted_at": None,
             "revoked_at": None,
             "end_reason": None,
+            "ended_at": None,
+            "stale_at": None,
             "consecutive_failures": 0,
             "state": _next_state_on_register(),
         },
@@ -286,6 +288,7 @@ def heartbeat(
         return HeartbeatResult(SubscriptionState.EXPIRED.value, "resubscribe", sub)
     if sub.state == SubscriptionState.STALE:
         sub.state = SubscriptionState.ACTIVE if sub.last_success_at else SubscriptionState.PENDING
+        sub.stale_at = None
         sub.last_seen_at = now
     elif sub.last_seen_at <= now - throttle:
         session.execute(
@@ -306,6 +309,7 @@ def end_subscription(
         return False
     sub.state = state
     sub.end_reason = reason.value
+    sub.ended_at = now
     if state == SubscriptionState.REVOKED and sub.revoked_at is None:
         sub.revoked_at = now
     return True

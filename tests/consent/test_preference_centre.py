@@ -8,8 +8,7 @@ import time
 import sqlalchemy as sa
 
 from portal.identity import preference_link_token, sign_assertion
-from tests.consent.conftest import csrf_token
-from tests.helpers import all_rows, count_rows
+from tests.helpers import all_rows, count_rows, csrf_token
 
 
 def _prefs(engine):

@@ -145,7 +145,7 @@ def test_dead_subscriptions_and_erased_subscribers_get_nothing(
 def test_retiring_a_topic_keeps_history_and_leaves_page_and_audience(
     app, client, clock, subscribed, engine
 ):
-    from tests.consent.conftest import csrf_token
+    from tests.helpers import csrf_token
 
     page = client.get("/preferences")
     client.post(

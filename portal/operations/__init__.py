@@ -1,0 +1,1 @@
+"""Operations: the embedded scheduler, job coordination across processes, job history."""

@@ -1,0 +1,238 @@
+"""The embedded scheduler and how its jobs are coordinated across processes.
+
+Any number of processes may run the scheduler. A singleton job takes a lock for its run
+— a PostgreSQL advisory lock, or on SQLite an exclusive lock on a file beside the
+database — and runs only when ``job_state.next_run_at`` says it is due, so each job
+runs once per interval across all processes. Batch work inside jobs is claimed row by
+row (SKIP LOCKED), so two runs never process the same batch either.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import datetime as dt
+import fcntl
+import logging
+import os
+import socket
+import threading
+import time
+import traceback
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import sqlalchemy as sa
+from apscheduler.schedulers.background import BackgroundScheduler
+from apscheduler.triggers.interval import IntervalTrigger
+from flask import Flask
+from sqlalchemy.dialects import postgresql, sqlite
+
+from portal.db import db
+from portal.jobs import JobReport, NoProgress, Progress, job_names, run_job
+from portal.operations.models import JobRun, JobState
+
+log = logging.getLogger("portal.scheduler")
+_JOB_LOCK_SPACE = 0x6A6F62  # "job": the first key of the two-key advisory lock
+_state = JobState.__table__
+_run = JobRun.__table__
+
+
+class JobBusy(RuntimeError):
+    """Another process holds this job's lock right now."""
+
+
+def interval_of(app: Flask, name: str) -> float:
+    return float(getattr(app.extensions["portal.settings"].schedule, name.replace("-", "_"), 3600))
+
+
+@contextlib.contextmanager
+def job_lock(app: Flask, name: str) -> Iterator[bool]:
+    """Hold the job's cross-process lock for the block; yields whether it was acquired."""
+    engine = app.extensions["portal.db"].engine
+    if engine.dialect.name == "postgresql":
+        key = zlib.crc32(name.encode()) & 0x7FFFFFFF
+        with engine.connect() as connection:
+            acquired = connection.execute(
+                sa.select(sa.func.pg_try_advisory_lock(_JOB_LOCK_SPACE, key))
+            ).scalar_one()
+            connection.commit()
+            try:
+                yield bool(acquired)
+            finally:
+                if acquired:
+                    connection.execute(sa.select(sa.func.pg_advisory_unlock(_JOB_LOCK_SPACE, key)))
+                    connection.commit()
+        return
+    database = engine.url.database or "portal"
+    path = Path(f"{database}.{name}.lock")
+    with path.open("a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _due(app: Flask, name: str, now: dt.datetime) -> bool:
+    with db.begin(app) as session:
+        next_run = session.execute(
+            sa.select(_state.c.next_run_at).where(_state.c.name == name)
+        ).scalar_one_or_none()
+    return next_run is None or next_run <= now
+
+
+def _mark(app: Flask, name: str, *, started: dt.datetime, finished: dt.datetime | None) -> None:
+    values = {
+        "name": name,
+        "last_started_at": started,
+        "last_finished_at": finished,
+        "next_run_at": started + dt.timedelta(seconds=interval_of(app, name)),
+    }
+    with db.begin(app) as session:
+        insert = (
+            postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
+        )(_state)
+        statement = insert.values(**values)
+        session.execute(
+            statement.on_conflict_do_update(
+                index_elements=[_state.c.name],
+                set_={k: statement.excluded[k] for k in values if k != "name"},
+            )
+        )
+
+
+def run_recorded(
+    app: Flask,
+    name: str,
+    *,
+    trigger: str,
+    progress: Progress | None = None,
+    only_if_due: bool = False,
+) -> JobReport | None:
+    """Run a job under its lock and record the run. None when it did not run (another
+    process holds the lock, or it is not due yet)."""
+    clock = app.extensions["portal"].clock
+    with job_lock(app, name) as acquired:
+        if not acquired:
+            if only_if_due:
+                return None
+            raise JobBusy(name)
+        started = clock.now()
+        if only_if_due and not _due(app, name, started):
+            return None
+        with db.begin(app) as session:
+            run_id = session.execute(
+                sa.insert(_run)
+                .values(
+                    name=name,
+                    trigger=trigger,
+                    host=f"{socket.gethostname()}:{os.getpid()}",
+                    started_at=started,
+                    processed=0,
+                    changed=0,
+                )
+                .returning(_run.c.id)
+            ).scalar_one()
+        _mark(app, name, started=started, finished=None)
+        began = time.perf_counter()
+        report: JobReport | None = None
+        error: str | None = None
+        try:
+            report = run_job(app, name, progress or NoProgress())
+        except Exception as problem:
+            error = "".join(traceback.format_exception_only(problem)).strip()[:2000]
+            log.exception("job %s failed", name)
+            raise
+        finally:
+            with db.begin(app) as session:
+                session.execute(
+                    sa.update(_run)
+                    .where(_run.c.id == run_id)
+                    .values(
+                        seconds=time.perf_counter() - began,
+                        processed=report.processed if report else 0,
+                        changed=report.changed if report else 0,
+                        error=error
+                        or (
+                            "; ".join(report.problems)[:2000]
+                            if report and report.problems
+                            else None
+                        ),
+                    )
+                )
+            _mark(app, name, started=started, finished=clock.now())
+        return report
+
+
+SINGLETON_JOBS = ("sweep", "tombstone", "purge", "reseal")
+
+
+class PortalScheduler:
+    """APScheduler in the background of this process, ticking every job's check."""
+
+    def __init__(self, app: Flask) -> None:
+        self.app = app
+        self.stop = threading.Event()
+        app.extensions["portal.stop"] = self.stop
+        self.scheduler = BackgroundScheduler(timezone=dt.UTC, daemon=True)
+        self.started = False
+        self._lock = threading.Lock()
+
+    def _tick(self, name: str) -> None:
+        if self.stop.is_set():
+            return
+        try:
+            run_recorded(self.app, name, trigger="scheduler", only_if_due=True)
+        except Exception:
+            log.warning("job %s will be retried at its next tick", name)
+
+    def start(self) -> None:
+        with self._lock:
+            if self.started:
+                return
+            available = set(job_names())
+            for name in (*SINGLETON_JOBS, "dispatch"):
+                if name not in available:
+                    continue
+                # Tick often; the shared next_run_at decides whether anything runs.
+                every = min(interval_of(self.app, name), 30.0)
+                self.scheduler.add_job(
+                    self._tick,
+                    IntervalTrigger(seconds=every),
+                    args=[name],
+                    id=name,
+                    max_instances=1,
+                    coalesce=True,
+                    next_run_time=dt.datetime.now(dt.UTC),
+                )
+            self.scheduler.start()
+            self.started = True
+            atexit.register(self.shutdown)
+
+    def shutdown(self) -> None:
+        """Let the current batch finish (jobs check the stop flag between batches)."""
+        if not self.started:
+            return
+        self.stop.set()
+        self.scheduler.shutdown(wait=True)
+        self.started = False
+
+
+def install(app: Flask) -> PortalScheduler:
+    """Start the scheduler with this process's first request: web workers run it; a
+    command-line invocation of the app (migrations, run-job) never does."""
+    scheduler = PortalScheduler(app)
+    app.extensions["portal.scheduler"] = scheduler
+
+    @app.before_request
+    def _start_scheduler() -> None:
+        if not scheduler.started:
+            scheduler.start()
+
+    return scheduler

@@ -1,0 +1,339 @@
+"""Ageing sweeps, tombstones, purge and erasure.
+
+A dead endpoint has no purpose, so these are compliance controls, not housekeeping.
+Every batch job walks its candidates by primary key in short transactions (keyset
+pagination), claims rows with SKIP LOCKED on PostgreSQL, and can be stopped between
+batches and run again.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from flask import Flask
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from portal.config import RetentionSettings
+from portal.consent import log
+from portal.consent.models import EventKind, Source, TopicPreference
+from portal.db import db, is_postgres
+from portal.jobs import JobReport, Progress
+from portal.retention.models import RetentionCounter
+from portal.subscriptions.models import EndReason, PushSubscription, Subscriber, SubscriptionState
+
+_t = PushSubscription.__table__
+_TOMBSTONE_EMPTIES = {
+    "endpoint": None,
+    "p256dh": None,
+    "auth_sealed": None,
+    "user_agent": None,
+    "locale": None,
+    "expiration_time": None,
+}
+
+
+def months_before(when: dt.datetime, months: int) -> dt.datetime:
+    """The same moment ``months`` calendar months earlier (clamped to the month's end)."""
+    index = when.year * 12 + when.month - 1 - months
+    year, month = divmod(index, 12)
+    month += 1
+    next_month = dt.date(year + (month == 12), month % 12 + 1, 1)
+    last_day = (next_month - dt.timedelta(days=1)).day
+    return when.replace(year=year, month=month, day=min(when.day, last_day))
+
+
+def _batches(
+    app: Flask,
+    candidates: sa.ColumnElement[bool],
+    *,
+    batch_size: int,
+    progress: Progress,
+    handle: Callable[[Session, list[Any]], int],
+    stop: threading.Event | None,
+    report: JobReport,
+    columns: tuple[sa.ColumnElement[Any], ...] = (),
+    appends_events: bool = False,
+) -> None:
+    with db.begin(app) as session:
+        progress.start(session.execute(sa.select(sa.func.count()).where(candidates)).scalar_one())
+    last_id: uuid.UUID | None = None
+    while stop is None or not stop.is_set():
+        with db.begin(app) as session:
+            if appends_events:
+                log.lock_chain(session)  # before the row locks, as every appender does
+            query = sa.select(_t.c.id, *columns).where(candidates)
+            if last_id is not None:
+                query = query.where(_t.c.id > last_id)
+            query = query.order_by(_t.c.id).limit(batch_size)
+            if is_postgres(session):
+                query = query.with_for_update(skip_locked=True)
+            rows = session.execute(query).all()
+            if not rows:
+                return
+            report.changed += handle(session, rows)
+            last_id = rows[-1].id
+        report.processed += len(rows)
+        progress.advance(len(rows))
+
+
+def sweep(
+    app: Flask,
+    *,
+    now: dt.datetime,
+    retention: RetentionSettings,
+    progress: Progress,
+    stop: threading.Event | None = None,
+) -> JobReport:
+    """Age subscriptions: quiet → stale → expired, and past ``expiration_time`` → expired."""
+    report = JobReport("sweep")
+    quiet_since = now - dt.timedelta(days=retention.stale_after_days)
+    stale_since = now - dt.timedelta(days=retention.expire_stale_after_days)
+    live = _t.c.state.in_(["pending", "active"]) & _t.c.deleted_at.is_(None)
+
+    # 1. No sign of life (neither seen by the page nor reached by a send) → stale.
+    quiet = (
+        live
+        & (_t.c.last_seen_at < quiet_since)
+        & (_t.c.last_success_at.is_(None) | (_t.c.last_success_at < quiet_since))
+        & (_t.c.expiration_time.is_(None) | (_t.c.expiration_time > now))
+    )
+
+    def to_stale(session: Session, rows: list[Any]) -> int:
+        return session.execute(
+            sa.update(_t)
+            .where(_t.c.id.in_([r.id for r in rows]), live)
+            .values(state=SubscriptionState.STALE.value, stale_at=now)
+        ).rowcount
+
+    _batches(
+        app,
+        quiet,
+        batch_size=retention.batch_size,
+        progress=progress,
+        handle=to_stale,
+        stop=stop,
+        report=report,
+    )
+
+    # 2. Stale for long enough, or past the push service's own expiry → expired, logged.
+    overdue = (_t.c.deleted_at.is_(None)) & (
+        (
+            (_t.c.state == "stale")
+            & (sa.func.coalesce(_t.c.stale_at, _t.c.last_seen_at) < stale_since)
+        )
+        | (_t.c.state.in_(["pending", "active", "stale"]) & (_t.c.expiration_time <= now))
+    )
+
+    def to_expired(session: Session, rows: list[Any]) -> int:
+        changed = 0
+        for row in rows:
+            result = session.execute(
+                sa.update(_t)
+                .where(_t.c.id == row.id, _t.c.state.in_(["pending", "active", "stale"]))
+                .values(
+                    state=SubscriptionState.EXPIRED.value,
+                    end_reason=EndReason.EXPIRED.value,
+                    ended_at=now,
+                )
+            )
+            if result.rowcount and row.subscriber_id is not None:
+                log.append(
+                    session,
+                    kind=EventKind.EXPIRED,
+                    subscriber_id=row.subscriber_id,
+                    subscription_id=row.id,
+                    previous_state=row.state,
+                    new_state=SubscriptionState.EXPIRED.value,
+                    source=Source.SYSTEM.value,
+                    actor="system",
+                    recorded_at=now,
+                    context=log.Context(screen="sweep"),
+                )
+            changed += result.rowcount
+        return changed
+
+    _batches(
+        app,
+        overdue,
+        batch_size=retention.batch_size,
+        progress=progress,
+        handle=to_expired,
+        stop=stop,
+        report=report,
+        columns=(_t.c.subscriber_id, _t.c.state),
+        appends_events=True,
+    )
+    return report
+
+
+def tombstone_values(now: dt.datetime) -> dict[str, Any]:
+    return {**_TOMBSTONE_EMPTIES, "deleted_at": now}
+
+
+def tombstone(
+    app: Flask,
+    *,
+    now: dt.datetime,
+    retention: RetentionSettings,
+    progress: Progress,
+    stop: threading.Event | None = None,
+) -> JobReport:
+    """Ended rows past the grace period keep only what proves consent existed and ended:
+    the endpoint hash, the subscriber, the creation and revocation times."""
+    report = JobReport("tombstone")
+    cutoff = now - dt.timedelta(days=retention.tombstone_grace_days)
+    ended = (
+        _t.c.deleted_at.is_(None)
+        & _t.c.state.in_(["expired", "revoked"])
+        & (sa.func.coalesce(_t.c.ended_at, _t.c.revoked_at, _t.c.last_seen_at) < cutoff)
+    )
+
+    def bury(session: Session, rows: list[Any]) -> int:
+        return session.execute(
+            sa.update(_t)
+            .where(_t.c.id.in_([r.id for r in rows]), _t.c.deleted_at.is_(None))
+            .values(**tombstone_values(now))
+        ).rowcount
+
+    _batches(
+        app,
+        ended,
+        batch_size=retention.batch_size,
+        progress=progress,
+        handle=bury,
+        stop=stop,
+        report=report,
+    )
+    return report
+
+
+def purge(
+    app: Flask,
+    *,
+    now: dt.datetime,
+    retention: RetentionSettings,
+    progress: Progress,
+    stop: threading.Event | None = None,
+) -> JobReport:
+    """Tombstones older than the audit window are deleted, folded into counters first."""
+    report = JobReport("purge")
+    cutoff = months_before(now, retention.audit_window_months)
+    old = _t.c.deleted_at.is_not(None) & (_t.c.deleted_at < cutoff)
+    counters = RetentionCounter.__table__
+
+    def fold(session: Session, rows: list[Any]) -> int:
+        tally: Counter[tuple[str, str, str]] = Counter()
+        for row in rows:
+            ended = row.ended_at or row.revoked_at or row.deleted_at
+            tally[(f"{ended:%Y-%m}", row.push_service, row.end_reason or "unknown")] += 1
+        insert = (postgresql.insert if is_postgres(session) else sqlite.insert)(counters)
+        for (month, service, reason), count in tally.items():
+            statement = insert.values(
+                month=month, push_service=service, end_reason=reason, count=count
+            )
+            session.execute(
+                statement.on_conflict_do_update(
+                    index_elements=[
+                        counters.c.month,
+                        counters.c.push_service,
+                        counters.c.end_reason,
+                    ],
+                    set_={"count": counters.c.count + statement.excluded.count},
+                )
+            )
+        return session.execute(sa.delete(_t).where(_t.c.id.in_([r.id for r in rows]))).rowcount
+
+    _batches(
+        app,
+        old,
+        batch_size=retention.batch_size,
+        progress=progress,
+        handle=fold,
+        stop=stop,
+        report=report,
+        columns=(
+            _t.c.ended_at,
+            _t.c.revoked_at,
+            _t.c.deleted_at,
+            _t.c.push_service,
+            _t.c.end_reason,
+        ),
+    )
+    return report
+
+
+@dataclass(frozen=True)
+class ErasureReceipt:
+    subscriber_id: uuid.UUID
+    erased_at: dt.datetime
+    event_seq: int
+    event_hash: str
+    subscriptions: int
+
+
+def erase_subscriber(
+    session: Session,
+    subscriber_id: uuid.UUID,
+    *,
+    now: dt.datetime,
+    actor: str = "subscriber",
+    source: str = Source.PREFERENCE_CENTRE.value,
+    context: log.Context | None = None,
+) -> ErasureReceipt:
+    """GDPR Art. 17, in the caller's transaction.
+
+    Removes the person's data (identifiers, device details, endpoints, keys, current
+    preferences) and tombstones their subscriptions, keeping the hashes so their browsers
+    are told to unsubscribe at the next heartbeat; the consent log keeps — and gains an
+    ``erased`` event proving — that consent existed and ended. It holds no raw personal
+    data, so nothing in it needs editing.
+    """
+    log.lock_chain(session)
+    subscriber = session.get(Subscriber, subscriber_id, with_for_update=True)
+    if subscriber is None or subscriber.erased_at is not None:
+        raise LookupError("no such subscriber, or already erased")
+    ended = session.execute(
+        sa.update(_t)
+        .where(_t.c.subscriber_id == subscriber_id, _t.c.deleted_at.is_(None))
+        .values(
+            state=SubscriptionState.REVOKED.value,
+            end_reason=EndReason.ERASED.value,
+            ended_at=now,
+            revoked_at=sa.func.coalesce(_t.c.revoked_at, now),
+            **tombstone_values(now),
+        )
+    ).rowcount
+    # Tombstones from before also lose anything left beyond the hash.
+    session.execute(
+        sa.update(_t).where(_t.c.subscriber_id == subscriber_id).values(**_TOMBSTONE_EMPTIES)
+    )
+    session.execute(
+        sa.delete(TopicPreference).where(TopicPreference.subscriber_id == subscriber_id)
+    )
+    subscriber.external_user_id = None
+    subscriber.locale = None
+    subscriber.region_code = None
+    subscriber.erased_at = now
+    seq = log.append(
+        session,
+        kind=EventKind.ERASED,
+        subscriber_id=subscriber_id,
+        new_state="erased",
+        source=source,
+        actor=actor,
+        recorded_at=now,
+        context=context,
+    )
+    session.flush()
+    event_hash = session.execute(
+        sa.text("SELECT hash FROM consent_event WHERE seq = :seq"), {"seq": seq}
+    ).scalar_one()
+    return ErasureReceipt(subscriber_id, now, seq, bytes(event_hash).hex(), ended)

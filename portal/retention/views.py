@@ -1,0 +1,89 @@
+"""Erasure requested by the person, from the preference centre, with a confirmation step."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from flask import Blueprint, Response, current_app, render_template, request
+from itsdangerous import BadSignature, URLSafeSerializer
+
+from portal.consent.log import Context
+from portal.consent.models import Source
+from portal.consent.views import _current_subscriber
+from portal.db import db
+from portal.identity import DEVICE_COOKIE, SUBSCRIBER_COOKIE
+from portal.retention.services import erase_subscriber
+from portal.useragent import family
+
+bp = Blueprint("erasure", __name__)
+_CONFIRM_ERROR = "Tick the box to confirm you want everything erased"
+
+
+def _receipts() -> URLSafeSerializer:
+    return URLSafeSerializer(current_app.config["SECRET_KEY"], salt="portal.erasure-receipt")
+
+
+@bp.get("/preferences/erase")
+def confirm() -> Any:
+    subscriber = _current_subscriber()
+    if subscriber is None:
+        return render_template("preferences/unknown.html"), 200
+    return render_template("preferences/erase.html", errors=[], error=None)
+
+
+@bp.post("/preferences/erase")
+def erase() -> Any:
+    subscriber = _current_subscriber()
+    if subscriber is None:
+        return render_template("preferences/unknown.html"), 403
+    if request.form.get("confirm") != "yes":
+        return render_template(
+            "preferences/erase.html",
+            errors=[("erase-confirm", _CONFIRM_ERROR)],
+            error=_CONFIRM_ERROR,
+        ), 400
+    session = db.session
+    receipt = erase_subscriber(
+        session,
+        subscriber.id,
+        now=current_app.extensions["portal"].clock.now(),
+        source=Source.PREFERENCE_CENTRE.value,
+        context=Context(
+            screen="preference-centre:erase", client=family(request.headers.get("User-Agent"))
+        ),
+    )
+    session.commit()
+    token = _receipts().dumps(
+        {
+            "subscriber": str(receipt.subscriber_id),
+            "erasedAt": receipt.erased_at.isoformat(),
+            "consentEventSeq": receipt.event_seq,
+            "consentEventHash": receipt.event_hash,
+            "subscriptionsEnded": receipt.subscriptions,
+        }
+    )
+    response = Response(render_template("preferences/erased.html", receipt=receipt, token=token))
+    response.delete_cookie(SUBSCRIBER_COOKIE, path="/")
+    response.delete_cookie(DEVICE_COOKIE, path="/")
+    return response
+
+
+@bp.get("/preferences/erasure-receipt/<token>")
+def receipt(token: str) -> Response:
+    try:
+        body = _receipts().loads(token)
+    except BadSignature:
+        return Response("This receipt link is not valid.", status=404, mimetype="text/plain")
+    document = {
+        "receipt": "erasure",
+        **body,
+        "note": "Your data was erased. The consent log keeps only that consent existed and "
+        "ended, under a random identifier; the event above is its record.",
+        "signature": token.rsplit(".", 1)[-1],
+    }
+    return Response(
+        json.dumps(document, indent=2),
+        mimetype="application/json",
+        headers={"Content-Disposition": 'attachment; filename="erasure-receipt.json"'},
+    )
