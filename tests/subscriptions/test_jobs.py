@@ -12,7 +12,10 @@ from tests.helpers import all_rows
 def _subscribe(client, subscriptions, n):
     subs = [subscriptions() for _ in range(n)]
     for sub in subs:
-        assert client.post("/api/push/subscribe", json={"subscription": sub.to_json()}).status_code == 201
+        assert (
+            client.post("/api/push/subscribe", json={"subscription": sub.to_json()}).status_code
+            == 201
+        )
     return subs
 
 
@@ -32,11 +35,15 @@ def test_backfill_repairs_wrong_hashes_and_is_safe_to_run_again(app, client, eng
     assert (again.processed, again.changed) == (5, 0)
 
 
-def test_backfill_reports_a_duplicate_endpoint_instead_of_merging(app, client, engine, subscriptions):
+def test_backfill_reports_a_duplicate_endpoint_instead_of_merging(
+    app, client, engine, subscriptions
+):
     first, second = _subscribe(client, subscriptions, 2)
     with engine.begin() as conn:  # a legacy row: the same endpoint stored twice
         conn.execute(
-            sa.text("UPDATE push_subscription SET endpoint = :e, endpoint_hash = :h WHERE endpoint = :old"),
+            sa.text(
+                "UPDATE push_subscription SET endpoint = :e, endpoint_hash = :h WHERE endpoint = :old"
+            ),
             {"e": first.endpoint, "h": b"\x07" * 32, "old": second.endpoint},
         )
     report = run_job(app, "backfill-hash")
@@ -57,7 +64,10 @@ def test_cli_vapid_keys_prints_a_matching_pair(app):
 
     result = app.test_cli_runner().invoke(args=["portal", "vapid-keys"])
     lines = dict(line.split("=", 1) for line in result.output.strip().splitlines())
-    environ = {"VAPID_PRIVATE_KEY": lines["VAPID_PRIVATE_KEY"], "VAPID_PUBLIC_KEY": lines["VAPID_PUBLIC_KEY"]}
+    environ = {
+        "VAPID_PRIVATE_KEY": lines["VAPID_PRIVATE_KEY"],
+        "VAPID_PUBLIC_KEY": lines["VAPID_PUBLIC_KEY"],
+    }
     settings = Settings.from_env(environ, app.instance_path)  # raises if the pair mismatched
     assert settings.vapid_public_key == lines["VAPID_PUBLIC_KEY"]
     assert len(lines["VAPID_PUBLIC_KEY"]) == 87
