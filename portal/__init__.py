@@ -74,6 +74,7 @@ def create_app(
 
 def _register_blueprints(app: Flask) -> None:
     from portal import api, cli, health, metrics, pages
+    from portal.staff import views as staff_views
     from portal.subscriptions import views as subscription_views
 
     api.register_error_handlers(app)
@@ -81,6 +82,7 @@ def _register_blueprints(app: Flask) -> None:
     app.register_blueprint(metrics.bp)
     app.register_blueprint(pages.bp)
     app.register_blueprint(subscription_views.bp)
+    staff_views.register(app)
     # The JSON API is same-origin and JSON-only (checked on every request), which a
     # cross-site form cannot forge; its callers include the service worker, which has
     # no page to read a CSRF token from.
