@@ -102,24 +102,27 @@ class Browser:
     from a page before posting a form."""
 
     client: FlaskClient
+    base_url: str = "http://localhost"
 
     def token(self) -> str:
-        page = self.client.get("/staff/login")
+        page = self.get("/staff/login")
         if page.status_code == 302:  # signed in: any staff page carries the token
-            page = self.client.get("/staff/password")
+            page = self.get("/staff/password")
         return csrf_from(page.text)
 
     def sign_in(self, email: str, password: str = PASSWORD, next_path: str | None = None) -> Any:
         url = "/staff/login" + (f"?next={next_path}" if next_path else "")
-        return self.client.post(
-            url, data={"csrf_token": self.token(), "email": email, "password": password}
-        )
+        return self.post(url, {"email": email, "password": password})
 
     def post(self, url: str, data: dict[str, Any] | None = None, **kwargs: Any) -> Any:
-        return self.client.post(url, data={"csrf_token": self.token(), **(data or {})}, **kwargs)
+        data = {"csrf_token": self.token(), **(data or {})}
+        if self.base_url.startswith("https:"):
+            # Over https Flask-WTF also checks that the form came from this site.
+            kwargs.setdefault("headers", {"Referer": f"{self.base_url}/staff/login"})
+        return self.client.post(url, data=data, base_url=self.base_url, **kwargs)
 
     def get(self, url: str, **kwargs: Any) -> Any:
-        return self.client.get(url, **kwargs)
+        return self.client.get(url, base_url=self.base_url, **kwargs)
 
     @property
     def cookie(self) -> str | None:
@@ -129,8 +132,16 @@ class Browser:
 
 @pytest.fixture
 def browser(app: Flask) -> Callable[..., Browser]:
-    def make(application: Flask | None = None, **kwargs: Any) -> Browser:
-        return Browser((application or app).test_client(**kwargs))
+    def make(
+        application: Flask | None = None,
+        *,
+        remote_addr: str | None = None,
+        base_url: str = "http://localhost",
+    ) -> Browser:
+        client = (application or app).test_client()
+        if remote_addr:
+            client.environ_base["REMOTE_ADDR"] = remote_addr
+        return Browser(client, base_url)
 
     return make
 
