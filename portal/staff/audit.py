@@ -98,7 +98,8 @@ class SecretInAudit(ValueError):
 def _check_detail(detail: Any, path: str = "detail") -> None:
     if isinstance(detail, dict):
         for name, value in detail.items():
-            words = set(re.split(r"[^a-z0-9]+", str(name).lower()))
+            snake = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", str(name))  # privateKey too
+            words = set(re.split(r"[^a-z0-9]+", snake.lower()))
             if words & _SECRET_WORDS or any(w.rstrip("s") in _SECRET_WORDS for w in words):
                 raise SecretInAudit(f"{path}.{name} looks like a secret: audit rows are forever")
             _check_detail(value, f"{path}.{name}")
