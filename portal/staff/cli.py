@@ -6,7 +6,7 @@ import sys
 
 import click
 from flask import current_app
-from flask.cli import AppGroup
+from flask.cli import AppGroup, with_appcontext
 
 from portal.db import db
 from portal.staff.models import Role
@@ -46,6 +46,7 @@ def _password_from_prompt() -> str:
     is_flag=True,
     help="Read the password from the first line of standard input instead of a prompt.",
 )
+@with_appcontext
 def create_staff_command(email: str, roles: tuple[str, ...], password_stdin: bool) -> None:
     """Create a staff user with the given roles."""
     password = _password_from_stdin() if password_stdin else _password_from_prompt()
