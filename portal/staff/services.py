@@ -17,6 +17,7 @@ import secrets
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import cast
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
@@ -44,6 +45,7 @@ EMAIL_MAX_LENGTH = 254
 # Whether the address works is the mail system's business, not a regex's.
 _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
 _ADDRESS_WINDOW = dt.timedelta(minutes=1)
+_THROTTLE = cast(sa.Table, StaffLoginThrottle.__table__)
 # An unknown email's failure streak is forgotten after this long without a lock.
 _EMAIL_STREAK_RETENTION = dt.timedelta(days=30)
 
@@ -297,7 +299,7 @@ def _count_address_attempt(
 ) -> tuple[int, dt.datetime]:
     """Count one attempt in this address's one-minute window, atomically on both
     databases; returns the attempts so far in the window and when it started."""
-    t = StaffLoginThrottle.__table__
+    t = _THROTTLE
     when = sa.literal(now, UTCDateTime())
     fresh = t.c.window_started_at <= sa.literal(now - _ADDRESS_WINDOW, UTCDateTime())
     statement = (
@@ -317,7 +319,7 @@ def _count_address_attempt(
 
 
 def _email_lock_row(session: Session, key: bytes, now: dt.datetime) -> StaffLoginThrottle:
-    t = StaffLoginThrottle.__table__
+    t = _THROTTLE
     session.execute(
         _insert(session, t)
         .values(key=key, kind=ThrottleKind.EMAIL.value, attempts=0, window_started_at=now)
