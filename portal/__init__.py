@@ -85,6 +85,7 @@ def _register_blueprints(app: Flask) -> None:
     from portal.consent import cli as consent_cli
     from portal.consent import views as consent_views
     from portal.retention import views as erasure_views
+    from portal.staff import views as staff_views
     from portal.subscriptions import views as subscription_views
 
     api.register_error_handlers(app)
@@ -95,6 +96,7 @@ def _register_blueprints(app: Flask) -> None:
     app.register_blueprint(erasure_views.bp)
     app.register_blueprint(subscription_views.bp)
     app.register_blueprint(consent_views.api)
+    staff_views.register(app)
     # The JSON API is same-origin and JSON-only (checked on every request), which a
     # cross-site form cannot forge; its callers include the service worker, which has
     # no page to read a CSRF token from.

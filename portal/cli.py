@@ -15,9 +15,11 @@ from flask.cli import AppGroup
 from portal.config import generate_vapid_keys
 from portal.db import db
 from portal.migrate import alembic_config
+from portal.staff import cli as staff_cli
 
 portal_cli = AppGroup("portal", help="Operate the push consent portal.")
 db_cli = AppGroup("db", help="Database migrations (Alembic).")
+staff_cli.register(portal_cli)
 
 
 class ClickProgress:

@@ -102,6 +102,17 @@ class ScheduleSettings:
 
 
 @dataclass(frozen=True)
+class StaffAuthSettings:
+    """Staff sign-in: account lockout, per-address throttle, session lifetimes."""
+
+    lockout_attempts: int = 5
+    lockout_minutes: int = 15
+    attempts_per_minute: int = 10
+    session_idle_minutes: int = 30
+    session_max_hours: int = 12
+
+
+@dataclass(frozen=True)
 class Settings:
     env: str = "development"
     instance_path: str = "instance"
@@ -123,6 +134,7 @@ class Settings:
     failures_before_stale: int = 3
     retry: RetrySettings = field(default_factory=RetrySettings)
     reseal_batch_size: int = 500
+    staff: StaffAuthSettings = field(default_factory=StaffAuthSettings)
     auto_migrate: bool = False
     identity_assertion_secrets: tuple[str, ...] = ()
     preference_link_max_age: int = 30 * 24 * 3600
@@ -215,6 +227,13 @@ class Settings:
                 jitter=_float(environ, "RETRY_JITTER", 0.3),
             ),
             reseal_batch_size=_int(environ, "RESEAL_BATCH_SIZE", 500),
+            staff=StaffAuthSettings(
+                lockout_attempts=_positive(environ, "STAFF_LOCKOUT_ATTEMPTS", 5),
+                lockout_minutes=_positive(environ, "STAFF_LOCKOUT_MINUTES", 15),
+                attempts_per_minute=_positive(environ, "STAFF_LOGIN_ATTEMPTS_PER_MINUTE", 10),
+                session_idle_minutes=_positive(environ, "STAFF_SESSION_IDLE_MINUTES", 30),
+                session_max_hours=_positive(environ, "STAFF_SESSION_MAX_HOURS", 12),
+            ),
             auto_migrate=_flag(environ, "PORTAL_AUTO_MIGRATE", default=not production),
             identity_assertion_secrets=tuple(
                 s.strip() for s in get("IDENTITY_ASSERTION_SECRETS").split(",") if s.strip()
@@ -347,6 +366,14 @@ def _int(environ: Mapping[str, str], name: str, default: int) -> int:
         raise ConfigError(f"{name} must be a whole number, not {value!r}") from None
     if number < 0:
         raise ConfigError(f"{name} must not be negative")
+    return number
+
+
+def _positive(environ: Mapping[str, str], name: str, default: int) -> int:
+    # Zero would mean "lock at once" or "sessions that never start": always a mistake.
+    number = _int(environ, name, default)
+    if number == 0:
+        raise ConfigError(f"{name} must be at least 1")
     return number
 
 

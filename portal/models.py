@@ -3,6 +3,7 @@
 from portal.consent.models import ConsentEvent, PolicyVersion, Topic, TopicPreference
 from portal.operations.models import JobRun, JobState
 from portal.retention.models import RetentionCounter
+from portal.staff.models import StaffAudit, StaffLoginThrottle, StaffRole, StaffSession, StaffUser
 from portal.subscriptions.models import PushSubscription, Subscriber
 
 __all__ = [
@@ -12,6 +13,11 @@ __all__ = [
     "PolicyVersion",
     "PushSubscription",
     "RetentionCounter",
+    "StaffAudit",
+    "StaffLoginThrottle",
+    "StaffRole",
+    "StaffSession",
+    "StaffUser",
     "Subscriber",
     "Topic",
     "TopicPreference",

@@ -1,7 +1,7 @@
 """Job coordination and history; retention counters.
 
 Revision ID: 0006
-Revises: 0002
+Revises: 0003
 Create Date: 2026-11-30
 """
 
@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0006"
-down_revision = "0002"
+down_revision = "0003"
 branch_labels = None
 depends_on = None
 

@@ -1,0 +1,1 @@
+"""The staff console: sign-in, roles, the audit trail and staff administration."""
