@@ -1,5 +1,6 @@
 """Every model, imported in one place so the metadata is complete (Alembic, tests)."""
 
+from portal.campaigns.models import Campaign, CircuitState, Delivery
 from portal.consent.models import ConsentEvent, PolicyVersion, Topic, TopicPreference
 from portal.operations.models import JobRun, JobState
 from portal.retention.models import RetentionCounter
@@ -7,7 +8,10 @@ from portal.staff.models import StaffAudit, StaffLoginThrottle, StaffRole, Staff
 from portal.subscriptions.models import PushSubscription, Subscriber
 
 __all__ = [
+    "Campaign",
+    "CircuitState",
     "ConsentEvent",
+    "Delivery",
     "JobRun",
     "JobState",
     "PolicyVersion",

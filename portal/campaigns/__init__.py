@@ -1,0 +1,1 @@
+"""Campaigns and their deliveries: consent-checked fan-out, exactly once per subscription."""
