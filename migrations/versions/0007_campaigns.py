@@ -46,15 +46,24 @@ def upgrade() -> None:
             "status IN ('scheduled', 'sending', 'paused', 'completed', 'cancelled', 'expired')",
             name=op.f("ck_campaign_status"),
         ),
-        sa.CheckConstraint("urgency IN ('very-low', 'low', 'normal', 'high')", name=op.f("ck_campaign_urgency")),
+        sa.CheckConstraint(
+            "urgency IN ('very-low', 'low', 'normal', 'high')", name=op.f("ck_campaign_urgency")
+        ),
         sa.CheckConstraint("ttl >= 0", name=op.f("ck_campaign_ttl")),
-        sa.ForeignKeyConstraint(["topic_id"], ["topic.id"], name=op.f("fk_campaign_topic_id_topic")),
+        sa.ForeignKeyConstraint(
+            ["topic_id"], ["topic.id"], name=op.f("fk_campaign_topic_id_topic")
+        ),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_campaign")),
     )
     op.create_index("ix_campaign_status_send_at", "campaign", ["status", "send_at"])
     op.create_table(
         "delivery",
-        sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), autoincrement=True, nullable=False),
+        sa.Column(
+            "id",
+            sa.BigInteger().with_variant(sa.Integer(), "sqlite"),
+            autoincrement=True,
+            nullable=False,
+        ),
         sa.Column("campaign_id", sa.Uuid(), nullable=False),
         sa.Column("subscription_id", sa.Uuid(), nullable=False),
         sa.Column("push_service", sa.String(16), nullable=False),
@@ -71,9 +80,13 @@ def upgrade() -> None:
             "status IN ('queued', 'sending', 'accepted', 'failed', 'revoked', 'skipped')",
             name=op.f("ck_delivery_status"),
         ),
-        sa.ForeignKeyConstraint(["campaign_id"], ["campaign.id"], name=op.f("fk_delivery_campaign_id_campaign")),
+        sa.ForeignKeyConstraint(
+            ["campaign_id"], ["campaign.id"], name=op.f("fk_delivery_campaign_id_campaign")
+        ),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_delivery")),
-        sa.UniqueConstraint("campaign_id", "subscription_id", name="uq_delivery_campaign_subscription"),
+        sa.UniqueConstraint(
+            "campaign_id", "subscription_id", name="uq_delivery_campaign_subscription"
+        ),
     )
     op.create_index("ix_delivery_claim", "delivery", ["campaign_id", "status", "next_attempt_at"])
     op.create_index("ix_delivery_subscription_id", "delivery", ["subscription_id"])
