@@ -219,28 +219,30 @@ class _Exchange:
     def __init__(self) -> None:
         self.index = 0
         self.started = 0.0
+        # libcurl appends each header line straight to this list (a C-level call, cheaper
+        # than a Python callback per line); it is cleared, never replaced, between requests.
         self.header_lines: list[bytes] = []
         self.body = bytearray()
 
     def reset(self, index: int) -> None:
         self.index = index
         self.started = time.perf_counter()
-        self.header_lines = []
-        self.body = bytearray()
-
-    def on_header(self, line: bytes) -> None:
-        if line.startswith(b"HTTP/"):
-            self.header_lines = []  # a new response (after a 100 Continue) starts over
-        self.header_lines.append(line)
+        self.header_lines.clear()
+        self.body.clear()
 
     def on_body(self, chunk: bytes) -> None:
         if len(self.body) < _DETAIL_BYTES:
             self.body += chunk[: _DETAIL_BYTES - len(self.body)]
 
     def headers(self) -> dict[str, str]:
+        lines = self.header_lines
+        # After an interim answer (100 Continue), only the last response's headers count.
+        start = next(
+            (i for i in range(len(lines) - 1, -1, -1) if lines[i].startswith(b"HTTP/")), -1
+        )
         parsed: dict[str, str] = {}
-        for line in self.header_lines[1:]:
-            name, sep, value = line.decode("latin-1").partition(":")
+        for line in b"".join(lines[start + 1 :]).decode("latin-1").split("\r\n"):
+            name, sep, value = line.partition(":")
             if sep:
                 parsed[name.strip().lower()] = value.strip()
         return parsed
@@ -422,7 +424,7 @@ class HttpsPushTransport:
             handle.unsetopt(pycurl.CAPATH)  # only the bundle, not a build-time CA folder
         handle.setopt(pycurl.CONNECTTIMEOUT_MS, int(self.connect_timeout * 1000))
         handle.setopt(pycurl.TIMEOUT_MS, int(self.timeout * 1000))
-        handle.setopt(pycurl.HEADERFUNCTION, exchange.on_header)
+        handle.setopt(pycurl.HEADERFUNCTION, exchange.header_lines.append)
         handle.setopt(pycurl.WRITEFUNCTION, exchange.on_body)
         self._exchanges[handle] = exchange
         return handle

@@ -21,6 +21,7 @@ from portal.dispatch.transport import (
     PushRequest,
     PushResponse,
     Urgency,
+    _Exchange,
     request_headers,
 )
 from portal.subscriptions.lifecycle import Lifecycle, Outcome, apply_answer
@@ -341,3 +342,22 @@ def test_a_response_without_an_answer_maps_to_a_retry():
     assert not response.accepted
     after = apply_answer(Lifecycle(SubscriptionState.ACTIVE), response.answer())
     assert after.outcome == Outcome.RETRY
+
+
+def test_only_the_final_response_headers_count_after_an_interim_one():
+    exchange = _Exchange()
+    exchange.header_lines.extend(
+        [
+            b"HTTP/1.1 100 Continue\r\n",
+            b"X-Interim: yes\r\n",
+            b"\r\n",
+            b"HTTP/1.1 201 Created\r\n",
+            b"Location: https://push.example.test/m/1\r\n",
+            b"Via: HTTP/1.1 proxy\r\n",
+            b"\r\n",
+        ]
+    )
+    assert exchange.headers() == {
+        "location": "https://push.example.test/m/1",
+        "via": "HTTP/1.1 proxy",
+    }
