@@ -338,6 +338,7 @@ class _Delayed:
 class _Subscriber:
     private_key: ec.EllipticCurvePrivateKey
     auth: bytes
+    public_key: bytes  # the p256dh point, kept to spare a conversion per message
 
 
 class FakePushService:
@@ -446,8 +447,11 @@ class FakePushService:
 
     def register(self, token: str, private_key: ec.EllipticCurvePrivateKey, auth: bytes) -> None:
         """Tell the service the keys the browser behind ``token`` holds."""
+        public_key = private_key.public_key().public_bytes(
+            serialization.Encoding.X962, serialization.PublicFormat.UncompressedPoint
+        )
         with self._lock:
-            self._subscribers[token] = _Subscriber(private_key, auth)
+            self._subscribers[token] = _Subscriber(private_key, auth, public_key)
 
     def subscribe(self, token: str | None = None) -> BrowserSubscription:
         """A new browser subscription on this service, registered for decryption."""
@@ -713,7 +717,9 @@ class FakePushService:
             if subscriber is None:
                 return _Reply(404, {}, b"unknown subscription", answer, token, error="unregistered")
             try:
-                plaintext = decrypt(body, subscriber.private_key, subscriber.auth)
+                plaintext = decrypt(
+                    body, subscriber.private_key, subscriber.auth, ua_public=subscriber.public_key
+                )
             except DecryptError as error:
                 return refuse(400, f"does not decrypt: {error}")
         with self._lock:

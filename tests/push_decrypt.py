@@ -27,8 +27,16 @@ def _hkdf(salt: bytes, ikm: bytes, info: bytes, length: int) -> bytes:
     return hmac.digest(prk, info + b"\x01", "sha256")[:length]
 
 
-def decrypt(body: bytes, private_key: ec.EllipticCurvePrivateKey, auth: bytes) -> bytes:
-    """The plaintext of ``body``, as the browser holding ``private_key`` and ``auth`` reads it."""
+def decrypt(
+    body: bytes,
+    private_key: ec.EllipticCurvePrivateKey,
+    auth: bytes,
+    *,
+    ua_public: bytes | None = None,
+) -> bytes:
+    """The plaintext of ``body``, as the browser holding ``private_key`` and ``auth`` reads it.
+
+    ``ua_public`` (the browser's p256dh point) is derived from the key when not given."""
     if len(body) < 21:
         raise DecryptError("body shorter than the aes128gcm header")
     salt = body[:16]
@@ -44,9 +52,10 @@ def decrypt(body: bytes, private_key: ec.EllipticCurvePrivateKey, auth: bytes) -
         sender = ec.EllipticCurvePublicKey.from_encoded_point(ec.SECP256R1(), as_public)
     except ValueError:
         raise DecryptError("key id is not a point on P-256") from None
-    ua_public = private_key.public_key().public_bytes(
-        serialization.Encoding.X962, serialization.PublicFormat.UncompressedPoint
-    )
+    if ua_public is None:
+        ua_public = private_key.public_key().public_bytes(
+            serialization.Encoding.X962, serialization.PublicFormat.UncompressedPoint
+        )
     shared = private_key.exchange(ec.ECDH(), sender)
     ikm = _hkdf(auth, shared, b"WebPush: info\x00" + ua_public + as_public, 32)
     cek = AESGCM(_hkdf(salt, ikm, b"Content-Encoding: aes128gcm\x00", 16))
