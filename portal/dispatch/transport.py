@@ -106,6 +106,10 @@ class PushRequest:
                 Urgency(self.urgency)
             except ValueError:
                 raise InvalidPushRequest(f"unknown urgency {self.urgency!r}") from None
+        try:
+            push_service_origin(self.endpoint)
+        except ValueError:
+            raise InvalidPushRequest(f"no push-service origin in {self.endpoint!r}") from None
         if self.topic is not None and not _TOPIC.fullmatch(self.topic):
             raise InvalidPushRequest(
                 f"topic must be 1–{MAX_TOPIC_LENGTH} base64url characters (A–Z a–z 0–9 - _)"
@@ -216,11 +220,12 @@ def system_ca_locations() -> tuple[str | None, str | None]:
 class _Exchange:
     """One handle's request in progress: where its answer goes and what came back."""
 
-    __slots__ = ("body", "header_lines", "index", "started")
+    __slots__ = ("body", "header_lines", "in_flight", "index", "started")
 
     def __init__(self) -> None:
         self.index = 0
         self.started = 0.0
+        self.in_flight = False
         # libcurl appends each header line straight to this list (a C-level call, cheaper
         # than a Python callback per line); it is cleared, never replaced, between requests.
         self.header_lines: list[bytes] = []
@@ -228,6 +233,7 @@ class _Exchange:
 
     def reset(self, index: int) -> None:
         self.index = index
+        self.in_flight = True
         self.started = time.perf_counter()
         self.header_lines.clear()
         self.body.clear()
@@ -344,14 +350,26 @@ class HttpsPushTransport:
 
         The iterable is consumed lazily, as transfers finish, so a generator that
         encrypts each message does so while earlier ones are on the wire. Network
-        trouble comes back as a response with ``error`` set, never as an exception. If
-        the iterable itself raises, the transfers already started are completed and
+        trouble comes back as a response with ``error`` set, never as an exception. A
+        request that cannot be built should be dropped by the caller's generator: if the
+        iterable raises, the transfers already started are completed and
         :class:`BatchInterrupted` carries their answers (the cause is chained).
         """
         with self._lock:
             if self._closed:
                 raise RuntimeError("the transport is closed")
-            return self._run(iter(requests))
+            try:
+                return self._run(iter(requests))
+            except BaseException:
+                self._abandon_in_flight()  # e.g. KeyboardInterrupt: leave the handles usable
+                raise
+
+    def _abandon_in_flight(self) -> None:
+        for handle, exchange in self._exchanges.items():
+            if exchange.in_flight:
+                self._multi.remove_handle(handle)
+                exchange.in_flight = False
+                self._idle.append(handle)
 
     # one batch, on the caller's thread
 
@@ -471,5 +489,6 @@ class HttpsPushTransport:
                 elapsed=elapsed,
             )
         self._multi.remove_handle(handle)
+        exchange.in_flight = False
         self._idle.append(handle)
         return exchange.index, response

@@ -303,6 +303,7 @@ def test_a_closed_transport_refuses_to_send(fake_push, vapid_signer):
         ({"topic": "x" * 33}, "topic"),
         ({"topic": "not/base64url"}, "topic"),
         ({"topic": ""}, "topic"),
+        ({"endpoint": "https:///no-host"}, "origin"),
     ],
 )
 def test_requests_no_push_service_would_take_are_refused(kwargs, message):
@@ -361,3 +362,23 @@ def test_only_the_final_response_headers_count_after_an_interim_one():
         "location": "https://push.example.test/m/1",
         "via": "HTTP/1.1 proxy",
     }
+
+
+def test_an_interrupted_batch_leaves_the_transport_usable(fake_push, transport, monkeypatch):
+    subs = [fake_push.subscribe() for _ in range(4)]
+    calls = 0
+    original = transport._finish
+
+    def finish_then_interrupt(*args):
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            raise KeyboardInterrupt
+        return original(*args)
+
+    monkeypatch.setattr(transport, "_finish", finish_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        transport.send_batch(push_request(s) for s in subs)
+    monkeypatch.undo()
+    answers = transport.send_batch(push_request(s) for s in subs)
+    assert [a.status for a in answers] == [201] * 4
