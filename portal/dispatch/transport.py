@@ -243,16 +243,18 @@ class _Exchange:
             self.body += chunk[: _DETAIL_BYTES - len(self.body)]
 
     def headers(self) -> dict[str, str]:
-        lines = self.header_lines
-        # After an interim answer (100 Continue), only the last response's headers count.
-        start = next(
-            (i for i in range(len(lines) - 1, -1, -1) if lines[i].startswith(b"HTTP/")), -1
-        )
+        # Walk back from the end to the final status line: after an interim answer
+        # (100 Continue) only the last response's headers count, the last of a repeated
+        # header wins.
         parsed: dict[str, str] = {}
-        for line in b"".join(lines[start + 1 :]).decode("latin-1").split("\r\n"):
-            name, sep, value = line.partition(":")
+        for line in reversed(self.header_lines):
+            if line.startswith(b"HTTP/"):
+                break
+            name, sep, value = line.partition(b":")
             if sep:
-                parsed[name.strip().lower()] = value.strip()
+                parsed.setdefault(
+                    name.strip().lower().decode("latin-1"), value.strip().decode("latin-1")
+                )
         return parsed
 
 
@@ -478,7 +480,7 @@ class HttpsPushTransport:
                 retry_after=None
                 if retry_after is None
                 else parse_retry_after(retry_after, self._clock.now()),
-                detail=bytes(exchange.body).decode("utf-8", "replace"),
+                detail=exchange.body.decode("utf-8", "replace") if exchange.body else "",
                 elapsed=elapsed,
             )
         else:
