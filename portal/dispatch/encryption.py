@@ -5,8 +5,8 @@ messages ever share an AES-GCM key and nonce. The body is one record:
 
     salt(16) ‖ rs(4, big-endian) ‖ idlen(1) = 65 ‖ as_public(65) ‖ AES-128-GCM(plaintext ‖ 0x02)
 
-Built on ``cryptography`` directly (about 80 µs a message, most of it the ECDH) rather
-than through ``http_ece``, whose per-call overhead is several times larger.
+Built on ``cryptography`` directly (about 0.12 ms of CPU a message, half of it the ECDH)
+rather than through ``http_ece``, which adds its own per-call overhead.
 """
 
 from __future__ import annotations
