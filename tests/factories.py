@@ -55,11 +55,20 @@ class SubscriptionFactory:
     def __init__(self) -> None:
         self.count = 0
 
-    def __call__(self, service: str = "fcm", **kwargs: Any) -> BrowserSubscription:
+    def __call__(
+        self,
+        service: str = "fcm",
+        *,
+        base: str | None = None,
+        token: str | None = None,
+        **kwargs: Any,
+    ) -> BrowserSubscription:
+        """A new browser subscription on ``service``'s host, or under ``base`` (e.g. a
+        fake push service's ``https://127.0.0.1:<port>/push/``) with an optional ``token``."""
         self.count += 1
-        token = secrets.token_urlsafe(96)
+        token = token or secrets.token_urlsafe(96)
         return BrowserSubscription(
-            endpoint=HOSTS[service] + token,
+            endpoint=(base or HOSTS[service]) + token,
             private_key=ec.generate_private_key(ec.SECP256R1()),
             auth=os.urandom(16),
             **kwargs,
