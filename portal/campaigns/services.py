@@ -246,7 +246,11 @@ def materialise_batch(
     if campaign.materialised_through is not None:
         window = window.where(ids.c.id > campaign.materialised_through)
     window = window.order_by(ids.c.id).limit(batch)
-    upper = session.execute(sa.select(sa.func.max(window.subquery().c.id))).scalar_one_or_none()
+    batch_ids = window.subquery()
+    # The batch's last id (PostgreSQL has no max() over uuid).
+    upper = session.execute(
+        sa.select(batch_ids.c.id).order_by(batch_ids.c.id.desc()).limit(1)
+    ).scalar_one_or_none()
     if upper is None:
         campaign.materialised_at = now
         session.flush()

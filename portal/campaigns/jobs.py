@@ -1,0 +1,48 @@
+"""The ``dispatch`` job, and the one dispatcher each process keeps."""
+
+from __future__ import annotations
+
+import threading
+
+from flask import Flask
+
+from portal.campaigns.engine import Dispatcher
+from portal.jobs import JobReport, Progress, job
+
+_lock = threading.Lock()
+
+
+def dispatcher_for(app: Flask) -> Dispatcher:
+    """This process's dispatcher, created on first use: it owns the connections to the
+    push services and the cached VAPID tokens. Tests put their own in the extension."""
+    with _lock:
+        existing = app.extensions.get("portal.dispatcher")
+        if existing is not None:
+            return existing
+        from portal.campaigns import metrics
+        from portal.dispatch.transport import HttpsPushTransport
+        from portal.dispatch.vapid import VapidSigner
+
+        portal = app.extensions["portal"]
+        signer = VapidSigner.from_settings(
+            portal.settings,
+            clock=portal.clock,
+            on_lookup=lambda hit: metrics.vapid_cache.labels("hit" if hit else "miss").inc(),
+        )
+        dispatcher = Dispatcher(
+            app, HttpsPushTransport.from_settings(portal.settings, signer=signer)
+        )
+        app.extensions["portal.dispatcher"] = dispatcher
+        return dispatcher
+
+
+@job("dispatch")
+def _dispatch(app: Flask, progress: Progress) -> JobReport:
+    tick = dispatcher_for(app).tick(stop=app.extensions.get("portal.stop"))
+    progress.start(tick.claimed)
+    progress.advance(tick.claimed)
+    return JobReport(
+        "dispatch",
+        processed=tick.claimed,
+        changed=tick.accepted + tick.failed + tick.revoked + tick.skipped,
+    )

@@ -1,0 +1,320 @@
+"""The dispatch engine end to end against a fake push service that decrypts everything."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+
+import pytest
+import sqlalchemy as sa
+
+from portal.campaigns import services as campaigns
+from portal.campaigns.models import Campaign, Delivery
+from portal.campaigns.services import CampaignDraft
+from portal.db import db
+from portal.jobs import run_job
+from portal.subscriptions.models import PushSubscription
+from tests.fakepush import Answer
+
+
+def _subscribe(app, fake_push, *, region=None, topics=None):
+    sub = fake_push.subscribe()
+    client = app.test_client()
+    body = {"subscription": sub.to_json()}
+    if topics is not None:
+        body |= {"topics": topics, "policyVersion": "v1"}
+    response = client.post("/api/push/subscribe", json=body)
+    assert response.status_code == 201, response.json
+    if region:
+        with db.begin(app) as session:
+            session.execute(
+                sa.text(
+                    "UPDATE subscriber SET region_code = :r WHERE id = (SELECT subscriber_id FROM push_subscription WHERE endpoint = :e)"
+                ),
+                {"r": region, "e": sub.endpoint},
+            )
+    return sub
+
+
+def _launch(app, clock, topic="weekly-digest", **extra):
+    with db.begin(app) as session:
+        draft = CampaignDraft(
+            topic=topic, title="Monday digest", body="Five things this week", url="/news", **extra
+        )
+        return campaigns.create_campaign(session, draft, created_by="test", now=clock.now()).id
+
+
+def _rows(app, model):
+    """Rows as dicts of Python values (aware datetimes, UUIDs) on both databases."""
+    with db.begin(app) as session:
+        return [
+            {c.name: getattr(obj, c.key) for c in model.__table__.columns}
+            for obj in session.scalars(
+                sa.select(model).order_by(*model.__table__.primary_key.columns)
+            )
+        ]
+
+
+def test_every_allowed_recipient_gets_exactly_one_readable_message(
+    push_app, dispatcher, fake_push, clock, engine
+):
+    us_default = _subscribe(push_app, fake_push, region="US")  # marketing default applies
+    eu_default = _subscribe(push_app, fake_push, region="EU")  # it does not
+    eu_opted_in = _subscribe(push_app, fake_push, region="EU", topics=["weekly-digest"])
+    us_opted_out = _subscribe(push_app, fake_push, region="US", topics=[])
+    unknown_region = _subscribe(push_app, fake_push)
+    campaign_id = _launch(push_app, clock)
+
+    report = dispatcher.tick()
+
+    assert report.accepted == 2
+    for sub in (us_default, eu_opted_in):
+        (message,) = fake_push.plaintexts(sub)
+        content = json.loads(message)
+        assert content["title"] == "Monday digest"
+        assert content["body"] == "Five things this week"
+        assert content["url"] == "/news"
+        assert content["tag"] == f"campaign-{campaign_id}"
+        assert content["campaignId"] == str(campaign_id)
+        assert int(content["deliveryId"]) > 0
+    for sub in (eu_default, us_opted_out, unknown_region):
+        assert fake_push.received(sub) == []
+    rows = _rows(push_app, Delivery)
+    assert len(rows) == 2
+    assert {r["status"] for r in rows} == {"accepted"}
+    assert {r["consent_reason"] for r in rows} == {"default_by_region", "explicit_opt_in"}
+    opted = [r for r in rows if r["consent_reason"] == "explicit_opt_in"][0]
+    with engine.connect() as conn:
+        kind = conn.execute(
+            sa.text("SELECT kind, new_state FROM consent_event WHERE seq = :s"),
+            {"s": opted["consent_event_seq"]},
+        ).one()
+    assert tuple(kind) == ("preference_changed", "opt_in")  # proof of consent per send
+    states = {r["endpoint"]: r["state"] for r in _rows(push_app, PushSubscription)}
+    assert states[us_default.endpoint] == "active"
+    with db.begin(push_app) as session:
+        assert session.get(Campaign, campaign_id).status == "completed"
+    # Nothing is sent twice, however often the engine ticks.
+    dispatcher.tick()
+    assert len(fake_push.received()) == 2
+
+
+def test_headers_carry_ttl_urgency_and_topic(push_app, dispatcher, fake_push, clock):
+    sub = _subscribe(push_app, fake_push, topics=["weekly-digest"])
+    _launch(push_app, clock, ttl=600, urgency="high", collapse_key="digest")
+    dispatcher.tick()
+    (received,) = fake_push.received(sub)
+    assert received.headers["ttl"] == "600"
+    assert received.headers["urgency"] == "high"
+    assert received.headers["topic"] == "digest"
+    assert received.headers["content-encoding"] == "aes128gcm"
+
+
+def test_gone_revokes_at_once_with_a_consent_event(push_app, dispatcher, fake_push, clock, engine):
+    sub = _subscribe(push_app, fake_push, topics=["weekly-digest"])
+    fake_push.script(sub, 410)
+    _launch(push_app, clock)
+    report = dispatcher.tick()
+    assert report.revoked == 1
+    (delivery,) = _rows(push_app, Delivery)
+    assert delivery["status"] == "revoked"
+    (row,) = _rows(push_app, PushSubscription)
+    assert (row["state"], row["end_reason"]) == ("revoked", "revoked_by_push_service")
+    with engine.connect() as conn:
+        assert (
+            conn.execute(
+                sa.text("SELECT count(*) FROM consent_event WHERE kind = 'revoked_by_push_service'")
+            ).scalar_one()
+            == 1
+        )
+    metrics = push_app.test_client().get("/metrics").text
+    assert 'push_token_pruned_total{provider="other"}' in metrics
+    assert len(fake_push.received(sub)) == 1  # no retry after a 410
+    # A revoked subscription is skipped by the next campaign.
+    _launch(push_app, clock)
+    dispatcher.tick()
+    assert len(fake_push.received(sub)) == 1
+
+
+def test_three_404s_in_a_row_make_the_subscription_stale(
+    push_app, dispatcher, fake_push, clock, engine
+):
+    sub = _subscribe(push_app, fake_push, topics=["weekly-digest"])
+    fake_push.script(sub, 404, 404, 404)
+    for expected in ("pending", "pending", "stale"):
+        _launch(push_app, clock)
+        dispatcher.tick()
+        (row,) = _rows(push_app, PushSubscription)
+        assert row["state"] == expected
+    assert {d["status"] for d in _rows(push_app, Delivery)} == {"failed"}
+    assert len(fake_push.received(sub)) == 3
+
+
+def test_rate_limit_is_retried_after_retry_after(push_app, dispatcher, fake_push, clock, engine):
+    sub = _subscribe(push_app, fake_push, topics=["weekly-digest"])
+    fake_push.script(sub, Answer.of(429, retry_after=30))
+    _launch(push_app, clock)
+    report = dispatcher.tick()
+    assert report.retried == 1
+    (delivery,) = _rows(push_app, Delivery)
+    assert delivery["status"] == "queued"
+    assert delivery["next_attempt_at"] >= clock.now() + dt.timedelta(seconds=30)
+    (row,) = _rows(push_app, PushSubscription)
+    assert (row["state"], row["consecutive_failures"]) == ("pending", 0)  # lifecycle untouched
+    clock.advance(seconds=29)
+    dispatcher.tick()
+    assert len(fake_push.received(sub)) == 1
+    clock.advance(seconds=2)
+    dispatcher.tick()
+    (delivery,) = _rows(push_app, Delivery)
+    assert (delivery["status"], delivery["attempts"]) == ("accepted", 2)
+
+
+def test_retry_after_as_an_http_date(push_app, dispatcher, fake_push, clock, engine):
+    sub = _subscribe(push_app, fake_push, topics=["weekly-digest"])
+    # The engine's clock is 2026-01-01; the date is read against the real clock by the
+    # transport, so give a date far enough ahead to be unmistakable.
+    fake_push.script(sub, Answer.of(503, retry_after="Fri, 01 Jan 2100 00:00:00 GMT"))
+    _launch(push_app, clock)
+    dispatcher.tick()
+    (delivery,) = _rows(push_app, Delivery)
+    assert delivery["status"] == "queued"
+    assert delivery["next_attempt_at"] > clock.now() + dt.timedelta(days=365)
+
+
+@pytest.mark.parametrize(
+    "answer", [500, 502, Answer.connection_reset()], ids=["500", "502", "reset"]
+)
+def test_transient_failures_back_off_then_fail_after_max_attempts(
+    push_app, dispatcher, fake_push, clock, engine, answer
+):
+    sub = _subscribe(push_app, fake_push, topics=["weekly-digest"])
+    fake_push.script(sub, *([answer] * 5))
+    _launch(push_app, clock)
+    delays = []
+    for _ in range(5):
+        dispatcher.tick()
+        (delivery,) = _rows(push_app, Delivery)
+        if delivery["status"] != "queued":
+            break
+        delays.append((delivery["next_attempt_at"] - clock.now()).total_seconds())
+        clock.advance(seconds=70)
+    assert delays == [1, 2, 4, 8]  # min(1 s × 2^(n−1), 64 s), jitter pinned to 0 here
+    (delivery,) = _rows(push_app, Delivery)
+    assert (delivery["status"], delivery["reason"], delivery["attempts"]) == (
+        "failed",
+        "max_attempts",
+        5,
+    )
+    (row,) = _rows(push_app, PushSubscription)
+    assert (row["state"], row["consecutive_failures"]) == ("pending", 0)
+
+
+def test_other_client_errors_fail_the_delivery_only(push_app, dispatcher, fake_push, clock, engine):
+    sub = _subscribe(push_app, fake_push, topics=["weekly-digest"])
+    fake_push.script(sub, 400)
+    _launch(push_app, clock)
+    dispatcher.tick()
+    (delivery,) = _rows(push_app, Delivery)
+    assert (delivery["status"], delivery["last_status_code"]) == ("failed", 400)
+    (row,) = _rows(push_app, PushSubscription)
+    assert (row["state"], row["consecutive_failures"]) == ("pending", 0)
+    assert len(fake_push.received(sub)) == 1
+
+
+def test_wns_406_is_a_rate_limit(push_app, dispatcher, fake_push, clock, engine):
+    sub = _subscribe(push_app, fake_push, topics=["weekly-digest"])
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE push_subscription SET push_service = 'wns'"))
+    fake_push.script(sub, 406)
+    _launch(push_app, clock)
+    dispatcher.tick()
+    (delivery,) = _rows(push_app, Delivery)
+    assert (delivery["status"], delivery["push_service"]) == ("queued", "wns")
+
+
+def test_opt_out_after_launch_is_skipped(push_app, dispatcher, fake_push, clock, engine):
+    stays = _subscribe(push_app, fake_push, topics=["weekly-digest"])
+    leaves = _subscribe(push_app, fake_push, topics=["weekly-digest"])
+    _launch(push_app, clock)
+    dispatcher.advance_campaigns()  # the audience is materialised…
+    assert len(_rows(push_app, Delivery)) == 2
+    withdrawal = push_app.test_client().post(
+        "/api/push/preferences",
+        json={
+            "endpoint": leaves.endpoint,
+            "decisions": [{"slug": "weekly-digest", "state": "opt_out"}],
+            "policyVersion": "v1",
+            "decidedAt": "2025-12-31T23:59:00Z",
+        },
+    )
+    assert withdrawal.status_code == 200
+    push_app.test_client().post("/api/push/unsubscribe", json={"endpoint": stays.endpoint})
+    dispatcher.tick()  # …and re-checked at send time
+    reasons = sorted(d["reason"] for d in _rows(push_app, Delivery))
+    assert reasons == ["consent_withdrawn", "subscription_revoked"]
+    assert fake_push.received() == []
+
+
+def test_pause_resume_and_cancel(push_app, dispatcher, fake_push, clock, engine):
+    subs = [_subscribe(push_app, fake_push, topics=["weekly-digest"]) for _ in range(3)]
+    campaign_id = _launch(push_app, clock)
+    with db.begin(push_app) as session:
+        campaigns.control(session, campaign_id, "pause", now=clock.now())
+    dispatcher.tick()
+    assert fake_push.received() == []
+    with db.begin(push_app) as session:
+        campaigns.control(session, campaign_id, "resume", now=clock.now())
+    dispatcher.tick()
+    assert len(fake_push.received()) == 3
+
+    other = _launch(push_app, clock)
+    dispatcher.advance_campaigns()
+    with db.begin(push_app) as session:
+        campaigns.control(session, other, "cancel", now=clock.now())
+        with pytest.raises(Exception, match="cannot resume"):
+            campaigns.control(session, other, "resume", now=clock.now())
+    dispatcher.tick()
+    left = [d for d in _rows(push_app, Delivery) if d["campaign_id"] == other]
+    assert {d["status"] for d in left} == {"skipped"}  # nothing left queued
+    assert len(fake_push.received()) == 3
+    assert len(subs) == 3
+
+
+def test_pause_stops_new_sends_within_one_tick(push_app, dispatcher, fake_push, clock, engine):
+    for _ in range(120):
+        _subscribe(push_app, fake_push, topics=["weekly-digest"])
+    campaign_id = _launch(push_app, clock)
+    dispatcher.tick(max_batches=1)  # one batch of 50 sent
+    with db.begin(push_app) as session:
+        campaigns.control(session, campaign_id, "pause", now=clock.now())
+    dispatcher.tick()
+    assert len(fake_push.received()) == 50
+
+
+def test_a_scheduled_campaign_waits_and_deliver_until_expires_it(
+    push_app, dispatcher, fake_push, clock, engine
+):
+    sub = _subscribe(push_app, fake_push, topics=["weekly-digest"])
+    _launch(push_app, clock, send_at=clock.now() + dt.timedelta(hours=1))
+    dispatcher.tick()
+    assert fake_push.received(sub) == []
+    clock.advance(hours=1, seconds=1)
+    dispatcher.tick()
+    assert len(fake_push.received(sub)) == 1
+
+    fake_push.script(sub, Answer.of(429, retry_after=600))
+    late = _launch(push_app, clock, deliver_until=clock.now() + dt.timedelta(minutes=5))
+    dispatcher.tick()
+    clock.advance(minutes=6)
+    dispatcher.tick()
+    mine = [d for d in _rows(push_app, Delivery) if d["campaign_id"] == late]
+    assert [(d["status"], d["reason"]) for d in mine] == [("skipped", "deliver_until_passed")]
+
+
+def test_run_job_dispatch_uses_the_process_dispatcher(push_app, dispatcher, fake_push, clock):
+    _subscribe(push_app, fake_push, topics=["weekly-digest"])
+    _launch(push_app, clock)
+    report = run_job(push_app, "dispatch")
+    assert (report.processed, report.changed) == (1, 1)
+    assert len(fake_push.received()) == 1
