@@ -83,7 +83,7 @@ def test_every_allowed_recipient_gets_exactly_one_readable_message(
     assert len(rows) == 2
     assert {r["status"] for r in rows} == {"accepted"}
     assert {r["consent_reason"] for r in rows} == {"default_by_region", "explicit_opt_in"}
-    opted = [r for r in rows if r["consent_reason"] == "explicit_opt_in"][0]
+    opted = next(r for r in rows if r["consent_reason"] == "explicit_opt_in")
     with engine.connect() as conn:
         kind = conn.execute(
             sa.text("SELECT kind, new_state FROM consent_event WHERE seq = :s"),
