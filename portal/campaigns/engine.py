@@ -270,7 +270,26 @@ class Dispatcher:
             if max_batches is not None and batches >= max_batches:
                 break
         self.advance_campaigns()
+        self._update_gauges()
         return report
+
+    def _update_gauges(self) -> None:
+        with db.begin(self.app) as session:
+            queued = session.execute(
+                sa.select(sa.func.count())
+                .select_from(_d.join(_c, _c.c.id == _d.c.campaign_id))
+                .where(
+                    _c.c.status.in_([CampaignStatus.SENDING.value, CampaignStatus.PAUSED.value]),
+                    _d.c.status == DeliveryStatus.QUEUED.value,
+                )
+            ).scalar_one()
+            revoked = session.execute(
+                sa.select(sa.func.count()).where(
+                    _s.c.state == SubscriptionState.REVOKED.value, _s.c.deleted_at.is_(None)
+                )
+            ).scalar_one()
+        metrics.deliveries_queued.set(queued)
+        metrics.tokens_pruned_current.set(revoked)
 
     def _send(self, claimed: list[_Claimed], report: TickReport) -> None:
         report.claimed += len(claimed)

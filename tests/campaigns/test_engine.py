@@ -129,6 +129,8 @@ def test_gone_revokes_at_once_with_a_consent_event(push_app, dispatcher, fake_pu
         )
     metrics = push_app.test_client().get("/metrics").text
     assert 'push_token_pruned_total{provider="other"}' in metrics
+    assert "push_token_pruned_current 1.0" in metrics
+    assert 'push_send_attempts_total{provider="other",status="410"}' in metrics
     assert len(fake_push.received(sub)) == 1  # no retry after a 410
     # A revoked subscription is skipped by the next campaign.
     _launch(push_app, clock)
