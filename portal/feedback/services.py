@@ -23,7 +23,7 @@ import logging
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
@@ -54,7 +54,7 @@ _MAX_SAFE_INTEGER = 2**53 - 1
 _ORGANIZATION_MAX = 128
 _PROVIDER_MAX = 64
 _DELIVERY_ID_MAX = 128
-_applied = FeedbackApplied.__table__
+_applied = cast(sa.Table, FeedbackApplied.__table__)
 
 
 # --- parsing ----------------------------------------------------------------------------
@@ -120,8 +120,8 @@ def event_key(event: Mapping[str, Any]) -> tuple[str, str, str | None]:
     provider = event.get("provider")
     if not isinstance(provider, str) or not provider:
         raise ValidationError("missing_provider", "the event has no provider", "provider")
-    target = event.get("token") or event.get("endpoint")
-    if not isinstance(target, str) or not target:
+    target = _target_of(event)
+    if target is None:
         raise ValidationError("missing_target", "the event has neither token nor endpoint", "token")
     delivery_id = event.get("deliveryId")
     if delivery_id is not None and not isinstance(delivery_id, str):
@@ -134,6 +134,12 @@ def event_key(event: Mapping[str, Any]) -> tuple[str, str, str | None]:
             "missing_timestamp", "an event without deliveryId needs an integer at", "at"
         )
     return f"classic:{provider}:{_utf16_length(target)}:{target}:{at}", provider, None
+
+
+def _target_of(event: Mapping[str, Any]) -> str | None:
+    """``token``, else ``endpoint`` (as the seed's helpers choose), when it is a string."""
+    target = event.get("token") or event.get("endpoint")
+    return target if isinstance(target, str) and target else None
 
 
 def _stored_text(value: str, field: str, limit: int) -> str:
@@ -203,7 +209,8 @@ def _cleanups(events: list[Any]) -> tuple[CleanupEvent, ...]:
         _stored_text(provider, f"{where}.provider", _PROVIDER_MAX)
         if delivery_id is not None:
             _stored_text(delivery_id, f"{where}.deliveryId", _DELIVERY_ID_MAX)
-        target = event.get("token") or event.get("endpoint")
+        target = _target_of(event)
+        assert target is not None  # event_key refused the event otherwise
         cleanups.append(CleanupEvent(index, provider, target, delivery_id, key))
     return tuple(cleanups)
 
@@ -515,10 +522,10 @@ def receive(
             truncated=digest.truncated,
             events_omitted=digest.events_omitted,
         )
-        error = ApiError(
+        unavailable = ApiError(
             "unavailable", "the digest was not applied; send it again later", status=503
         )
-        return Receipt(503, error.to_json())
+        return Receipt(503, unavailable.to_json())
 
     # Committed: now, and only now, the digest counts as accepted.
     metrics.feedback_digests.labels(DigestResult.ACCEPTED.value).inc()
