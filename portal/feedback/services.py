@@ -31,6 +31,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from portal import metrics
+from portal.campaigns.models import Delivery
 from portal.clock import Clock
 from portal.config import Settings
 from portal.consent import log
@@ -54,6 +55,7 @@ _MAX_SAFE_INTEGER = 2**53 - 1
 _ORGANIZATION_MAX = 128
 _PROVIDER_MAX = 64
 _DELIVERY_ID_MAX = 128
+_MAX_BIGINT = 2**63 - 1
 _applied = cast(sa.Table, FeedbackApplied.__table__)
 
 
@@ -219,14 +221,18 @@ def _cleanups(events: list[Any]) -> tuple[CleanupEvent, ...]:
 
 
 def subscription_for_delivery(session: Session, delivery_id: str) -> uuid.UUID | None:
-    """The subscription one of our deliveries went to, or None when it is unknown.
+    """The subscription one of our deliveries went to, or None when the id is not ours.
 
-    The seam between feedback and dispatch. Deliveries are not stored yet (campaigns and
-    deliveries come with the dispatch work), so nothing resolves and the event's target
-    alone decides. The dispatch work replaces this body with a lookup of the delivery
-    row's ``subscription_id``; :func:`apply_digest` then also checks the two agree.
+    Our delivery ids are ``delivery.id``, sent as a decimal string (the push payload's
+    ``deliveryId``); anything else names no delivery of ours. The delivery keeps its
+    ``subscription_id`` even after that subscription is purged, so the answer is the
+    subscription the failed send went to — never one registered since.
     """
-    return None
+    if not (delivery_id.isascii() and delivery_id.isdigit()) or int(delivery_id) > _MAX_BIGINT:
+        return None
+    return session.scalar(
+        sa.select(Delivery.subscription_id).where(Delivery.id == int(delivery_id))
+    )
 
 
 def _target(session: Session, event: CleanupEvent) -> PushSubscription | None:
@@ -246,8 +252,9 @@ def _target(session: Session, event: CleanupEvent) -> PushSubscription | None:
         return sub
     delivered_to = subscription_for_delivery(session, event.delivery_id)
     if delivered_to is not None and (sub is None or sub.id != delivered_to):
-        # Our delivery went elsewhere than the target the event names: the two records
-        # disagree, and revoking on a guess could end the wrong subscription.
+        # Our delivery went to another subscription than the one the event's target
+        # names: the two records disagree, and revoking on a guess could end the wrong
+        # one. (The target is the endpoint we sent to, so normally they agree.)
         logger.warning(
             "feedback for delivery %s names a target that is not its subscription",
             event.delivery_id,

@@ -6,8 +6,14 @@ import json
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
+from portal.campaigns.models import Campaign, Delivery
+from portal.consent import catalogue
+from portal.db import db
 from portal.feedback.signature import header_value
+from portal.subscriptions.models import PushSubscription
+from portal.subscriptions.validation import endpoint_hash
 
 URL = "/api/push/feedback"
 SECRET = "feedback-secret-one"  # what make_settings configures
@@ -74,5 +80,52 @@ def subscribe(client, subscriptions):
         response = client.post("/api/push/subscribe", json={"subscription": sub.to_json()})
         assert response.status_code == 201, response.json
         return sub
+
+    return make
+
+
+@pytest.fixture
+def deliver(app, clock):
+    """Records one of our deliveries to an endpoint's subscription; returns its deliveryId."""
+    topics: list[int] = []
+
+    def make(endpoint: str) -> str:
+        now = clock.now()
+        with db.begin(app) as session:
+            if not topics:
+                topic = catalogue.add_topic(
+                    session, slug="news", category="News", label="News", now=now
+                )
+                session.flush()
+                topics.append(topic.id)
+            sub = session.scalars(
+                sa.select(PushSubscription).where(
+                    PushSubscription.endpoint_hash == endpoint_hash(endpoint)
+                )
+            ).one()
+            campaign = Campaign(
+                topic_id=topics[0],
+                title="Hello",
+                body="Hello",
+                send_at=now,
+                status="sending",
+                created_by="test",
+                created_at=now,
+            )
+            session.add(campaign)
+            session.flush()
+            delivery = Delivery(
+                campaign_id=campaign.id,
+                subscription_id=sub.id,
+                push_service=sub.push_service,
+                status="accepted",
+                attempts=1,
+                next_attempt_at=now,
+                consent_reason="opt_in",
+                updated_at=now,
+            )
+            session.add(delivery)
+            session.flush()
+            return str(delivery.id)
 
     return make

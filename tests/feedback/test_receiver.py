@@ -34,6 +34,10 @@ def _nothing_applied(engine, *endpoints: str) -> None:
         assert _subscription(engine, endpoint)["state"] == "pending"
 
 
+def _same_id(a, b) -> bool:
+    return str(a).replace("-", "") == str(b).replace("-", "")
+
+
 def _metric(name: str, **labels: str) -> float:
     return REGISTRY.get_sample_value(name, labels) or 0.0
 
@@ -65,7 +69,7 @@ def test_invalid_target_revokes_the_subscription_and_logs_it(sender, subscribe, 
     [event] = _feedback_events(engine)
     assert (event["actor"], event["source"]) == ("system", "system")
     assert (event["previous_state"], event["new_state"]) == ("pending", "revoked")
-    assert str(event["subscription_id"]).replace("-", "") == str(row["id"]).replace("-", "")
+    assert _same_id(event["subscription_id"], row["id"])
     assert json.loads(event["context"]) == {
         "delivery": "d-1",
         "organization": "acme",
@@ -543,32 +547,46 @@ def test_a_failed_commit_is_not_acknowledged(sender, subscribe, engine, monkeypa
 # --- replacements ----------------------------------------------------------------------
 
 
-def test_a_replacement_registered_since_is_left_alone(sender, subscribe, engine):
+def test_a_replacement_registered_since_is_left_alone(sender, subscribe, engine, deliver):
     old = subscribe()
+    sent_to_old = deliver(old.endpoint)
     new = subscribe()  # the same browser profile registered a new endpoint since
     old_row, new_row = _subscription(engine, old.endpoint), _subscription(engine, new.endpoint)
     assert old_row["subscriber_id"] == new_row["subscriber_id"]
 
-    response = sender.post(digest([invalid_target(old.endpoint, delivery_id="sent-to-old")]))
+    response = sender.post(digest([invalid_target(old.endpoint, delivery_id=sent_to_old)]))
 
     assert response.json["revoked"] == 1
     assert _subscription(engine, old.endpoint)["state"] == "revoked"
     assert _subscription(engine, new.endpoint)["state"] == "pending"
     [event] = _feedback_events(engine)
-    assert str(event["subscription_id"]).replace("-", "") == str(old_row["id"]).replace("-", "")
+    assert _same_id(event["subscription_id"], old_row["id"])
+    [marker] = all_rows(engine, "feedback_applied")
+    assert _same_id(marker["subscription_id"], old_row["id"])
+
+
+def test_a_classic_event_for_the_old_endpoint_leaves_the_replacement_alone(
+    sender, subscribe, engine
+):
+    old, new = subscribe(), subscribe()
+    response = sender.post(digest([invalid_target(old.endpoint, at=sender.now_ms())]))
+    assert response.json["revoked"] == 1
+    assert _subscription(engine, old.endpoint)["state"] == "revoked"
+    assert _subscription(engine, new.endpoint)["state"] == "pending"
 
 
 def test_a_rotated_endpoint_keeps_its_end_and_the_new_one_lives(
-    sender, client, subscriptions, engine
+    sender, client, subscriptions, engine, deliver
 ):
     old, new = subscriptions(), subscriptions()
     client.post("/api/push/subscribe", json={"subscription": old.to_json()})
+    sent_to_old = deliver(old.endpoint)
     changed = client.post(
         "/api/push/change", json={"oldEndpoint": old.endpoint, "subscription": new.to_json()}
     )
     assert changed.json["moved"] is True
 
-    response = sender.post(digest([invalid_target(old.endpoint, delivery_id="sent-to-old")]))
+    response = sender.post(digest([invalid_target(old.endpoint, delivery_id=sent_to_old)]))
 
     assert (response.json["applied"], response.json["revoked"]) == (1, 0)
     assert _subscription(engine, old.endpoint)["end_reason"] == "rotated"
@@ -578,37 +596,39 @@ def test_a_rotated_endpoint_keeps_its_end_and_the_new_one_lives(
     assert marker["outcome"] == "already_ended"
 
 
-def test_the_delivery_seam_decides_when_it_knows_the_delivery(
-    sender, subscribe, engine, monkeypatch
-):
+def test_a_delivery_and_a_target_that_disagree_revoke_nothing(sender, subscribe, engine, deliver):
     old, new = subscribe(), subscribe()
-    ids = {e: _subscription(engine, e)["id"] for e in (old.endpoint, new.endpoint)}
+    sent_to_new = deliver(new.endpoint)
 
-    def as_uuid(value):
-        import uuid
+    # Our delivery went to the new subscription but the event names the old endpoint.
+    response = sender.post(digest([invalid_target(old.endpoint, delivery_id=sent_to_new)]))
 
-        return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
-
-    deliveries = {"to-old": as_uuid(ids[old.endpoint]), "to-new": as_uuid(ids[new.endpoint])}
-    monkeypatch.setattr(services, "subscription_for_delivery", lambda _s, d: deliveries.get(d))
-
-    # The delivery went to the new subscription but the event names the old endpoint:
-    # the records disagree, so nothing is revoked.
-    mismatch = sender.post(digest([invalid_target(old.endpoint, delivery_id="to-new")]))
-    assert (mismatch.json["applied"], mismatch.json["revoked"]) == (1, 0)
+    assert (response.json["applied"], response.json["revoked"]) == (1, 0)
     assert _subscription(engine, old.endpoint)["state"] == "pending"
-
-    agreed = sender.post(digest([invalid_target(old.endpoint, delivery_id="to-old")]))
-    assert agreed.json["revoked"] == 1
-    assert _subscription(engine, old.endpoint)["state"] == "revoked"
     assert _subscription(engine, new.endpoint)["state"] == "pending"
+    [marker] = all_rows(engine, "feedback_applied")
+    assert marker["outcome"] == "unmatched"
 
 
-def test_the_seam_resolves_nothing_until_deliveries_exist(app):
+def test_a_delivery_id_that_is_not_ours_falls_back_to_the_target(sender, subscribe, engine):
+    sub = subscribe()
+    for delivery_id in ("6f0f6f1e-9a1e-4f2a-9a7a-6d5f5f6a1b02", "99999", "9" * 30):
+        response = sender.post(digest([invalid_target(sub.endpoint, delivery_id=delivery_id)]))
+        assert response.status_code == 200
+    assert _subscription(engine, sub.endpoint)["end_reason"] == "revoked_by_feedback"
+    assert count_rows(engine, "feedback_applied") == 3
+
+
+def test_the_delivery_lookup(app, subscribe, deliver, engine):
     from portal.db import db
 
+    sub = subscribe()
+    delivery_id = deliver(sub.endpoint)
+    expected = _subscription(engine, sub.endpoint)["id"]
     with db.begin(app) as session:
-        assert services.subscription_for_delivery(session, "any") is None
+        assert _same_id(services.subscription_for_delivery(session, delivery_id), expected)
+        for other in ("0", str(int(delivery_id) + 1), "-1", "1e3", "١", str(2**63), "x"):
+            assert services.subscription_for_delivery(session, other) is None
 
 
 def test_metrics_count_accepted_digests_and_events(sender, subscribe):
