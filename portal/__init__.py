@@ -84,6 +84,7 @@ def _register_blueprints(app: Flask) -> None:
     from portal import api, cli, health, metrics, pages
     from portal.consent import cli as consent_cli
     from portal.consent import views as consent_views
+    from portal.feedback import ops as _feedback_ops  # noqa: F401 - its staff pages
     from portal.feedback import views as feedback_views
     from portal.retention import views as erasure_views
     from portal.staff import views as staff_views
