@@ -84,6 +84,8 @@ def _register_blueprints(app: Flask) -> None:
     from portal import api, cli, health, metrics, pages
     from portal.consent import cli as consent_cli
     from portal.consent import views as consent_views
+    from portal.feedback import ops as _feedback_ops  # noqa: F401 - its staff pages
+    from portal.feedback import views as feedback_views
     from portal.retention import views as erasure_views
     from portal.staff import views as staff_views
     from portal.subscriptions import views as subscription_views
@@ -97,11 +99,14 @@ def _register_blueprints(app: Flask) -> None:
     app.register_blueprint(subscription_views.bp)
     app.register_blueprint(consent_views.api)
     staff_views.register(app)
+    app.register_blueprint(feedback_views.bp)
     # The JSON API is same-origin and JSON-only (checked on every request), which a
     # cross-site form cannot forge; its callers include the service worker, which has
     # no page to read a CSRF token from.
     csrf.exempt(subscription_views.bp)
     csrf.exempt(consent_views.api)
+    # Server to server: the digest's HMAC signature authenticates it, not a session.
+    csrf.exempt(feedback_views.bp)
     cli.register(app)
     consent_cli.register(cli.portal_cli)
 

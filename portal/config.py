@@ -127,6 +127,11 @@ class Settings:
     push_ca_bundle: str | None = None
     scheduler: bool = True
     feedback_secrets: tuple[str, ...] = ()
+    feedback_signature_header: str = "X-CN1-Signature"
+    feedback_max_age_seconds: int = 300
+    feedback_organization: str | None = None
+    feedback_max_body_bytes: int = 1024 * 1024
+    feedback_test_url: str | None = None
     export_signing_key: str = ""
     endpoint_max_length: int = 4096
     api_max_body_bytes: int = 16 * 1024
@@ -177,6 +182,7 @@ class Settings:
             ) from None
         auth_keys = _auth_keys(environ, generated)
         export_key = get("EXPORT_SIGNING_KEY")
+        feedback_secrets = tuple(s.strip() for s in get("FEEDBACK_SECRETS").split(",") if s.strip())
 
         if production:
             _require_secret("SECRET_KEY", secret_key)
@@ -184,6 +190,9 @@ class Settings:
             _require_secret("VAPID_PUBLIC_KEY", vapid_public)
             _require_secret("VAPID_SUBJECT", vapid_subject)
             _require_secret(f"SUBSCRIPTION_AUTH_KEY_V{key_version}", auth_keys.get(key_version))
+            # Optional (unset disables the receiver), but never a well-known value.
+            for secret in feedback_secrets:
+                _require_secret("FEEDBACK_SECRETS", secret)
         if key_version not in auth_keys:
             raise ConfigError(
                 f"SUBSCRIPTION_AUTH_KEY_V{key_version} is missing: "
@@ -211,9 +220,14 @@ class Settings:
             push_allowed_hosts=hosts or DEFAULT_PUSH_HOSTS,
             push_ca_bundle=environ.get("PUSH_CA_BUNDLE") or None,
             scheduler=_flag(environ, "PORTAL_SCHEDULER", default=True),
-            feedback_secrets=tuple(
-                s.strip() for s in get("FEEDBACK_SECRETS").split(",") if s.strip()
+            feedback_secrets=feedback_secrets,
+            feedback_signature_header=(
+                environ.get("FEEDBACK_SIGNATURE_HEADER", "").strip() or "X-CN1-Signature"
             ),
+            feedback_max_age_seconds=_int(environ, "FEEDBACK_MAX_AGE_SECONDS", 300),
+            feedback_organization=environ.get("FEEDBACK_ORGANIZATION", "").strip() or None,
+            feedback_max_body_bytes=_int(environ, "FEEDBACK_MAX_BODY_BYTES", 1024 * 1024),
+            feedback_test_url=environ.get("FEEDBACK_TEST_URL", "").strip() or None,
             export_signing_key=export_key,
             endpoint_max_length=_int(environ, "PUSH_ENDPOINT_MAX_LENGTH", 4096),
             api_max_body_bytes=_int(environ, "API_MAX_BODY_BYTES", 16 * 1024),

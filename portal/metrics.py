@@ -36,6 +36,30 @@ http_latency = Histogram(
     ["route"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
 )
+feedback_digests = Counter(
+    "portal_feedback_digests_total",
+    "Delivery-feedback digests received, by whether they were acknowledged",
+    ["result"],
+)
+feedback_events = Counter(
+    "portal_feedback_events_total",
+    "Events of acknowledged feedback digests: applied (first time), duplicate (already "
+    "applied) or ignored (a reason other than INVALID_TARGET)",
+    ["outcome"],
+)
+feedback_revocations = Counter(
+    "portal_feedback_revocations_total",
+    "Subscriptions revoked because delivery feedback reported their target invalid",
+)
+feedback_rejections = Counter(
+    "portal_feedback_rejections_total",
+    "Delivery-feedback digests not acknowledged, by reason",
+    ["reason"],
+)
+for _result in ("accepted", "rejected"):
+    feedback_digests.labels(_result)
+for _outcome in ("applied", "duplicate", "ignored"):
+    feedback_events.labels(_outcome)
 
 bp = Blueprint("metrics", __name__)
 

@@ -2,6 +2,7 @@
 
 from portal.campaigns.models import Campaign, CircuitState, Delivery
 from portal.consent.models import ConsentEvent, PolicyVersion, Topic, TopicPreference
+from portal.feedback.models import FeedbackApplied, FeedbackDigest
 from portal.operations.models import JobRun, JobState
 from portal.retention.models import RetentionCounter
 from portal.staff.models import StaffAudit, StaffLoginThrottle, StaffRole, StaffSession, StaffUser
@@ -12,6 +13,8 @@ __all__ = [
     "CircuitState",
     "ConsentEvent",
     "Delivery",
+    "FeedbackApplied",
+    "FeedbackDigest",
     "JobRun",
     "JobState",
     "PolicyVersion",

@@ -29,6 +29,8 @@ EXPECTED: dict[tuple[str, str], frozenset[Role]] = {
     ("/staff/admin/staff/<uuid:staff_id>/disable", "POST"): ADMIN,
     ("/staff/admin/staff/<uuid:staff_id>/enable", "POST"): ADMIN,
     ("/staff/admin/audit", "GET"): AUDIT,
+    ("/staff/ops/feedback", "GET"): ADMIN,
+    ("/staff/ops/feedback/test", "POST"): ADMIN,
 }
 PUBLIC = {"/staff/login"}
 
@@ -129,11 +131,16 @@ def test_the_forbidden_page_names_the_role_needed(app, browser, make_staff):
 
 def test_the_dashboard_lists_only_what_each_role_may_do(app, browser, make_staff):
     expected = {
-        Role.ADMIN: {"Staff accounts", "Audit trail", "Change your password"},
+        Role.ADMIN: {
+            "Staff accounts",
+            "Audit trail",
+            "Delivery feedback",
+            "Change your password",
+        },
         Role.COMPLIANCE: {"Audit trail", "Change your password"},
         Role.CAMPAIGNS: {"Change your password"},
     }
-    every = {"Staff accounts", "Audit trail", "Change your password"}
+    every = {"Staff accounts", "Audit trail", "Delivery feedback", "Change your password"}
     for role, titles in expected.items():
         make_staff(f"{role.value}@example.test", role)
         person = browser()

@@ -1,0 +1,1 @@
+"""The delivery-feedback receiver: signed digests of provider outcomes (seed 004)."""

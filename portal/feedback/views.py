@@ -1,0 +1,47 @@
+"""``POST /api/push/feedback``: the signed delivery-feedback digest (seed 004).
+
+A server-to-server endpoint: no browser calls it, so the same-origin check and CSRF
+do not apply (the HMAC signature authenticates it instead); the body-size limit does.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from flask import Blueprint, Response, current_app, jsonify, request
+from werkzeug.exceptions import RequestEntityTooLarge
+
+from portal.db import db
+from portal.feedback import services
+
+if TYPE_CHECKING:
+    from portal import Portal
+    from portal.config import Settings
+
+bp = Blueprint("feedback_api", __name__, url_prefix="/api/push")
+
+
+@bp.post("/feedback")
+def receive() -> tuple[Response, int]:
+    settings: Settings = current_app.extensions["portal.settings"]
+    portal: Portal = current_app.extensions["portal"]
+    request.max_content_length = settings.feedback_max_body_bytes
+    try:
+        # The raw bytes, exactly as signed: never parsed before the signature checks out.
+        raw = request.get_data(cache=True)
+    except RequestEntityTooLarge:
+        services.count_rejection("too_large")
+        raise
+    receipt = services.receive(
+        raw,
+        request.headers.get(settings.feedback_signature_header),
+        settings=settings,
+        clock=portal.clock,
+        sessions=db.session_factory(),
+    )
+    response = jsonify(receipt.body)
+    if receipt.status == 401:
+        response.headers["WWW-Authenticate"] = (
+            f'HMAC-SHA256 header="{settings.feedback_signature_header}"'
+        )
+    return response, receipt.status

@@ -1,0 +1,83 @@
+"""The delivery-feedback operations page: admins see recent digests and send a test."""
+
+from __future__ import annotations
+
+import json
+
+from portal.feedback.signature import header_value
+from portal.staff.models import Role
+from tests.helpers import all_rows
+
+SECRET = "feedback-secret-one"  # what make_settings configures
+
+
+def _signed_digest(client, clock, body: dict) -> int:
+    raw = json.dumps(body).encode()
+    t = int(clock.now().timestamp() * 1000)
+    response = client.post(
+        "/api/push/feedback",
+        data=raw,
+        headers={
+            "X-CN1-Signature": header_value(SECRET, t, raw),
+            "Content-Type": "application/json",
+        },
+    )
+    return response.status_code
+
+
+def test_admins_see_recent_digests_and_never_the_secret(app, admin_browser, clock):
+    client = app.test_client()
+    assert (
+        _signed_digest(client, clock, {"organization": "acme", "events": [], "truncated": True})
+        == 200
+    )
+    assert _signed_digest(client, clock, {"organization": "acme"}) == 422
+
+    page = admin_browser.get("/staff/ops/feedback")
+
+    assert page.status_code == 200
+    assert page.headers["Cache-Control"] == "no-store"
+    html = page.text
+    assert "<h1>Delivery feedback</h1>" in html
+    assert "1 configured" in html
+    assert "Accepted" in html and "Rejected: <code>invalid_digest</code>" in html
+    assert "More follow" in html
+    assert SECRET not in html
+
+
+def test_an_admin_sends_a_signed_test_digest(app, admin_browser, engine):
+    response = admin_browser.post("/staff/ops/feedback/test")
+
+    assert response.status_code == 303
+    assert response.location.endswith("/staff/ops/feedback")
+    page = admin_browser.get("/staff/ops/feedback").text
+    assert "Test digest accepted: 1 applied, 1 ignored, 0 revoked." in page
+    [digest] = all_rows(engine, "feedback_digest")
+    assert (digest["result"], digest["organization"]) == ("accepted", "portal-test")
+    [marker] = all_rows(engine, "feedback_applied")
+    assert marker["outcome"] == "unmatched"
+    entries = [r for r in all_rows(engine, "staff_audit") if r["action"] == "feedback.test_sent"]
+    assert len(entries) == 1
+    assert entries[0]["actor_email"] == "admin@example.test"
+    detail = entries[0]["detail"]
+    detail = json.loads(detail) if isinstance(detail, str) else detail
+    assert detail == {"status": 200, "code": None}
+
+
+def test_a_refusing_receiver_is_reported(make_app, make_staff, browser):
+    bare = make_app(feedback_secrets=())
+    make_staff("admin@example.test", Role.ADMIN)
+    admin = browser(bare)
+    admin.sign_in("admin@example.test")
+
+    admin.post("/staff/ops/feedback/test")
+
+    page = admin.get("/staff/ops/feedback").text
+    assert "The receiver answered 401 (not_configured:" in page
+    assert "None: every digest is refused" in page
+
+
+def test_the_test_needs_a_csrf_token(admin_browser, engine):
+    response = admin_browser.client.post("/staff/ops/feedback/test")
+    assert response.status_code == 400
+    assert all_rows(engine, "feedback_digest") == []
