@@ -86,6 +86,7 @@ def _register_blueprints(app: Flask) -> None:
     from portal.consent import views as consent_views
     from portal.feedback import ops as _feedback_ops  # noqa: F401 - its staff pages
     from portal.feedback import views as feedback_views
+    from portal.operations import views as _operations_views  # noqa: F401 - its staff pages
     from portal.retention import views as erasure_views
     from portal.staff import views as staff_views
     from portal.subscriptions import views as subscription_views

@@ -31,6 +31,8 @@ EXPECTED: dict[tuple[str, str], frozenset[Role]] = {
     ("/staff/admin/audit", "GET"): AUDIT,
     ("/staff/ops/feedback", "GET"): ADMIN,
     ("/staff/ops/feedback/test", "POST"): ADMIN,
+    ("/staff/ops/jobs", "GET"): ADMIN,
+    ("/staff/ops/jobs/<name>/run", "POST"): ADMIN,
 }
 PUBLIC = {"/staff/login"}
 
@@ -64,7 +66,7 @@ def test_every_staff_view_declares_its_roles(app):
 
 
 def _url(rule: str, staff_id) -> str:
-    samples = {"uuid": str(staff_id)}
+    samples = {"uuid": str(staff_id), "default": "sweep"}
     return re.sub(r"<(?:(\w+):)?\w+>", lambda m: samples[m.group(1) or "default"], rule)
 
 

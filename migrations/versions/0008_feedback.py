@@ -1,6 +1,6 @@
 """Delivery feedback: digests received and the markers of applied cleanups.
 
-Revision ID: 0004
+Revision ID: 0008
 Revises: 0007
 Create Date: 2026-11-30
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0004"
+revision = "0008"
 down_revision = "0007"
 branch_labels = None
 depends_on = None
