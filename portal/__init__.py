@@ -80,6 +80,7 @@ def _register_blueprints(app: Flask) -> None:
     from portal import api, cli, health, metrics, pages
     from portal.consent import cli as consent_cli
     from portal.consent import views as consent_views
+    from portal.delivery import receipts
     from portal.subscriptions import views as subscription_views
 
     api.register_error_handlers(app)
@@ -89,11 +90,13 @@ def _register_blueprints(app: Flask) -> None:
     app.register_blueprint(consent_views.bp)
     app.register_blueprint(subscription_views.bp)
     app.register_blueprint(consent_views.api)
+    app.register_blueprint(receipts.bp)
     # The JSON API is same-origin and JSON-only (checked on every request), which a
     # cross-site form cannot forge; its callers include the service worker, which has
     # no page to read a CSRF token from.
     csrf.exempt(subscription_views.bp)
     csrf.exempt(consent_views.api)
+    csrf.exempt(receipts.bp)
     cli.register(app)
     consent_cli.register(cli.portal_cli)
 
