@@ -43,7 +43,8 @@ def wait_until_up(url: str, process: subprocess.Popen, timeout: float = 60) -> r
             raise RuntimeError(f"server exited with {process.returncode}")
         try:
             return requests.get(url, timeout=2)
-        except requests.ConnectionError:
+        except (requests.ConnectionError, requests.Timeout):
+            # gunicorn's master accepts connections before its workers have booted.
             time.sleep(0.2)
     raise TimeoutError(url)
 
