@@ -41,6 +41,7 @@ Reach = Callable[[Callable[..., Any], LiveServer], Page]
 class PageState:
     name: str
     reach: Reach
+    error_summary: bool = False  # a server-rendered error summary (GOV.UK pattern)
 
     def __str__(self) -> str:
         return self.name
@@ -157,8 +158,8 @@ PAGES = [
     PageState("preferences-no-identity", _open("/preferences")),
     PageState("preferences", _preferences),
     PageState("preferences-saved", _preferences_saved),
-    PageState("preferences-stale-policy", _preferences_stale_policy),
-    PageState("preferences-unknown-device", _preferences_unknown_device),
+    PageState("preferences-stale-policy", _preferences_stale_policy, error_summary=True),
+    PageState("preferences-unknown-device", _preferences_unknown_device, error_summary=True),
     PageState("policy", _open("/policy/2026-01")),
     PageState("link-error", _open("/preferences?token=not-a-valid-token")),
 ]
@@ -166,6 +167,11 @@ PAGES = [
 
 @pytest.fixture(params=PAGES, ids=str)
 def page_state(request, new_context, server) -> Page:
+    return request.param.reach(new_context, server)
+
+
+@pytest.fixture(params=[state for state in PAGES if state.error_summary], ids=str)
+def error_state(request, new_context, server) -> Page:
     return request.param.reach(new_context, server)
 
 
@@ -252,3 +258,17 @@ TARGETS = """() => {
 
 def test_targets_are_at_least_24_pixels(page_state: Page):
     assert page_state.evaluate(TARGETS) == []
+
+
+def test_error_states_focus_the_summary_and_its_links_move_focus(error_state: Page):
+    page = error_state
+    assert page.title().startswith("Error: ")
+    assert "error-summary" in page.evaluate("document.activeElement.className")
+    links = page.locator(".error-summary a")
+    assert links.count() >= 1
+    for index in range(links.count()):
+        target = links.nth(index).get_attribute("href")
+        assert target.startswith("#")
+        assert page.locator(target).count() == 1, f"{target} names no element"
+        links.nth(index).click()
+        assert page.evaluate("document.activeElement.id") == target[1:]

@@ -28,7 +28,9 @@ class PushChannel:
         self.page = page
         self.cdp: CDPSession = context.new_cdp_session(page)
         self.registrations: dict[str, dict[str, Any]] = {}
+        self.errors: list[dict[str, Any]] = []
         self.cdp.on("ServiceWorker.workerRegistrationUpdated", self._updated)
+        self.cdp.on("ServiceWorker.workerErrorReported", self.errors.append)
         self.cdp.send("ServiceWorker.enable")
 
     def _updated(self, event: dict[str, Any]) -> None:
@@ -73,14 +75,19 @@ def notifications(page: Page) -> list[dict[str, Any]]:
     return page.evaluate(NOTIFICATIONS)
 
 
-def wait_for_notifications(page: Page, count: int, timeout: float = 10) -> list[dict[str, Any]]:
+def wait_for_notifications(
+    page: Page, count: int, channel: PushChannel | None = None, timeout: float = 15
+) -> list[dict[str, Any]]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         shown = notifications(page)
         if len(shown) >= count:
             return shown
         page.wait_for_timeout(50)
-    raise AssertionError(f"expected {count} notifications, saw {notifications(page)}")
+    errors = channel.errors if channel else "not collected"
+    raise AssertionError(
+        f"expected {count} notifications, saw {notifications(page)}; worker errors: {errors}"
+    )
 
 
 def receipts(server, delivery_id: str) -> list[str]:
@@ -127,7 +134,7 @@ def test_a_push_shows_a_notification_with_its_data_and_reports_it(worker_page, s
     page, channel = worker_page
     sent = message()
     channel.push(sent)
-    (shown,) = wait_for_notifications(page, 1)
+    (shown,) = wait_for_notifications(page, 1, channel)
     assert shown["title"] == sent["title"]
     assert shown["body"] == sent["body"]
     assert shown["tag"] == "campaign-41"
@@ -144,12 +151,12 @@ def test_the_same_delivery_twice_shows_once(worker_page, server):
     page, channel = worker_page
     sent = message()
     channel.push(sent)
-    wait_for_notifications(page, 1)
+    wait_for_notifications(page, 1, channel)
     channel.push(sent)  # the repeat a crashed sender may make
     # A later, different delivery marks the point where the repeat has been handled.
     after = message(tag="campaign-42", title="Later")
     channel.push(after)
-    shown = wait_for_notifications(page, 2)
+    shown = wait_for_notifications(page, 2, channel)
     wait_for_receipts(server, after["deliveryId"], 1)
     page.wait_for_timeout(300)
     assert sorted(n["tag"] for n in notifications(page)) == ["campaign-41", "campaign-42"]
@@ -161,7 +168,7 @@ def test_a_repeat_of_a_dismissed_delivery_does_not_come_back(worker_page, server
     page, channel = worker_page
     sent = message()
     channel.push(sent)
-    wait_for_notifications(page, 1)
+    wait_for_notifications(page, 1, channel)
     page.evaluate(
         "async () => (await (await navigator.serviceWorker.ready).getNotifications())"
         ".forEach(n => n.close())"
@@ -170,7 +177,7 @@ def test_a_repeat_of_a_dismissed_delivery_does_not_come_back(worker_page, server
     channel.push(sent)
     barrier = message(tag="campaign-43")
     channel.push(barrier)
-    wait_for_notifications(page, 1)
+    wait_for_notifications(page, 1, channel)
     wait_for_receipts(server, barrier["deliveryId"], 1)
     page.wait_for_timeout(300)
     assert [n["tag"] for n in notifications(page)] == ["campaign-43"]
@@ -180,7 +187,7 @@ def test_a_repeat_of_a_dismissed_delivery_does_not_come_back(worker_page, server
 def test_links_and_icons_off_the_site_fall_back_to_the_site(worker_page, server):
     page, channel = worker_page
     channel.push(message(url="https://phishing.example/login", icon="https://cdn.example/i.png"))
-    (shown,) = wait_for_notifications(page, 1)
+    (shown,) = wait_for_notifications(page, 1, channel)
     assert shown["data"]["url"] == server.url + "/"
     assert shown["icon"] == ""
 
@@ -191,6 +198,6 @@ def test_a_push_without_a_delivery_id_or_json_still_shows(worker_page):
         "ServiceWorker.deliverPushMessage",
         {"origin": channel.origin, "registrationId": channel.registration_id(), "data": "hello"},
     )
-    (shown,) = wait_for_notifications(page, 1)
+    (shown,) = wait_for_notifications(page, 1, channel)
     assert shown["title"] == "Notification"
     assert shown["body"] == "hello"
