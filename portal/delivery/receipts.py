@@ -61,16 +61,15 @@ def parse_receipt(body: dict[str, Any], *, endpoint_max_length: int) -> Receipt:
 
 def record(session: Session, receipt: Receipt, *, clock: Clock) -> bool:
     """Store the fact once; True when it is new. A repeated report changes nothing."""
-    table = DeliveryReceipt.__table__
-    insert = (postgresql.insert if is_postgres(session) else sqlite.insert)(table).values(
+    insert = (postgresql.insert if is_postgres(session) else sqlite.insert)(DeliveryReceipt).values(
         delivery_id=receipt.delivery_id,
         event=receipt.event.value,
         at=clock.now(),
         endpoint_hash=endpoint_hash(receipt.endpoint) if receipt.endpoint else None,
     )
     statement = insert.on_conflict_do_nothing(
-        index_elements=[table.c.delivery_id, table.c.event]
-    ).returning(table.c.id)
+        index_elements=[DeliveryReceipt.delivery_id, DeliveryReceipt.event]
+    ).returning(DeliveryReceipt.id)
     return session.execute(statement).first() is not None
 
 

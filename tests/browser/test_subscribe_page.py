@@ -296,3 +296,21 @@ def test_a_heartbeat_after_erasure_unsubscribes_the_browser(page, server, browse
     assert len(calls(page, "unsubscribe")) == 1
     assert page.evaluate("window.PortalPush.currentSubscription()") is None
     assert page.is_visible("#subscribe-button")
+
+
+def test_a_heartbeat_for_an_expired_subscription_renews_it(page, server, browser_subscription):
+    subscribe_through_page(page)
+    with server.session() as session, session.begin():
+        session.execute(sa.text("UPDATE push_subscription SET state = 'expired'"))
+    page.evaluate("localStorage.removeItem('portal.heartbeatAt')")
+    with page.expect_response("**/api/push/subscribe") as renewed:
+        page.reload()
+    assert renewed.value.status == 200
+    assert renewed.value.request.post_data_json["source"] == "subscribe-page"
+    assert [c["call"] for c in calls(page, "subscribe") + calls(page, "unsubscribe")] == [
+        "subscribe",
+        "subscribe",
+        "unsubscribe",
+    ]
+    assert _subscription_row(server, browser_subscription).state == "pending"
+    assert page.is_visible("#state-subscribed")
