@@ -19,6 +19,7 @@ SHOTS = {
     "subscribe-success": "subscribe-success",
     "subscribe-denied": "subscribe-error",
     "subscribe-network-failure": "subscribe-network-error",
+    "subscribe-already-subscribed": "subscribe-subscribed",
     "preferences": "preferences",
     "preferences-saved": "preferences-success",
     "preferences-stale-policy": "preferences-error",
@@ -38,3 +39,13 @@ def test_screenshot(state, viewport, new_context, server):
     page.screenshot(path=SCREENSHOTS / f"{SHOTS[state]}-{viewport['width']}.png", full_page=True)
     overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
     assert overflow <= 0, f"{state} scrolls sideways by {overflow}px at {viewport['width']}"
+
+
+@pytest.mark.parametrize("viewport", [DESKTOP, PHONE], ids=lambda v: str(v["width"]))
+def test_screenshot_without_javascript(viewport, new_context):
+    page = new_context(viewport=viewport, java_script_enabled=False, stub=False).new_page()
+    page.goto("/")
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(
+        path=SCREENSHOTS / f"subscribe-no-javascript-{viewport['width']}.png", full_page=True
+    )
