@@ -30,8 +30,11 @@ class PushChannel:
         self.registrations: dict[str, dict[str, Any]] = {}
         self.errors: list[dict[str, Any]] = []
         self.cdp.on("ServiceWorker.workerRegistrationUpdated", self._updated)
-        self.cdp.on("ServiceWorker.workerErrorReported", self.errors.append)
+        self.cdp.on("ServiceWorker.workerErrorReported", self._error)
         self.cdp.send("ServiceWorker.enable")
+
+    def _error(self, event: dict[str, Any]) -> None:
+        self.errors.append(event)
 
     def _updated(self, event: dict[str, Any]) -> None:
         for registration in event["registrations"]:
