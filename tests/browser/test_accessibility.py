@@ -137,6 +137,93 @@ def _preferences_unknown_device(new_context: Callable[..., Any], server: LiveSer
     return page
 
 
+def _erase(new_context: Callable[..., Any], submit: bool) -> Page:
+    page = _known(new_context)
+    page.goto("/preferences/erase")
+    if submit:
+        page.click("button[type=submit]")
+        page.wait_for_selector(".error-summary")
+    return page
+
+
+STAFF_EMAIL = "officer@example.test"
+STAFF_PASSWORD = "correct horse battery staple"
+
+
+def _staff(new_context: Callable[..., Any], server: LiveServer) -> Page:
+    """A member of staff with every role, signed in through the sign-in page."""
+    from portal.db import db
+    from portal.staff import services
+    from portal.staff.models import Role
+
+    app = server.app
+    with app.app_context(), db.begin() as session:
+        if services.find_by_email(session, STAFF_EMAIL) is None:
+            services.create_staff(
+                session,
+                email=STAFF_EMAIL,
+                password=STAFF_PASSWORD,
+                roles=tuple(Role),
+                actor=None,
+                passwords=app.extensions["portal.staff.passwords"],
+                clock=app.extensions["portal"].clock,
+                via="test",
+            )
+    page = new_context().new_page()
+    page.goto("/staff/login")
+    page.fill("#email", STAFF_EMAIL)
+    page.fill("#password", STAFF_PASSWORD)
+    page.click("button[type=submit]")
+    page.wait_for_url("**/staff/")
+    return page
+
+
+def _staff_page(path: str) -> Reach:
+    def reach(new_context: Callable[..., Any], server: LiveServer) -> Page:
+        page = _staff(new_context, server)
+        page.goto(path)
+        return page
+
+    return reach
+
+
+def _staff_login_error(new_context: Callable[..., Any], server: LiveServer) -> Page:
+    page = new_context().new_page()
+    page.goto("/staff/login")
+    page.click("button[type=submit]")
+    page.wait_for_selector(".error-summary")
+    return page
+
+
+def _staff_add_error(new_context: Callable[..., Any], server: LiveServer) -> Page:
+    page = _staff(new_context, server)
+    page.goto("/staff/admin/staff")
+    page.locator("form:has(#email) button[type=submit]").last.click()
+    page.wait_for_selector(".error-summary")
+    return page
+
+
+def _staff_job_ran(new_context: Callable[..., Any], server: LiveServer) -> Page:
+    page = _staff(new_context, server)
+    page.goto("/staff/ops/jobs")
+    page.locator("form[action$='/sweep/run'] button").click()
+    page.wait_for_selector(".banner")
+    return page
+
+
+STAFF_PAGES = [
+    PageState("staff-login", _open("/staff/login")),
+    PageState("staff-login-error", _staff_login_error, error_summary=True),
+    PageState("staff-dashboard", _staff_page("/staff/")),
+    PageState("staff-password", _staff_page("/staff/password")),
+    PageState("staff-admin-staff", _staff_page("/staff/admin/staff")),
+    PageState("staff-admin-staff-error", _staff_add_error, error_summary=True),
+    PageState("staff-audit", _staff_page("/staff/admin/audit")),
+    PageState("staff-ops-jobs", _staff_page("/staff/ops/jobs")),
+    PageState("staff-ops-jobs-ran", _staff_job_ran),
+    PageState("staff-ops-feedback", _staff_page("/staff/ops/feedback")),
+]
+
 PAGES = [
     PageState("subscribe", _open("/")),
     PageState("subscribe-denied", _subscribe_page_after("state-denied", answer="denied")),
@@ -162,6 +249,11 @@ PAGES = [
     PageState("preferences-unknown-device", _preferences_unknown_device, error_summary=True),
     PageState("policy", _open("/policy/2026-01")),
     PageState("link-error", _open("/preferences?token=not-a-valid-token")),
+    PageState("erase-confirm", lambda new_context, server: _erase(new_context, False)),
+    PageState(
+        "erase-error", lambda new_context, server: _erase(new_context, True), error_summary=True
+    ),
+    *STAFF_PAGES,
 ]
 
 
