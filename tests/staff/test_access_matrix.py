@@ -29,6 +29,17 @@ EXPECTED: dict[tuple[str, str], frozenset[Role]] = {
     ("/staff/admin/staff/<uuid:staff_id>/disable", "POST"): ADMIN,
     ("/staff/admin/staff/<uuid:staff_id>/enable", "POST"): ADMIN,
     ("/staff/admin/audit", "GET"): AUDIT,
+    ("/staff/admin/topics", "GET"): ADMIN,
+    ("/staff/admin/topics/new", "GET"): ADMIN,
+    ("/staff/admin/topics/new", "POST"): ADMIN,
+    ("/staff/admin/topics/<slug>/edit", "GET"): ADMIN,
+    ("/staff/admin/topics/<slug>/edit", "POST"): ADMIN,
+    ("/staff/admin/topics/<slug>/retire", "GET"): ADMIN,
+    ("/staff/admin/topics/<slug>/retire", "POST"): ADMIN,
+    ("/staff/admin/policies", "GET"): ADMIN,
+    ("/staff/admin/policies/new", "GET"): ADMIN,
+    ("/staff/admin/policies/new", "POST"): ADMIN,
+    ("/staff/admin/policies/versions/<version>", "GET"): ADMIN,
 }
 PUBLIC = {"/staff/login"}
 
@@ -62,7 +73,8 @@ def test_every_staff_view_declares_its_roles(app):
 
 
 def _url(rule: str, staff_id) -> str:
-    samples = {"uuid": str(staff_id)}
+    # Plain segments (a topic slug, a policy version) name nothing: the page answers 404.
+    samples = {"uuid": str(staff_id), "default": "no-such-thing"}
     return re.sub(r"<(?:(\w+):)?\w+>", lambda m: samples[m.group(1) or "default"], rule)
 
 

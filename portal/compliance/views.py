@@ -1,0 +1,1 @@
+"""Compliance pages (role compliance), on the staff blueprint."""
