@@ -170,7 +170,7 @@ def run_recorded(
         return report
 
 
-SINGLETON_JOBS = ("sweep", "tombstone", "purge", "reseal")
+SINGLETON_JOBS = ("sweep", "tombstone", "purge", "reseal", "verify-log")
 
 
 class PortalScheduler:

@@ -15,6 +15,7 @@ from portal.staff.models import Role
 
 ANY = frozenset(Role)
 ADMIN = frozenset({Role.ADMIN})
+COMPLIANCE = frozenset({Role.COMPLIANCE})
 AUDIT = frozenset({Role.ADMIN, Role.COMPLIANCE})
 
 EXPECTED: dict[tuple[str, str], frozenset[Role]] = {
@@ -40,6 +41,16 @@ EXPECTED: dict[tuple[str, str], frozenset[Role]] = {
     ("/staff/admin/policies/new", "GET"): ADMIN,
     ("/staff/admin/policies/new", "POST"): ADMIN,
     ("/staff/admin/policies/versions/<version>", "GET"): ADMIN,
+    ("/staff/compliance/", "GET"): COMPLIANCE,
+    ("/staff/compliance/lookup", "GET"): COMPLIANCE,
+    ("/staff/compliance/lookup", "POST"): COMPLIANCE,
+    ("/staff/compliance/subscribers/<uuid:subscriber_id>", "GET"): COMPLIANCE,
+    ("/staff/compliance/subscribers/<uuid:subscriber_id>/erase", "GET"): COMPLIANCE,
+    ("/staff/compliance/subscribers/<uuid:subscriber_id>/erase", "POST"): COMPLIANCE,
+    ("/staff/compliance/export", "GET"): COMPLIANCE,
+    ("/staff/compliance/export", "POST"): COMPLIANCE,
+    ("/staff/compliance/verify-log", "POST"): COMPLIANCE,
+    ("/staff/compliance/signing-key", "GET"): AUDIT,
 }
 PUBLIC = {"/staff/login"}
 
