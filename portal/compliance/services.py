@@ -241,9 +241,10 @@ def history(
     subscriber_id: uuid.UUID,
     *,
     actor: audit.Actor | None,
-    limit: int = HISTORY_LIMIT,
+    limit: int | None = None,
 ) -> History:
     """Everything the consent record says about one subscriber; audited as a viewing."""
+    limit = limit or HISTORY_LIMIT
     subscriber = session.get(Subscriber, subscriber_id)
     result = History(subscriber_id, subscriber)
     rows = session.scalars(

@@ -66,7 +66,7 @@ def person(app, clock, subscriptions, catalogue_ready) -> Person:
     """Subscribed with weekly-digest on, then changed their mind about offers twice."""
     someone = subscribe(app, subscriptions)
     for state in (PreferenceState.OPT_IN, PreferenceState.OPT_OUT):
-        clock.advance(dt.timedelta(hours=1))
+        clock.advance(dt.timedelta(minutes=10))
         with db.begin(app) as session:
             apply_decisions(
                 session,
