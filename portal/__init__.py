@@ -82,6 +82,7 @@ def create_app(
 
 def _register_blueprints(app: Flask) -> None:
     from portal import api, cli, health, metrics, pages
+    from portal.compliance import cli as compliance_cli
     from portal.consent import cli as consent_cli
     from portal.consent import views as consent_views
     from portal.delivery import receipts
@@ -113,6 +114,7 @@ def _register_blueprints(app: Flask) -> None:
     csrf.exempt(receipts.bp)
     cli.register(app)
     consent_cli.register(cli.portal_cli)
+    compliance_cli.register(cli.portal_cli)
 
 
 def _instrument(app: Flask) -> None:
