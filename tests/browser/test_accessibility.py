@@ -211,7 +211,55 @@ def _staff_job_ran(new_context: Callable[..., Any], server: LiveServer) -> Page:
     return page
 
 
+def _staff_submit(path: str, button: str = "button[type=submit]") -> Reach:
+    """A staff form submitted empty: its error state."""
+
+    def reach(new_context: Callable[..., Any], server: LiveServer) -> Page:
+        page = _staff(new_context, server)
+        page.goto(path)
+        page.locator(f"main {button}").last.click()
+        page.wait_for_selector(".error-summary")
+        return page
+
+    return reach
+
+
+def _compliance_subscriber(new_context: Callable[..., Any], server: LiveServer) -> Page:
+    from tests.factories import SubscriptionFactory
+
+    visitor = new_context()
+    subscribe_through_api(visitor, SubscriptionFactory()())
+    import uuid
+
+    subscriber_id = uuid.UUID(
+        str(server.scalar("SELECT subscriber_id FROM push_subscription LIMIT 1"))
+    )
+    page = _staff(new_context, server)
+    page.goto(f"/staff/compliance/subscribers/{subscriber_id}")
+    return page
+
+
 STAFF_PAGES = [
+    PageState("staff-admin-topics", _staff_page("/staff/admin/topics")),
+    PageState("staff-admin-topic-new", _staff_page("/staff/admin/topics/new")),
+    PageState(
+        "staff-admin-topic-new-error", _staff_submit("/staff/admin/topics/new"), error_summary=True
+    ),
+    PageState("staff-admin-topic-edit", _staff_page("/staff/admin/topics/offers/edit")),
+    PageState("staff-admin-topic-retire", _staff_page("/staff/admin/topics/offers/retire")),
+    PageState("staff-admin-policies", _staff_page("/staff/admin/policies")),
+    PageState("staff-admin-policy-new", _staff_page("/staff/admin/policies/new")),
+    PageState("staff-admin-policy-version", _staff_page("/staff/admin/policies/versions/2026-01")),
+    PageState("staff-compliance-dashboard", _staff_page("/staff/compliance/")),
+    PageState("staff-compliance-lookup", _staff_page("/staff/compliance/lookup")),
+    PageState(
+        "staff-compliance-lookup-error",
+        _staff_submit("/staff/compliance/lookup"),
+        error_summary=True,
+    ),
+    PageState("staff-compliance-subscriber", _compliance_subscriber),
+    PageState("staff-compliance-export", _staff_page("/staff/compliance/export")),
+    PageState("staff-compliance-signing-key", _staff_page("/staff/compliance/signing-key")),
     PageState("staff-login", _open("/staff/login")),
     PageState("staff-login-error", _staff_login_error, error_summary=True),
     PageState("staff-dashboard", _staff_page("/staff/")),
