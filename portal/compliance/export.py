@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import sqlalchemy as sa
 
 from portal.compliance.signing import ALGORITHM, SigningKey
@@ -257,7 +258,7 @@ def _hex(column: Any, dialect: str) -> Any:
 def _neutralised(column: Any, dialect: str) -> Any:
     """:func:`neutralise` in SQL."""
     first = sa.func.substr(_text(column), 1, 1)
-    risky = [sa.literal_column(_sql_char(c, dialect)) for c in (*RISKY_FIRST, QUOTE)]
+    risky: list[Any] = [sa.literal_column(_sql_char(c, dialect)) for c in (*RISKY_FIRST, QUOTE)]
     return sa.case((first.in_(risky), sa.literal_column("''''") + _text(column)), else_=column)
 
 
@@ -412,11 +413,14 @@ def copy_statement(engine: sa.Engine, plan: ExportPlan, *, after: int, through: 
     )
     compiled = query.compile(dialect=engine.dialect)
     with engine.connect() as connection:
-        driver = connection.connection.driver_connection
-        import psycopg
-
-        sql = psycopg.ClientCursor(driver).mogrify(str(compiled), compiled.params)
+        sql = psycopg.ClientCursor(_driver(connection)).mogrify(str(compiled), compiled.params)
     return f"COPY ({sql}) TO STDOUT WITH (FORMAT csv)"
+
+
+def _driver(connection: sa.Connection) -> psycopg.Connection[Any]:
+    driver = connection.connection.driver_connection
+    assert isinstance(driver, psycopg.Connection)
+    return driver
 
 
 def _copy_chunks(engine: sa.Engine, plan: ExportPlan, *, batch_size: int) -> Iterator[bytes]:
@@ -441,7 +445,7 @@ def _copy_chunks(engine: sa.Engine, plan: ExportPlan, *, batch_size: int) -> Ite
                 through=sa.bindparam("through", through, type_=sa.BigInteger),
             )
             compiled = query.compile(dialect=engine.dialect)
-            cursor = connection.connection.driver_connection.cursor()
+            cursor = _driver(connection).cursor()
             try:
                 with cursor.copy(
                     f"COPY ({compiled}) TO STDOUT WITH (FORMAT csv)", compiled.params

@@ -47,7 +47,7 @@ class LookupForm(FlaskForm):
 
     @property
     def lookup_kind(self) -> LookupKind:
-        return LookupKind(self.kind.data)
+        return LookupKind(self.kind.data or "")
 
 
 class EraseForm(FlaskForm):

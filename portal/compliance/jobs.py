@@ -1,8 +1,8 @@
 """``verify-log``: walk the whole consent log's hash chain and record the result.
 
-A full walk reads every event (about a million a minute or faster), so the dashboard
-shows the last recorded run rather than walking on every page view; the scheduler runs
-it daily and a compliance officer can start one from the dashboard.
+A full walk reads every event (about a million a minute on a busy two-core machine), so the
+dashboard shows the last recorded run rather than walking on every page view; the scheduler
+runs it daily and a compliance officer can start one from the dashboard.
 """
 
 from __future__ import annotations

@@ -312,8 +312,8 @@ def _deliveries(
         sa.select(
             d.c.id,
             d.c.campaign_id,
-            c.c.title,
-            t.c.slug,
+            c.c.title.label("campaign_title"),
+            t.c.slug.label("topic_slug"),
             d.c.subscription_id,
             d.c.status,
             d.c.consent_reason,
@@ -326,7 +326,7 @@ def _deliveries(
         .order_by(d.c.id.desc())
         .limit(DELIVERY_LIMIT)
     ).all()
-    return [DeliveryRow(*row) for row in rows]
+    return [DeliveryRow(**row._mapping) for row in rows]
 
 
 # -- erasure by staff -----------------------------------------------------------------------
@@ -430,6 +430,7 @@ def weekly_decisions(session: Session, now: dt.datetime, weeks: int = WEEKS) -> 
     weeks, the current one included, from the consent log's preference changes."""
     first = week_start(now.astimezone(dt.UTC).date()) - dt.timedelta(weeks=weeks - 1)
     e = ConsentEvent.__table__
+    week: sa.ColumnElement[Any]
     if is_postgres(session):
         week = sa.cast(
             sa.func.date_trunc("week", sa.func.timezone("UTC", e.c.recorded_at)), sa.Date

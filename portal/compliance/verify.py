@@ -257,10 +257,10 @@ def _parse(text: IO[str], data_format: str) -> Iterator[tuple[int, dict[str, Any
         for number, line in enumerate(text, start=1):
             if not line.strip():
                 continue
-            value = json.loads(line)
-            if not isinstance(value, dict) or list(value) != list(COLUMNS):
+            parsed = json.loads(line)
+            if not isinstance(parsed, dict) or list(parsed) != list(COLUMNS):
                 raise ValueError(f"line {number}: not an object with the export's columns")
-            yield number, value
+            yield number, parsed
         return
     reader = csv.reader(text)
     header = next(reader, None)
@@ -350,9 +350,9 @@ def _check_rows(
         )
     events = manifest.get("events") if isinstance(manifest.get("events"), dict) else {}
     assert isinstance(events, dict)
-    for end, row in (("first", state.first), ("last", state.previous)):
+    for end, found in (("first", state.first), ("last", state.previous)):
         expected = events.get(end)
-        actual = {"seq": row["seq"], "hash": row["hash"]} if row else None
+        actual = {"seq": found["seq"], "hash": found["hash"]} if found else None
         if expected != actual:
             report.add(name, f"{end} event", f"the data has {actual}, the manifest says {expected}")
 

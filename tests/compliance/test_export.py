@@ -14,6 +14,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
 from portal.compliance import export
 from portal.compliance.export import (
@@ -572,3 +573,31 @@ def test_the_signing_key_page(app, officer, admin_browser):
         assert KEY.public.b64url in html
         assert "-----BEGIN PUBLIC KEY-----" in html
         assert KEY.public.fingerprint in html
+
+
+def test_an_abandoned_download_leaves_the_database_usable(app, engine, many):
+    with engine.connect() as conn:
+        plan = plan_export(conn, ExportFilter(dt.date(2026, 1, 1), dt.date(2026, 1, 1)))
+    stream = export.stream_zip(
+        engine,
+        plan,
+        "csv",
+        exporter={"kind": "test"},
+        created_at=dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
+        key=KEY,
+        batch_size=10,
+    )
+    next(stream)
+    next(stream)  # in the middle of the rows, a batch's connection open
+    stream.close()  # the browser went away
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM consent_event")).scalar_one() == 50
+    with db.begin(app) as session:  # and writers are not blocked
+        log.append(
+            session,
+            kind=EventKind.SUBSCRIBED,
+            subscriber_id=uuid.uuid4(),
+            source="api",
+            actor="subscriber",
+            recorded_at=dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
+        )
