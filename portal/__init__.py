@@ -82,6 +82,7 @@ def create_app(
 
 def _register_blueprints(app: Flask) -> None:
     from portal import api, cli, health, metrics, pages
+    from portal.campaigns import views as _campaign_views  # noqa: F401 - its staff pages
     from portal.consent import cli as consent_cli
     from portal.consent import views as consent_views
     from portal.retention import views as erasure_views

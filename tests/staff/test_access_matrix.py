@@ -16,6 +16,7 @@ from portal.staff.models import Role
 ANY = frozenset(Role)
 ADMIN = frozenset({Role.ADMIN})
 AUDIT = frozenset({Role.ADMIN, Role.COMPLIANCE})
+CAMPAIGNS = frozenset({Role.CAMPAIGNS})
 
 EXPECTED: dict[tuple[str, str], frozenset[Role]] = {
     ("/staff/", "GET"): ANY,
@@ -29,6 +30,15 @@ EXPECTED: dict[tuple[str, str], frozenset[Role]] = {
     ("/staff/admin/staff/<uuid:staff_id>/disable", "POST"): ADMIN,
     ("/staff/admin/staff/<uuid:staff_id>/enable", "POST"): ADMIN,
     ("/staff/admin/audit", "GET"): AUDIT,
+    ("/staff/campaigns", "GET"): CAMPAIGNS,
+    ("/staff/campaigns/new", "GET"): CAMPAIGNS,
+    ("/staff/campaigns/new", "POST"): CAMPAIGNS,
+    ("/staff/campaigns/test-send", "POST"): CAMPAIGNS,
+    ("/staff/campaigns/<uuid:campaign_id>", "GET"): CAMPAIGNS,
+    ("/staff/campaigns/<uuid:campaign_id>/progress.json", "GET"): CAMPAIGNS,
+    ("/staff/campaigns/<uuid:campaign_id>/pause", "POST"): CAMPAIGNS,
+    ("/staff/campaigns/<uuid:campaign_id>/resume", "POST"): CAMPAIGNS,
+    ("/staff/campaigns/<uuid:campaign_id>/cancel", "POST"): CAMPAIGNS,
 }
 PUBLIC = {"/staff/login"}
 
@@ -131,9 +141,9 @@ def test_the_dashboard_lists_only_what_each_role_may_do(app, browser, make_staff
     expected = {
         Role.ADMIN: {"Staff accounts", "Audit trail", "Change your password"},
         Role.COMPLIANCE: {"Audit trail", "Change your password"},
-        Role.CAMPAIGNS: {"Change your password"},
+        Role.CAMPAIGNS: {"Campaigns", "Change your password"},
     }
-    every = {"Staff accounts", "Audit trail", "Change your password"}
+    every = {"Staff accounts", "Audit trail", "Campaigns", "Change your password"}
     for role, titles in expected.items():
         make_staff(f"{role.value}@example.test", role)
         person = browser()
