@@ -82,6 +82,7 @@ def create_app(
 
 def _register_blueprints(app: Flask) -> None:
     from portal import api, cli, health, metrics, pages
+    from portal.campaigns import cli as campaign_cli
     from portal.campaigns import views as _campaign_views  # noqa: F401 - its staff pages
     from portal.consent import cli as consent_cli
     from portal.consent import views as consent_views
@@ -105,6 +106,7 @@ def _register_blueprints(app: Flask) -> None:
     csrf.exempt(consent_views.api)
     cli.register(app)
     consent_cli.register(cli.portal_cli)
+    campaign_cli.register(cli.portal_cli)
 
 
 def _instrument(app: Flask) -> None:
