@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from wtforms import BooleanField, Field, HiddenField, StringField, TextAreaField
 
 from portal.campaigns import services
-from portal.campaigns.presentation import URGENCY_HINTS
+from portal.campaigns.presentation import URGENCIES
 from portal.campaigns.services import CampaignDraft
 from portal.consent.catalogue import active_topics
 
@@ -37,7 +37,7 @@ _AREAS = (
     "Pacific/",
 )
 SCHEDULE_CHOICES = [("now", "Send now"), ("later", "At a date and time")]
-URGENCY_CHOICES = [(value, hint.split(":")[0]) for value, hint in URGENCY_HINTS.items()]
+URGENCY_CHOICES = [(value, label) for value, (label, _) in URGENCIES.items()]
 # The order fields appear in on the page, which is the order of the error summary.
 FIELD_ORDER = (
     "topic",

@@ -50,12 +50,19 @@ AUDIENCE_LABELS = {
     ),
 }
 
-URGENCY_HINTS = {
-    "very-low": "Very low: delivered only when the device is on power and Wi-Fi.",
-    "low": "Low: delivered when the device is on power or the battery is not low.",
-    "normal": "Normal: most messages.",
-    "high": "High: time-critical; may wake the device and use battery.",
+URGENCIES = {  # RFC 8030 §5.3: what the push service may wait for
+    "very-low": ("Very low", "delivered only when the device is on power and Wi-Fi"),
+    "low": ("Low", "delivered when the device is on power or its battery is not low"),
+    "normal": ("Normal", "most messages"),
+    "high": ("High", "time-critical; may wake the device and use battery"),
 }
+
+
+def urgency_text(value: str) -> str:
+    """ "Low — delivered when the device is on power or its battery is not low"."""
+    label, meaning = URGENCIES.get(value, (value, ""))
+    return f"{label} — {meaning}" if meaning else label
+
 
 _UNITS = (("day", 86400), ("hour", 3600), ("minute", 60), ("second", 1))
 
@@ -132,8 +139,8 @@ class OutcomeChart:
     height: int
     total: int
     width: int = 640
-    label_width: int = 200
-    bar_height: int = 22
+    label_width: int = 220
+    bar_height: int = 24
     max_bar: int = 340
 
     @property

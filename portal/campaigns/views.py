@@ -109,7 +109,10 @@ def _form_page(form: CampaignForm, *, status: int = 200, previewed: bool = False
         zones=[(zone, zone) for zone in time_zones()],
         schedule_choices=SCHEDULE_CHOICES,
         urgency_choices=URGENCY_CHOICES,
-        urgency_hints=presentation.URGENCY_HINTS,
+        urgency_hints={
+            value: meaning[:1].upper() + meaning[1:] + "."
+            for value, (_, meaning) in presentation.URGENCIES.items()
+        },
         preview=_preview(form),
         previewed=previewed,
     ), status
@@ -143,7 +146,7 @@ def _review_page(
         audience=_audience(topic),
         preview=_preview(form),
         ttl_words=presentation.ttl_in_words(draft.ttl),
-        urgency_hint=presentation.URGENCY_HINTS.get(draft.urgency, ""),
+        urgency=presentation.urgency_text(draft.urgency),
         targets=targets,
         this_device=device_from_cookie(request),
         family=family,
@@ -340,7 +343,7 @@ def _detail_page(
         delivery_labels=presentation.DELIVERY_LABELS,
         status_label=presentation.STATUS_LABELS[campaign.status],
         ttl_words=presentation.ttl_in_words(campaign.ttl),
-        urgency_hint=presentation.URGENCY_HINTS.get(campaign.urgency, ""),
+        urgency=presentation.urgency_text(campaign.urgency),
         chart=presentation.outcome_chart(rows),
         outcome=[(s, presentation.answer_label(a), n) for s, a, n in rows],
         confirm=ConfirmForm(),

@@ -1,7 +1,7 @@
 /* Keeps a campaign's progress current without reloading the page: polls the progress
-   JSON, updates the counts, the bar and the slowed-down push services, and announces
-   only what matters (a new status, every tenth of the way) through the polite status
-   line, so a screen reader is not talked over. "Pause updates" stops it (WCAG 2.2.2);
+   JSON, updates the summary, the counts, the bar and the slowed-down push services, and
+   announces only what matters (a new status, every tenth of the way) through a polite
+   live region, so a screen reader is not talked over. "Pause updates" stops it (WCAG 2.2.2);
    without JavaScript the Refresh link does the same job by hand. */
 (function () {
   "use strict";
@@ -12,6 +12,7 @@
   var url = section.getAttribute("data-progress-url");
   var EVERY_MS = 5000;
   var summary = document.getElementById("progress-summary");
+  var announce = document.getElementById("progress-announce");
   var bar = document.getElementById("progress-bar");
   var pause = document.getElementById("progress-pause");
   var updated = document.getElementById("progress-updated");
@@ -19,9 +20,17 @@
   var status = document.getElementById("campaign-status");
   var timer = null;
   var paused = false;
-  var lastStatus = null;
-  var lastTenth = null;
   var number = new Intl.NumberFormat("en");
+  // What the page was rendered with: the first poll speaks only if something moved.
+  var lastStatus = section.getAttribute("data-status");
+  var lastTenth = tenthOf(
+    parseInt(section.getAttribute("data-done"), 10),
+    parseInt(section.getAttribute("data-total"), 10)
+  );
+
+  function tenthOf(done, total) {
+    return total ? Math.floor((10 * done) / total) : 0;
+  }
 
   function setText(element, text) {
     if (element && element.textContent !== text) { element.textContent = text; }
@@ -36,17 +45,19 @@
     bar.value = data.done;
     bar.textContent = data.done + " of " + data.total;
     setText(status, data.statusLabel);
-    var tenth = data.total ? Math.floor((10 * data.done) / data.total) : 0;
-    // The live region changes only on a new status or a new tenth: polite, not chatty.
+    if (status) { status.className = "tag tag--" + data.status; }
+    var line = data.statusLabel + ": " + number.format(data.done) + " of " +
+      number.format(data.total) + " done" +
+      (data.materialised || data.finished ? "" : ", audience still being counted in") + ".";
+    if (data.finished) { line += " Refresh the page for the final outcome."; }
+    setText(summary, line);
+    var tenth = tenthOf(data.done, data.total);
+    // Spoken only on a new status or a new tenth of the way.
     if (data.status !== lastStatus || tenth !== lastTenth) {
-      var line = data.statusLabel + ": " + number.format(data.done) + " of " +
-        number.format(data.total) + " done" +
-        (data.materialised || data.finished ? "" : ", audience still being counted in") + ".";
-      if (data.finished) { line += " Refresh the page for the final outcome."; }
-      setText(summary, line);
-      lastStatus = data.status;
-      lastTenth = tenth;
+      setText(announce, line);
     }
+    lastStatus = data.status;
+    lastTenth = tenth;
     circuits.textContent = "";
     var items = data.circuits.length ? data.circuits.map(function (c) { return c.text; })
       : ["None: every push service is taking messages."];

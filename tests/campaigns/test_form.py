@@ -169,7 +169,9 @@ def test_a_bad_collapse_key_is_refused(campaigner, key):
 def test_a_good_collapse_key_and_urgency_pass(campaigner):
     response = review(campaigner, collapse_key="A" * 30 + "-_", urgency="very-low")
     assert response.status_code == 200
-    assert "Very low: delivered only when the device is on power and Wi-Fi." in response.text
+    assert (
+        "<dd>Very low — delivered only when the device is on power and Wi-Fi</dd>" in response.text
+    )
 
 
 def test_an_unknown_urgency_and_a_ttl_out_of_range_are_refused(campaigner):

@@ -316,7 +316,10 @@ def test_progress_json_counts_deliveries_by_status(campaigner, catalogue_ready, 
     page = campaigner.get(f"/staff/campaigns/{campaign_id}").text
     assert '<progress id="progress-bar" max="7" value="5">5 of 7</progress>' in page
     assert '<label for="progress-bar">Deliveries done</label>' in page
-    assert 'role="status" aria-live="polite">Sending: 5 of 7 done.' in page
+    assert '<p id="progress-summary">Sending: 5 of 7 done.' in page
+    assert (
+        'id="progress-announce" class="visually-hidden" role="status" aria-live="polite">' in page
+    )
     assert '<td class="numeric" data-count="accepted">2</td>' in page
     assert f'data-progress-url="/staff/campaigns/{campaign_id}/progress.json"' in page
     assert "js/campaign-progress.js" in page
