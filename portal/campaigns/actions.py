@@ -10,7 +10,7 @@ PAUSED = "campaign.paused"
 RESUMED = "campaign.resumed"
 CANCELLED = "campaign.cancelled"
 
-audit.register_action(LAUNCHED, "Campaign created and launched")
+audit.register_action(LAUNCHED, "Campaign launched")  # created and launched at once
 audit.register_action(TEST_SENT, "Campaign test sent")
 audit.register_action(PAUSED, "Campaign paused")
 audit.register_action(RESUMED, "Campaign resumed")
