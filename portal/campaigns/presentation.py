@@ -106,6 +106,19 @@ def answer_kind(answer: str) -> str:
     return "none"
 
 
+def progress_summary(
+    status: str, *, done: int, total: int, materialised: bool, send_at: dt.datetime
+) -> str:
+    """The one line that says where a campaign is (the page and the JSON share it)."""
+    label = STATUS_LABELS.get(status, status)
+    if status == CampaignStatus.SCHEDULED.value:
+        return f"{label} for {send_at.astimezone(dt.UTC):%Y-%m-%d %H:%M} UTC: nothing sent yet."
+    line = f"{label}: {done:,} of {total:,} done"
+    if not materialised and status not in FINISHED:
+        line += "; the audience is still being counted in"
+    return line + "."
+
+
 def circuit_sentence(circuit: CircuitState) -> str:
     """ "fcm slowed down until 12:03 UTC — 40 of 50 answers were 429/5xx"."""
     until = circuit.open_until.astimezone(dt.UTC).strftime("%H:%M:%S UTC")

@@ -316,6 +316,13 @@ def _progress_json(campaign: Campaign) -> dict[str, Any]:
         "counts": progress.counts,
         "total": progress.total,
         "done": progress.done,
+        "summary": presentation.progress_summary(
+            campaign.status,
+            done=progress.done,
+            total=progress.total,
+            materialised=progress.materialised,
+            send_at=campaign.send_at,
+        ),
         "circuits": [
             {
                 "pushService": c.push_service,

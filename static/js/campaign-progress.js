@@ -46,10 +46,7 @@
     bar.textContent = data.done + " of " + data.total;
     setText(status, data.statusLabel);
     if (status) { status.className = "tag tag--" + data.status; }
-    var line = data.statusLabel + ": " + number.format(data.done) + " of " +
-      number.format(data.total) + " done" +
-      (data.materialised || data.finished ? "" : ", audience still being counted in") + ".";
-    if (data.finished) { line += " Refresh the page for the final outcome."; }
+    var line = data.summary + (data.finished ? " Refresh the page for the final outcome." : "");
     setText(summary, line);
     var tenth = tenthOf(data.done, data.total);
     // Spoken only on a new status or a new tenth of the way.

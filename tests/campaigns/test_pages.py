@@ -308,6 +308,7 @@ def test_progress_json_counts_deliveries_by_status(campaigner, catalogue_ready, 
     }
     assert (body["total"], body["done"]) == (7, 5)
     assert (body["status"], body["statusLabel"], body["finished"]) == ("sending", "Sending", False)
+    assert body["summary"] == "Sending: 5 of 7 done."
     assert body["circuits"] == []
     missing = campaigner.get(f"/staff/campaigns/{uuid.uuid4()}/progress.json")
     assert missing.status_code == 404
@@ -432,7 +433,18 @@ def test_the_outcome_chart_is_an_accessible_svg_with_a_table(campaigner, catalog
 
 
 def test_a_campaign_with_no_deliveries_says_so(campaigner, catalogue_ready, clock):
-    campaign_id = make_campaign(catalogue_ready, clock)
+    campaign_id = make_campaign(
+        catalogue_ready, clock, send_at=clock.now() + dt.timedelta(hours=2, minutes=5)
+    )
+    page = campaigner.get(f"/staff/campaigns/{campaign_id}").text
+    assert "Scheduled for 2026-01-01 02:05 UTC: nothing sent yet." in page
+    with db.begin(catalogue_ready) as session:
+        found = session.get(Campaign, campaign_id)
+        found.status = "sending"
+    summary = campaigner.get(f"/staff/campaigns/{campaign_id}/progress.json").json["summary"]
+    assert summary == "Sending: 0 of 0 done; the audience is still being counted in."
+    with db.begin(catalogue_ready) as session:
+        session.get(Campaign, campaign_id).status = "scheduled"
     page = campaigner.get(f"/staff/campaigns/{campaign_id}").text
     assert "<svg" not in page
     assert "No deliveries yet: the campaign has not started." in page
