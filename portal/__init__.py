@@ -82,6 +82,8 @@ def create_app(
 
 def _register_blueprints(app: Flask) -> None:
     from portal import api, cli, health, metrics, pages
+    from portal.campaigns import cli as campaign_cli
+    from portal.campaigns import views as _campaign_views  # noqa: F401 - its staff pages
     from portal.compliance import cli as compliance_cli
     from portal.consent import cli as consent_cli
     from portal.consent import views as consent_views
@@ -115,6 +117,7 @@ def _register_blueprints(app: Flask) -> None:
     cli.register(app)
     consent_cli.register(cli.portal_cli)
     compliance_cli.register(cli.portal_cli)
+    campaign_cli.register(cli.portal_cli)
 
 
 def _instrument(app: Flask) -> None:

@@ -55,7 +55,8 @@ class RadioChoice(Field):
 
     @property
     def anchor(self) -> str:
-        return f"{self.id}-{self.choices[0][0]}"
+        # The first radio carries the field's own id (templates/staff/_fields.html).
+        return self.id
 
 
 CLASS_CHOICES = [("marketing", "Marketing"), ("transactional", "Transactional (account messages)")]

@@ -17,6 +17,7 @@ ANY = frozenset(Role)
 ADMIN = frozenset({Role.ADMIN})
 COMPLIANCE = frozenset({Role.COMPLIANCE})
 AUDIT = frozenset({Role.ADMIN, Role.COMPLIANCE})
+CAMPAIGNS = frozenset({Role.CAMPAIGNS})
 
 EXPECTED: dict[tuple[str, str], frozenset[Role]] = {
     ("/staff/", "GET"): ANY,
@@ -55,6 +56,15 @@ EXPECTED: dict[tuple[str, str], frozenset[Role]] = {
     ("/staff/compliance/export", "POST"): COMPLIANCE,
     ("/staff/compliance/verify-log", "POST"): COMPLIANCE,
     ("/staff/compliance/signing-key", "GET"): AUDIT,
+    ("/staff/campaigns", "GET"): CAMPAIGNS,
+    ("/staff/campaigns/new", "GET"): CAMPAIGNS,
+    ("/staff/campaigns/new", "POST"): CAMPAIGNS,
+    ("/staff/campaigns/test-send", "POST"): CAMPAIGNS,
+    ("/staff/campaigns/<uuid:campaign_id>", "GET"): CAMPAIGNS,
+    ("/staff/campaigns/<uuid:campaign_id>/progress.json", "GET"): CAMPAIGNS,
+    ("/staff/campaigns/<uuid:campaign_id>/pause", "POST"): CAMPAIGNS,
+    ("/staff/campaigns/<uuid:campaign_id>/resume", "POST"): CAMPAIGNS,
+    ("/staff/campaigns/<uuid:campaign_id>/cancel", "POST"): CAMPAIGNS,
 }
 PUBLIC = {"/staff/login"}
 
@@ -160,12 +170,20 @@ def test_the_dashboard_lists_only_what_each_role_may_do(app, browser, make_staff
             "Staff accounts",
             "Audit trail",
             "Delivery feedback",
+            "Background jobs",
             "Change your password",
         },
         Role.COMPLIANCE: {"Audit trail", "Change your password"},
-        Role.CAMPAIGNS: {"Change your password"},
+        Role.CAMPAIGNS: {"Campaigns", "Change your password"},
     }
-    every = {"Staff accounts", "Audit trail", "Delivery feedback", "Change your password"}
+    every = {
+        "Staff accounts",
+        "Audit trail",
+        "Delivery feedback",
+        "Background jobs",
+        "Campaigns",
+        "Change your password",
+    }
     for role, titles in expected.items():
         make_staff(f"{role.value}@example.test", role)
         person = browser()
