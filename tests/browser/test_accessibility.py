@@ -239,7 +239,47 @@ def _compliance_subscriber(new_context: Callable[..., Any], server: LiveServer) 
     return page
 
 
+def _campaign_form(action: str, fill: bool) -> Reach:
+    def reach(new_context: Callable[..., Any], server: LiveServer) -> Page:
+        page = _staff(new_context, server)
+        page.goto("/staff/campaigns/new")
+        if fill:
+            page.check("#topic") if page.locator(
+                "#topic[type=radio]"
+            ).count() else page.select_option("#topic", "weekly-digest")
+            page.fill("#title", "Monday digest")
+            page.fill("#body", "Five things this week.")
+        page.click(f"button[value={action}]")
+        page.wait_for_load_state()
+        return page
+
+    return reach
+
+
+def _campaign_page(new_context: Callable[..., Any], server: LiveServer) -> Page:
+    from portal.campaigns import services as campaigns
+    from portal.db import db
+
+    app = server.app
+    with db.begin(app) as session:
+        draft = campaigns.CampaignDraft(
+            topic="security-alerts", title="New sign-in", body="A new device signed in."
+        )
+        campaign = campaigns.create_campaign(
+            session, draft, created_by="staff", now=app.extensions["portal"].clock.now()
+        )
+    page = _staff(new_context, server)
+    page.goto(f"/staff/campaigns/{campaign.id}")
+    return page
+
+
 STAFF_PAGES = [
+    PageState("staff-campaigns", _staff_page("/staff/campaigns")),
+    PageState("staff-campaign-new", _staff_page("/staff/campaigns/new")),
+    PageState("staff-campaign-new-error", _campaign_form("review", fill=False), error_summary=True),
+    PageState("staff-campaign-preview", _campaign_form("preview", fill=True)),
+    PageState("staff-campaign-review", _campaign_form("review", fill=True)),
+    PageState("staff-campaign", _campaign_page),
     PageState("staff-admin-topics", _staff_page("/staff/admin/topics")),
     PageState("staff-admin-topic-new", _staff_page("/staff/admin/topics/new")),
     PageState(
