@@ -50,7 +50,8 @@ from portal.migrate import upgrade  # noqa: E402
 
 ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/test"
 TARGET_MS = 200.0
-WARMUP_SECONDS = 5.0
+WARMUP_SECONDS = 8.0
+SETTLE_SECONDS = 3.0  # the first requests compile statements and fill pools: not the baseline
 CHUNK = 100_000
 
 # Push services by share of rows: a mix like a European consumer site's.
@@ -180,6 +181,9 @@ def populate(engine: sa.Engine, total: int) -> float:
 # --------------------------------------------------------------------------- subscriber
 
 
+Sample = tuple[float, float, float]  # (wall-clock start, request seconds, chain-lock wait)
+
+
 def subscriber_loop(url: str, stop: Any, ready: Any, results: Any) -> None:
     """Runs in its own process: subscribe, time it, repeat until ``stop`` is set."""
     from portal import create_app
@@ -189,21 +193,36 @@ def subscriber_loop(url: str, stop: Any, ready: Any, results: Any) -> None:
     with tempfile.TemporaryDirectory() as instance:
         app = create_app(make_settings(url, instance))
         app.config["TESTING"] = True
+        engine = app.extensions["portal.db"].engine
+        # The wait for the consent-chain lock, apart from the request as a whole: on a
+        # busy machine the request's time also holds CPU and I/O queueing.
+        lock_wait = [0.0]
+
+        @sa.event.listens_for(engine, "before_cursor_execute")
+        def _before(conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+            conn.info["bench_started"] = time.perf_counter()
+
+        @sa.event.listens_for(engine, "after_cursor_execute")
+        def _after(conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+            if "pg_advisory_xact_lock" in statement:
+                lock_wait[0] += time.perf_counter() - conn.info["bench_started"]
+
         client = app.test_client()
         factory = SubscriptionFactory()
-        samples: list[tuple[float, float]] = []  # (wall-clock start, seconds)
+        samples: list[Sample] = []
         failures = 0
         ready.set()
         while not stop.is_set():
             body = {"subscription": factory().to_json()}
+            lock_wait[0] = 0.0
             wall, started = time.time(), time.perf_counter()
             response = client.post("/api/push/subscribe", json=body)
             elapsed = time.perf_counter() - started
             if response.status_code == 201:
-                samples.append((wall, elapsed))
+                samples.append((wall, elapsed, lock_wait[0]))
             else:
                 failures += 1
-        app.extensions["portal.db"].engine.dispose()
+        engine.dispose()
     results.put({"samples": samples, "failures": failures})
 
 
@@ -309,14 +328,15 @@ def _latency(samples: list[tuple[float, float]]) -> str:
     return f"| {len(ms):,} | {statistics.median(ms):.1f} | {_pct(ms, 0.99):.1f} | {max(ms):.1f} |"
 
 
-def table(phases: list[Phase], samples: list[tuple[float, float]], warm_end: float) -> str:
+def table(phases: list[Phase], samples: list[Sample], warm_start: float) -> str:
     lines = [
         "| phase | candidates | rows looked at | rows changed | seconds | looked at/s "
-        "| changed/s | subscribes | p50 ms | p99 ms | max ms |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| changed/s | subscribes | p50 ms | p99 ms | max ms | lock wait p99 ms "
+        "| lock wait max ms |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     first = phases[0].started
-    baseline = [s for s in samples if s[0] < min(first, warm_end)]
+    baseline = [s for s in samples if warm_start <= s[0] < first]
     lines.append("| idle (before the jobs) | | | | | | | " + _latency(baseline)[2:])
     for p in phases:
         during = [s for s in samples if p.started <= s[0] < p.ended]
@@ -379,8 +399,8 @@ def main() -> int:
     child.start()
     try:
         ready.wait(120)
+        warm_start = time.time() + SETTLE_SECONDS
         time.sleep(WARMUP_SECONDS)
-        warm_end = time.time()
         print(f"running sweep and tombstone (batch size {retention.batch_size})")
         phases = run_jobs(url, retention)
     finally:
@@ -389,10 +409,14 @@ def main() -> int:
         child.join(60)
     samples = outcome["samples"]
     print()
-    print(table(phases, samples, warm_end))
-    worst = max((s for at, s in samples if at >= phases[0].started), default=0.0) * 1000
-    verdict = "within" if worst < TARGET_MS else "OVER"
-    print(f"\nlongest subscribe during the jobs: {worst:.0f} ms ({verdict} {TARGET_MS:.0f} ms)")
+    print(table(phases, samples, warm_start))
+    during = [s for s in samples if s[0] >= phases[0].started]
+    for label, worst in (
+        ("longest subscribe during the jobs", max((s[1] for s in during), default=0.0)),
+        ("longest chain-lock wait in one", max((s[2] for s in during), default=0.0)),
+    ):
+        verdict = "within" if worst * 1000 < TARGET_MS else "OVER"
+        print(f"{label}: {worst * 1000:.0f} ms ({verdict} {TARGET_MS:.0f} ms)")
     if outcome["failures"]:
         print(f"subscribe failures (not 201): {outcome['failures']}")
     print(f"load average: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
