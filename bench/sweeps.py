@@ -27,7 +27,9 @@ Never run by the test suite: it takes minutes and needs a PostgreSQL server.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
+import json
 import multiprocessing as mp
 import os
 import statistics
@@ -104,7 +106,7 @@ SELECT
     sha256(('auth-' || i)::bytea) || substring(sha256(('iv-' || i)::bytea) FROM 1 FOR 12),
     1,
     CASE WHEN i % 1000 = 999 THEN now() - interval '1 day' END,
-    md5('subscriber-' || (i % :subscribers))::uuid,
+    md5('subscriber-' || (i % CAST(:subscribers AS bigint)))::uuid,
     'Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 Chrome/131.0 Safari/537.36',
     'en-GB',
     'https://portal.example.test',
@@ -133,10 +135,10 @@ SELECT
 FROM (
     SELECT i, i % 100 AS b, h, service, url || 'sweep-' || i || '-' || h AS endpoint,
            (extract(epoch FROM now() - interval '365 days') * 1000)::bigint
-               + (i::bigint * 31536000000 / :total) AS ms
+               + (i * 31536000000 / CAST(:total AS bigint)) AS ms
     FROM (
         SELECT i, md5('sweep-' || i) AS h, get_byte(sha256(('svc-' || i)::bytea), 0) % 100 AS s
-        FROM generate_series(:lo, :hi) AS i
+        FROM generate_series(CAST(:lo AS bigint), CAST(:hi AS bigint)) AS i
     ) AS g,
     LATERAL (SELECT {_case("s", 0)} AS service, {_case("s", 2)} AS url) AS pick
 ) AS rows
@@ -145,7 +147,7 @@ FROM (
 SUBSCRIBERS_SQL = """
 INSERT INTO subscriber (id, locale, created_at)
 SELECT md5('subscriber-' || i)::uuid, 'en-GB', now() - interval '365 days'
-FROM generate_series(:lo, :hi) AS i
+FROM generate_series(CAST(:lo AS bigint), CAST(:hi AS bigint)) AS i
 """
 
 
@@ -269,10 +271,15 @@ def _count(engine: sa.Engine, sql: str, **params: Any) -> int:
         return conn.execute(sa.text(sql), params).scalar_one()
 
 
-def run_jobs(url: str, retention: RetentionSettings) -> list[Phase]:
+def run_jobs(url: str, retention: RetentionSettings, event_batch: int | None) -> list[Phase]:
     from portal import create_app
+    from portal.retention import services
     from portal.retention.services import sweep, tombstone
     from tests.conftest import make_settings
+
+    if event_batch is not None:
+        services.EVENT_BATCH_SIZE = event_batch  # type: ignore[attr-defined]
+    print(f"  expire batches of {getattr(services, 'EVENT_BATCH_SIZE', retention.batch_size)}")
 
     with tempfile.TemporaryDirectory() as instance:
         app = create_app(make_settings(url, instance))
@@ -321,11 +328,15 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def _latency(samples: list[tuple[float, float]]) -> str:
-    ms = [s * 1000 for _, s in samples]
+def _latency(samples: list[Sample]) -> str:
+    ms = [s[1] * 1000 for s in samples]
+    lock = [s[2] * 1000 for s in samples]
     if not ms:
-        return "| 0 | – | – | – |"
-    return f"| {len(ms):,} | {statistics.median(ms):.1f} | {_pct(ms, 0.99):.1f} | {max(ms):.1f} |"
+        return "| 0 | – | – | – | – | – |"
+    return (
+        f"| {len(ms):,} | {statistics.median(ms):.1f} | {_pct(ms, 0.99):.1f} | {max(ms):.1f} "
+        f"| {_pct(lock, 0.99):.1f} | {max(lock):.1f} |"
+    )
 
 
 def table(phases: list[Phase], samples: list[Sample], warm_start: float) -> str:
@@ -358,6 +369,10 @@ def main() -> int:
     parser.add_argument("--subscriptions", type=int, default=1_000_000)
     parser.add_argument("--admin-url", default=ADMIN_URL)
     parser.add_argument("--database", default="portal_bench_sweeps")
+    parser.add_argument(
+        "--event-batch-size", type=int, help="override EVENT_BATCH_SIZE (the expire phase)"
+    )
+    parser.add_argument("--raw", help="write the phases and every subscribe's timings as JSON")
     parser.add_argument("--batch-size", type=int, default=RetentionSettings.batch_size)
     parser.add_argument(
         "--keep", action="store_true", help="keep the database and an untouched copy of it"
@@ -402,14 +417,26 @@ def main() -> int:
         warm_start = time.time() + SETTLE_SECONDS
         time.sleep(WARMUP_SECONDS)
         print(f"running sweep and tombstone (batch size {retention.batch_size})")
-        phases = run_jobs(url, retention)
+        phases = run_jobs(url, retention, args.event_batch_size)
     finally:
         stop.set()
         outcome = results.get(timeout=120)
         child.join(60)
     samples = outcome["samples"]
+    if args.raw:
+        # Every figure the table is built from, so it can be rebuilt or split differently.
+        Path(args.raw).write_text(
+            json.dumps(
+                {
+                    "warm_start": warm_start,
+                    "phases": [dataclasses.asdict(p) for p in phases],
+                    "samples": samples,
+                }
+            )
+        )
     print()
     print(table(phases, samples, warm_start))
+    print()
     during = [s for s in samples if s[0] >= phases[0].started]
     for label, worst in (
         ("longest subscribe during the jobs", max((s[1] for s in during), default=0.0)),
