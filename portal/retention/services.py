@@ -31,9 +31,11 @@ from portal.subscriptions.models import EndReason, PushSubscription, Subscriber,
 
 _t = PushSubscription.__table__
 # Batches that append consent events hold the chain lock, which every subscribe, consent
-# change and erasure also needs, from their first row to their commit: kept small so
-# those wait tens of milliseconds, not seconds (bench/sweeps.py measures it).
-EVENT_BATCH_SIZE = 200
+# change and erasure also needs, from their first row to their commit. At 50 a subscribe
+# waited at most ~120 ms for it on a busy 2-core machine (200: ~190 ms; 1000 rows with a
+# round trip per statement per row: seconds), for ~1,000 expiries a second
+# (bench/sweeps.py, docs/BENCHMARKS.md).
+EVENT_BATCH_SIZE = 50
 _TOMBSTONE_EMPTIES = {
     "endpoint": None,
     "p256dh": None,
