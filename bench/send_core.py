@@ -25,7 +25,9 @@ that variable at the fake CA. The dispatch core gets the CA as PUSH_CA_BUNDLE gi
 Columns: messages per second; CPU per message of this process (the sender) and of the
 service; "others" is the share of the machine's CPU that other processes took meanwhile
 (on a shared machine that is what makes runs differ). With --rounds N each way runs N
-times, interleaved, and the table shows each way's best round.
+times, interleaved, and the table shows each way's best round. Last, the throughput the
+CPU per message would allow on an otherwise idle machine: (a) and (b) send one message
+at a time, so sender and service take turns; (c) keeps every core busy.
 """
 
 from __future__ import annotations
@@ -238,6 +240,20 @@ def main() -> None:
             f"{r.name:<40} {r.messages:>6} {r.seconds:>8.2f} {r.rate:>7.0f} "
             f"{r.sender_cpu / r.messages * 1e6:>10.0f} {r.service_cpu / r.messages * 1e6:>10.0f} "
             f"{r.others:>7.0%} {r.rate / a.rate:>7.1f} {r.rate / b.rate:>7.1f}"
+        )
+    print()
+    # What the CPU per message allows on an otherwise idle machine: (a) and (b) send one
+    # message at a time, so sender and service take turns; (c) keeps both busy at once.
+    cores = os.cpu_count() or 1
+    ceilings = {
+        r.name: (cores if r is c else 1) / ((r.sender_cpu + r.service_cpu) / r.messages)
+        for r in results
+    }
+    print("ceiling from CPU per message on an idle machine (msg/s):")
+    for name, ceiling in ceilings.items():
+        print(
+            f"  {name:<40} {ceiling:8.0f}   × (a) {ceiling / ceilings[a.name]:5.1f}"
+            f"   × (b) {ceiling / ceilings[b.name]:5.1f}"
         )
     print()
     print(f"fake service totals: {stats}")

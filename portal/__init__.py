@@ -82,8 +82,12 @@ def create_app(
 
 def _register_blueprints(app: Flask) -> None:
     from portal import api, cli, health, metrics, pages
+    from portal.campaigns import cli as campaign_cli
+    from portal.campaigns import views as _campaign_views  # noqa: F401 - its staff pages
+    from portal.compliance import cli as compliance_cli
     from portal.consent import cli as consent_cli
     from portal.consent import views as consent_views
+    from portal.delivery import receipts
     from portal.feedback import ops as _feedback_ops  # noqa: F401 - its staff pages
     from portal.feedback import views as feedback_views
     from portal.operations import views as _operations_views  # noqa: F401 - its staff pages
@@ -101,6 +105,7 @@ def _register_blueprints(app: Flask) -> None:
     app.register_blueprint(consent_views.api)
     staff_views.register(app)
     app.register_blueprint(feedback_views.bp)
+    app.register_blueprint(receipts.bp)
     # The JSON API is same-origin and JSON-only (checked on every request), which a
     # cross-site form cannot forge; its callers include the service worker, which has
     # no page to read a CSRF token from.
@@ -108,8 +113,11 @@ def _register_blueprints(app: Flask) -> None:
     csrf.exempt(consent_views.api)
     # Server to server: the digest's HMAC signature authenticates it, not a session.
     csrf.exempt(feedback_views.bp)
+    csrf.exempt(receipts.bp)
     cli.register(app)
     consent_cli.register(cli.portal_cli)
+    compliance_cli.register(cli.portal_cli)
+    campaign_cli.register(cli.portal_cli)
 
 
 def _instrument(app: Flask) -> None:

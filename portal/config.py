@@ -99,6 +99,7 @@ class ScheduleSettings:
     tombstone: int = 3600
     purge: int = 86400
     reseal: int = 86400
+    verify_log: int = 86400
 
 
 @dataclass(frozen=True)
@@ -201,6 +202,7 @@ class Settings:
         if vapid_subject and not re.match(r"^(mailto:[^@\s]+@[^@\s]+|https://\S+)$", vapid_subject):
             raise ConfigError("VAPID_SUBJECT must be a mailto: address or an https: URL")
         _check_vapid_pair(vapid_private, vapid_public)
+        _check_signing_key(export_key)
 
         database_url = environ.get("DATABASE_URL") or (
             f"sqlite:///{Path(instance_path).resolve() / 'portal.sqlite3'}"
@@ -270,6 +272,7 @@ class Settings:
                 tombstone=_int(environ, "TOMBSTONE_INTERVAL_SECONDS", 3600) or 3600,
                 purge=_int(environ, "PURGE_INTERVAL_SECONDS", 86400) or 86400,
                 reseal=_int(environ, "RESEAL_INTERVAL_SECONDS", 86400) or 86400,
+                verify_log=_int(environ, "VERIFY_LOG_INTERVAL_SECONDS", 86400) or 86400,
             ),
         )
 
@@ -325,6 +328,18 @@ def _check_vapid_pair(private: str, public: str) -> None:
         given = b""
     if given != expected:
         raise ConfigError("VAPID_PUBLIC_KEY does not match VAPID_PRIVATE_KEY")
+
+
+def _check_signing_key(value: str) -> None:
+    # Unset is allowed (exports are then refused, saying why); a malformed key is not.
+    if not value:
+        return
+    try:
+        raw = b64url_decode(value)
+    except (ValueError, binascii.Error):
+        raw = b""
+    if len(raw) != 32:
+        raise ConfigError("EXPORT_SIGNING_KEY must be a base64url raw 32-byte Ed25519 private key")
 
 
 def _dev_secrets(instance_path: str) -> dict[str, str]:

@@ -53,6 +53,7 @@ def job(name: str) -> Callable[[JobFunction], JobFunction]:
 def _load() -> None:
     """Import every module that registers jobs."""
     import portal.campaigns.jobs
+    import portal.compliance.jobs
     import portal.retention.jobs
     import portal.subscriptions.jobs  # noqa: F401
 

@@ -2,6 +2,7 @@
 
 from portal.campaigns.models import Campaign, CircuitState, Delivery
 from portal.consent.models import ConsentEvent, PolicyVersion, Topic, TopicPreference
+from portal.delivery.models import DeliveryReceipt
 from portal.feedback.models import FeedbackApplied, FeedbackDigest
 from portal.operations.models import JobRun, JobState
 from portal.retention.models import RetentionCounter
@@ -13,6 +14,7 @@ __all__ = [
     "CircuitState",
     "ConsentEvent",
     "Delivery",
+    "DeliveryReceipt",
     "FeedbackApplied",
     "FeedbackDigest",
     "JobRun",

@@ -4,13 +4,26 @@ from __future__ import annotations
 
 from flask import Blueprint, Response, current_app, render_template, send_from_directory
 
+from portal.consent import catalogue
+from portal.db import db
+
 bp = Blueprint("pages", __name__)
 
 
 @bp.get("/")
 def index() -> str:
     settings = current_app.extensions["portal.settings"]
-    return render_template("index.html", vapid_public_key=settings.vapid_public_key)
+    session = db.session
+    topics = catalogue.active_topics(session)
+    return render_template(
+        "index.html",
+        vapid_public_key=settings.vapid_public_key,
+        # Only marketing topics are chosen here; account messages come with the
+        # permission grant and are explained, not offered.
+        optional_topics=[t for t in topics if not t.is_transactional],
+        account_topics=[t for t in topics if t.is_transactional],
+        policy=catalogue.current_policy(session),
+    )
 
 
 @bp.get("/sw.js")

@@ -1,19 +1,287 @@
-/* Service worker: scope "/". Shows every push as a notification. */
-self.addEventListener("install", () => self.skipWaiting());
-self.addEventListener("activate", (event) => event.waitUntil(self.clients.claim()));
+/* The service worker, served as /sw.js with scope "/".
 
-self.addEventListener("push", (event) => {
-  let message = {};
+   push                   always shows a notification for a new delivery; a delivery id
+                          seen before is never shown as a second notification (below)
+   notificationclick      focuses a tab already at the link, or opens it (same origin only)
+   pushsubscriptionchange subscribes again and tells the server which endpoint it replaces
+
+   The payload is JSON: {"deliveryId", "campaignId", "title", "body", "url", "icon", "tag"}
+   (README, "Push payload"). */
+"use strict";
+
+var DB_NAME = "portal-sw";
+var DB_VERSION = 1;
+var SEEN = "seen-deliveries";
+var MAX_SEEN = 500; // repeats come from a crashed send, minutes apart: 500 ids is ample
+
+self.addEventListener("install", function () {
+  self.skipWaiting();
+});
+
+self.addEventListener("activate", function (event) {
+  event.waitUntil(self.clients.claim());
+});
+
+function openDb() {
+  return new Promise(function (resolve, reject) {
+    var request = indexedDB.open(DB_NAME, DB_VERSION);
+    request.onupgradeneeded = function () {
+      var store = request.result.createObjectStore(SEEN, { keyPath: "id" });
+      store.createIndex("at", "at");
+    };
+    request.onsuccess = function () {
+      resolve(request.result);
+    };
+    request.onerror = function () {
+      reject(request.error);
+    };
+  });
+}
+
+/* Remembers the delivery id; resolves true the first time. The check and the write share
+   one readwrite transaction, so two pushes with the same id cannot both be first. The
+   oldest ids beyond MAX_SEEN are dropped in the same transaction. */
+async function firstSighting(deliveryId) {
+  var db = await openDb();
   try {
-    message = event.data ? event.data.json() : {};
-  } catch (_) {
-    message = { title: "Notification", body: event.data ? event.data.text() : "" };
+    return await new Promise(function (resolve, reject) {
+      var tx = db.transaction(SEEN, "readwrite");
+      var store = tx.objectStore(SEEN);
+      var first = false;
+      var lookup = store.get(deliveryId);
+      lookup.onsuccess = function () {
+        if (lookup.result) {
+          return;
+        }
+        first = true;
+        store.put({ id: deliveryId, at: Date.now() });
+        var count = store.count();
+        count.onsuccess = function () {
+          var excess = count.result - MAX_SEEN;
+          if (excess <= 0) {
+            return;
+          }
+          store.index("at").openCursor().onsuccess = function (event) {
+            var cursor = event.target.result;
+            if (!cursor || excess <= 0) {
+              return;
+            }
+            if (cursor.primaryKey !== deliveryId) {
+              cursor.delete();
+              excess -= 1;
+            }
+            cursor.continue();
+          };
+        };
+      };
+      tx.oncomplete = function () {
+        resolve(first);
+      };
+      tx.onerror = function () {
+        reject(tx.error);
+      };
+      tx.onabort = function () {
+        reject(tx.error);
+      };
+    });
+  } finally {
+    db.close();
   }
-  event.waitUntil(
-    self.registration.showNotification(message.title || "Notification", {
-      body: message.body || "",
-      tag: message.tag,
-      data: { url: message.url || "/" },
-    })
-  );
+}
+
+function payload(data) {
+  if (!data) {
+    return {};
+  }
+  try {
+    var value = data.json();
+    return value && typeof value === "object" ? value : {};
+  } catch (_) {
+    return { body: data.text() };
+  }
+}
+
+function text(value, max) {
+  return typeof value === "string" ? value.slice(0, max) : "";
+}
+
+/* A link on this site, or the site's root: a payload cannot send people elsewhere. */
+function sameOrigin(value, fallback) {
+  if (typeof value === "string" && value) {
+    try {
+      var url = new URL(value, self.location.origin);
+      if (url.origin === self.location.origin) {
+        return url.href;
+      }
+    } catch (_) {
+      /* not a URL */
+    }
+  }
+  return fallback;
+}
+
+async function report(deliveryId, event) {
+  // Evidence of display, never a condition for anything: losing one is acceptable.
+  try {
+    var subscription = await self.registration.pushManager.getSubscription();
+    await fetch("/api/push/receipt", {
+      method: "POST",
+      headers: { "Content-Type": "application/json" },
+      credentials: "same-origin",
+      body: JSON.stringify({
+        deliveryId: deliveryId,
+        event: event,
+        endpoint: subscription ? subscription.endpoint : null,
+      }),
+    });
+  } catch (_) {
+    /* offline: the notification still counts as shown */
+  }
+}
+
+async function handlePush(message) {
+  var root = new URL("/", self.location.origin).href;
+  var deliveryId =
+    typeof message.deliveryId === "string" && message.deliveryId ? message.deliveryId.slice(0, 64) : null;
+  var tag = text(message.tag, 128) || (deliveryId ? "delivery-" + deliveryId : "");
+  var title = text(message.title, 200) || "Notification";
+  var options = {
+    body: text(message.body, 1000),
+    data: {
+      url: sameOrigin(message.url, root),
+      deliveryId: deliveryId,
+      campaignId: message.campaignId === undefined ? null : message.campaignId,
+    },
+  };
+  if (tag) {
+    options.tag = tag;
+  }
+  var icon = sameOrigin(message.icon, null);
+  if (icon) {
+    options.icon = icon;
+  }
+  if (!deliveryId) {
+    return self.registration.showNotification(title, options);
+  }
+
+  var first = true;
+  try {
+    first = await firstSighting(deliveryId);
+  } catch (_) {
+    first = true; // storage failed: showing twice is better than never showing
+  }
+  if (first) {
+    await self.registration.showNotification(title, options);
+    await report(deliveryId, "shown");
+    return undefined;
+  }
+
+  // A repeat of a delivery already shown (a send repeated after a crash). If its
+  // notification is still on screen, show it again under the same tag: that replaces it
+  // in place, without a second sound (renotify false), so the person sees it once and the
+  // push still ends with a visible notification, as userVisibleOnly promises. If it was
+  // dismissed or clicked already, show nothing: bringing it back is the very duplicate
+  // this check prevents, and such repeats are too rare to exhaust a browser's allowance
+  // for pushes that show nothing.
+  var open = await self.registration.getNotifications({ tag: tag });
+  var same = open.filter(function (n) {
+    return n.data && n.data.deliveryId === deliveryId;
+  })[0];
+  if (same) {
+    await self.registration.showNotification(same.title, {
+      body: same.body,
+      tag: same.tag,
+      icon: same.icon || undefined,
+      data: same.data,
+      renotify: false,
+    });
+  }
+  return undefined;
+}
+
+self.addEventListener("push", function (event) {
+  event.waitUntil(handlePush(payload(event.data)));
+});
+
+async function focusOrOpen(url) {
+  var windows = await self.clients.matchAll({ type: "window", includeUncontrolled: true });
+  for (var i = 0; i < windows.length; i += 1) {
+    if (windows[i].url === url && "focus" in windows[i]) {
+      return windows[i].focus();
+    }
+  }
+  return self.clients.openWindow(url);
+}
+
+self.addEventListener("notificationclick", function (event) {
+  event.notification.close();
+  var data = event.notification.data || {};
+  var url = sameOrigin(data.url, new URL("/", self.location.origin).href);
+  var work = [focusOrOpen(url)];
+  if (data.deliveryId) {
+    work.push(report(data.deliveryId, "clicked"));
+  }
+  event.waitUntil(Promise.all(work));
+});
+
+function keyBytes(base64url) {
+  var padded = base64url + "===".slice((base64url.length + 3) % 4);
+  var raw = atob(padded.replace(/-/g, "+").replace(/_/g, "/"));
+  var bytes = new Uint8Array(raw.length);
+  for (var i = 0; i < raw.length; i += 1) {
+    bytes[i] = raw.charCodeAt(i);
+  }
+  return bytes;
+}
+
+/* The server's current key (it may have been rotated), else the old subscription's. */
+async function applicationServerKey(oldSubscription) {
+  try {
+    var response = await fetch("/api/push/vapid-public-key", { credentials: "same-origin" });
+    if (response.ok) {
+      var body = await response.json();
+      if (body && body.publicKey) {
+        return keyBytes(body.publicKey);
+      }
+    }
+  } catch (_) {
+    /* offline: fall back to the key the old subscription used */
+  }
+  if (oldSubscription && oldSubscription.options && oldSubscription.options.applicationServerKey) {
+    return oldSubscription.options.applicationServerKey;
+  }
+  throw new Error("no application server key");
+}
+
+async function resubscribe(oldSubscription, newSubscription) {
+  var fresh = newSubscription;
+  if (!fresh) {
+    fresh = await self.registration.pushManager.subscribe({
+      userVisibleOnly: true,
+      applicationServerKey: await applicationServerKey(oldSubscription),
+    });
+  }
+  var headers = { "Content-Type": "application/json" };
+  if (oldSubscription && oldSubscription.endpoint) {
+    // The server moves the subscriber and its preferences to the new endpoint at once.
+    return fetch("/api/push/change", {
+      method: "POST",
+      headers: headers,
+      credentials: "same-origin",
+      body: JSON.stringify({ oldEndpoint: oldSubscription.endpoint, subscription: fresh.toJSON() }),
+    });
+  }
+  // No old endpoint (some browsers give none): the subscriber cookie ties it to the
+  // same person. If this fails, the page's next heartbeat finds the endpoint unknown and
+  // renews again.
+  return fetch("/api/push/subscribe", {
+    method: "POST",
+    headers: headers,
+    credentials: "same-origin",
+    body: JSON.stringify({ subscription: fresh.toJSON(), source: "service-worker" }),
+  });
+}
+
+self.addEventListener("pushsubscriptionchange", function (event) {
+  event.waitUntil(resubscribe(event.oldSubscription, event.newSubscription));
 });

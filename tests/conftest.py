@@ -22,7 +22,13 @@ from flask.testing import FlaskClient
 
 from portal import create_app
 from portal.clock import FrozenClock
-from portal.config import DEFAULT_PUSH_HOSTS, Settings, generate_vapid_keys, normalise_database_url
+from portal.config import (
+    DEFAULT_PUSH_HOSTS,
+    Settings,
+    generate_signing_key,
+    generate_vapid_keys,
+    normalise_database_url,
+)
 from portal.consent import catalogue
 from portal.db import create_engine, db
 from portal.migrate import upgrade
@@ -33,6 +39,7 @@ BACKEND = "postgresql" if TEST_DATABASE.startswith(("postgres://", "postgresql")
 KEY_V1 = base64.b64encode(b"\x01" * 32).decode()
 KEY_V2 = base64.b64encode(b"\x02" * 32).decode()
 VAPID_PRIVATE, VAPID_PUBLIC = generate_vapid_keys()
+EXPORT_SIGNING_KEY = generate_signing_key()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -163,6 +170,7 @@ def make_settings(database_url: str, instance_path: str, **overrides: object) ->
         "push_allowed_hosts": (*DEFAULT_PUSH_HOSTS, "127.0.0.1:8443"),
         "scheduler": False,
         "feedback_secrets": ("feedback-secret-one",),
+        "export_signing_key": EXPORT_SIGNING_KEY,
         "auto_migrate": False,
     }
     values.update(overrides)

@@ -44,7 +44,7 @@ def wait_until_up(url: str, process: subprocess.Popen, timeout: float = 60) -> r
         try:
             return requests.get(url, timeout=2)
         except (requests.ConnectionError, requests.Timeout):
-            # Workers still starting on a busy machine may accept and answer late.
+            # gunicorn's master accepts connections before its workers have booted.
             time.sleep(0.2)
     raise TimeoutError(url)
 

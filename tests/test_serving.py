@@ -6,6 +6,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -103,8 +104,15 @@ def test_metrics_add_up_across_gunicorn_workers(tmp_path):
     try:
         wait_until_up(f"http://127.0.0.1:{port}/healthz", process)
         factory = SubscriptionFactory()
-        posted = 24
-        for _ in range(posted):
+
+        def worker_pids() -> set[str]:
+            return {path.name.rsplit("_", 1)[-1] for path in metrics_dir.glob("counter_*.db")}
+
+        # The first worker may answer while the others are still booting: keep posting
+        # (boundedly) until a second one has taken a request.
+        posted = 0
+        deadline = time.monotonic() + 60
+        while posted < 24 or (len(worker_pids()) < 2 and time.monotonic() < deadline):
             with requests.Session() as fresh:  # a new connection each time: spread over workers
                 answer = fresh.post(
                     f"http://127.0.0.1:{port}/api/push/subscribe",
@@ -112,8 +120,10 @@ def test_metrics_add_up_across_gunicorn_workers(tmp_path):
                     timeout=10,
                 )
                 assert answer.status_code == 201
-        pids = {path.name.rsplit("_", 1)[-1] for path in metrics_dir.glob("counter_*.db")}
-        assert len(pids) >= 2, "requests should have reached more than one worker"
+            posted += 1
+            if posted >= 24 and len(worker_pids()) < 2:
+                time.sleep(0.2)
+        assert len(worker_pids()) >= 2, "requests should have reached more than one worker"
         for _ in range(6):  # every worker answers with the same, whole total
             text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
             match = re.search(

@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session
 
 from portal.campaigns import metrics
 from portal.campaigns.models import Campaign, CampaignStatus, CircuitState, Delivery, DeliveryStatus
-from portal.campaigns.services import materialise_batch, payload
+from portal.campaigns.services import live_subscription_query, materialise_batch, payload
 from portal.consent import log as consent_log
 from portal.consent.models import EventKind, Source
 from portal.consent.recipients import recipient_query
@@ -304,8 +304,13 @@ class Dispatcher:
             allowed: dict[uuid.UUID, Any] = {}
             for campaign in campaigns.values():
                 mine = [c.subscription_id for c in claimed if c.campaign_id == campaign.id]
-                # Consent and liveness re-checked now: an opt-out after launch is honoured.
-                query = recipient_query(campaign.topic_id).where(_s.c.id.in_(mine))
+                if campaign.is_test:
+                    # A test goes to the sender's own browser, which they chose: only its
+                    # liveness is re-checked, never the topic's audience.
+                    query = live_subscription_query(mine)
+                else:
+                    # Consent and liveness re-checked now: an opt-out after launch is honoured.
+                    query = recipient_query(campaign.topic_id).where(_s.c.id.in_(mine))
                 allowed.update({row.id: row for row in session.execute(query)})
             subs = {
                 row.id: row

@@ -108,6 +108,13 @@ class Delivery(Base):
         # The claim query: a campaign's due work.
         sa.Index("ix_delivery_claim", "campaign_id", "status", "next_attempt_at"),
         sa.Index("ix_delivery_subscription_id", "subscription_id"),
+        # The compliance look-up: deliveries a person's consent events allowed.
+        sa.Index(
+            "ix_delivery_consent_event_seq",
+            "consent_event_seq",
+            postgresql_where=sa.text("consent_event_seq IS NOT NULL"),
+            sqlite_where=sa.text("consent_event_seq IS NOT NULL"),
+        ),
     )
 
 

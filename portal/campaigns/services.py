@@ -12,7 +12,7 @@ import json
 import re
 import uuid
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -20,15 +20,25 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from portal.campaigns.models import Campaign, CampaignStatus, Delivery, DeliveryStatus
+from portal.campaigns.models import (
+    Campaign,
+    CampaignStatus,
+    CircuitState,
+    Delivery,
+    DeliveryStatus,
+)
 from portal.consent.catalogue import topic_by_slug
 from portal.consent.models import Topic
 from portal.consent.recipients import recipient_query
-from portal.db import is_postgres
+from portal.db import is_postgres, uuid7
 from portal.errors import Conflict, ValidationError
+from portal.subscriptions.models import LIVE_STATES, PushSubscription, Subscriber
 
 MAX_PLAINTEXT = 3993
 MAX_TTL = 28 * 24 * 3600  # the longest any push service keeps a message
+# A send time this far in the past is a mistake (a stale form, a wrong zone), not "now".
+SEND_AT_GRACE = dt.timedelta(minutes=1)
+TEST_CONSENT_REASON = "test"
 URGENCIES = ("very-low", "low", "normal", "high")
 _COLLAPSE_KEY = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
 _LARGEST_DELIVERY_ID = 2**63 - 1
@@ -85,11 +95,16 @@ def payload_size(draft: CampaignDraft) -> int:
     return len(payload(probe, _LARGEST_DELIVERY_ID))
 
 
+# Browsers read "\" as "/" and drop tabs and newlines, so "/\evil.example" opens
+# another site: a same-site path carries no backslash, whitespace or control character.
+_UNSAFE_PATH = re.compile(r"[\x00-\x20\x7f\\]")
+
+
 def _link(value: str | None, field: str) -> str | None:
     if not value:
         return None
     value = value.strip()
-    if value.startswith("/") and not value.startswith("//"):
+    if value.startswith("/") and not value.startswith("//") and not _UNSAFE_PATH.search(value):
         return value  # same origin
     parts = urlsplit(value)
     if parts.scheme != "https" or not parts.hostname or "@" in parts.netloc:
@@ -136,9 +151,16 @@ def validate_draft(
     )
     send_at = draft.send_at or now
     check(send_at.tzinfo is not None, "invalid_value", "The send time needs a time zone", "send_at")
-    if draft.deliver_until is not None:
+    if send_at.tzinfo is not None:
         check(
-            draft.deliver_until > send_at,
+            send_at >= now - SEND_AT_GRACE,
+            "in_the_past",
+            "The send time has passed: choose a later time, or send now",
+            "send_at",
+        )
+    if draft.deliver_until is not None and send_at.tzinfo is not None:
+        check(
+            draft.deliver_until.tzinfo is not None and draft.deliver_until > send_at,
             "invalid_value",
             "“Don't deliver after” must be later than the send time",
             "deliver_until",
@@ -161,13 +183,19 @@ def create_campaign(
     created_by: str,
     now: dt.datetime,
     is_test: bool = False,
+    campaign_id: uuid.UUID | None = None,
 ) -> Campaign:
-    """Create and launch: it is scheduled for ``send_at`` (now when not given)."""
+    """Create and launch: it is scheduled for ``send_at`` (now when not given).
+
+    ``campaign_id`` lets a form choose the id before launch, so a Launch button pressed
+    twice finds the campaign it made instead of making a second one.
+    """
     problems = validate_draft(session, draft, now=now)
     if problems:
         raise problems[0]
     topic = topic_by_slug(session, draft.topic)
     campaign = Campaign(
+        id=campaign_id or uuid7(),
         topic_id=topic.id,
         title=draft.title.strip(),
         body=draft.body.strip(),
@@ -189,6 +217,97 @@ def create_campaign(
     return campaign
 
 
+def create_test_campaign(
+    session: Session,
+    draft: CampaignDraft,
+    *,
+    subscription_id: uuid.UUID,
+    subscriber_id: uuid.UUID,
+    created_by: str,
+    now: dt.datetime,
+) -> Campaign:
+    """A test send of ``draft`` to one subscription of ``subscriber_id``, now.
+
+    The subscriber is the one whose signed cookie the sender's browser carries, so a test
+    reaches only the sender's own devices. The campaign is born fully materialised with
+    exactly one delivery, so the engine never runs the topic's audience query for it; its
+    consent reason is ``test`` (asked for by the person who receives it) and the engine
+    re-checks only that the subscription is still live. Schedule and expiry are ignored.
+    """
+    subscription = session.scalars(
+        sa.select(PushSubscription)
+        .join(Subscriber, Subscriber.id == PushSubscription.subscriber_id)
+        .where(
+            PushSubscription.id == subscription_id,
+            PushSubscription.subscriber_id == subscriber_id,
+            PushSubscription.deleted_at.is_(None),
+            PushSubscription.state.in_([s.value for s in LIVE_STATES]),
+            Subscriber.erased_at.is_(None),
+        )
+    ).first()
+    if subscription is None:
+        raise ValidationError(
+            "unknown_subscription",
+            "Choose one of this browser's subscriptions: that one is not yours or has ended",
+            "subscription",
+        )
+    campaign = create_campaign(
+        session,
+        replace(draft, send_at=None, deliver_until=None),
+        created_by=created_by,
+        now=now,
+        is_test=True,
+    )
+    campaign.materialised_through = subscription.id
+    campaign.materialised_at = now
+    session.add(
+        Delivery(
+            campaign_id=campaign.id,
+            subscription_id=subscription.id,
+            push_service=subscription.push_service,
+            status=DeliveryStatus.QUEUED.value,
+            attempts=0,
+            next_attempt_at=now,
+            consent_reason=TEST_CONSENT_REASON,
+            updated_at=now,
+        )
+    )
+    session.flush()
+    return campaign
+
+
+def subscriptions_for_tests(session: Session, subscriber_id: uuid.UUID) -> list[PushSubscription]:
+    """The live subscriptions a test may go to: those of one (non-erased) subscriber."""
+    return list(
+        session.scalars(
+            sa.select(PushSubscription)
+            .join(Subscriber, Subscriber.id == PushSubscription.subscriber_id)
+            .where(
+                PushSubscription.subscriber_id == subscriber_id,
+                PushSubscription.deleted_at.is_(None),
+                PushSubscription.state.in_([s.value for s in LIVE_STATES]),
+                Subscriber.erased_at.is_(None),
+            )
+            .order_by(PushSubscription.created_at, PushSubscription.id)
+        )
+    )
+
+
+def live_subscription_query(subscription_ids: list[uuid.UUID]) -> sa.Select[tuple]:
+    """Which of these subscriptions may still get a test: live, of a non-erased subscriber."""
+    s = PushSubscription.__table__
+    sub = Subscriber.__table__
+    return (
+        sa.select(s.c.id)
+        .join(sub, sa.and_(sub.c.id == s.c.subscriber_id, sub.c.erased_at.is_(None)))
+        .where(
+            s.c.id.in_(subscription_ids),
+            s.c.state.in_([st.value for st in LIVE_STATES]),
+            s.c.deleted_at.is_(None),
+        )
+    )
+
+
 _TRANSITIONS = {
     "pause": ({CampaignStatus.SCHEDULED, CampaignStatus.SENDING}, CampaignStatus.PAUSED),
     "resume": ({CampaignStatus.PAUSED}, CampaignStatus.SENDING),
@@ -197,6 +316,11 @@ _TRANSITIONS = {
         CampaignStatus.CANCELLED,
     ),
 }
+
+
+def allowed_from(action: str) -> frozenset[CampaignStatus]:
+    """The statuses a campaign may be in for ``action`` (pause, resume, cancel)."""
+    return frozenset(_TRANSITIONS[action][0])
 
 
 def control(session: Session, campaign_id: uuid.UUID, action: str, *, now: dt.datetime) -> Campaign:
@@ -239,7 +363,13 @@ def materialise_batch(
     Set-based (INSERT … SELECT), keyset-paginated by subscription id, one batch per
     transaction, resumable from ``materialised_through`` after a crash.
     """
-    if campaign.materialised_at is not None or not _campaign_lock(session, campaign.id):
+    # A test campaign's one delivery is written at creation; its topic's audience is
+    # never its audience.
+    if (
+        campaign.is_test
+        or campaign.materialised_at is not None
+        or not _campaign_lock(session, campaign.id)
+    ):
         return 0
     ids = recipient_query(campaign.topic_id).subquery()
     window = sa.select(ids.c.id)
@@ -320,3 +450,66 @@ def outcome_by_service(session: Session, campaign_id: uuid.UUID) -> list[tuple[s
         .order_by(_d.c.push_service, answer)
     ).all()
     return [(service, str(label), int(n)) for service, label, n in rows]
+
+
+@dataclass(frozen=True)
+class CampaignRow:
+    campaign: Campaign
+    topic: Topic
+    counts: dict[str, int]
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+@dataclass(frozen=True)
+class CampaignPage:
+    rows: list[CampaignRow]
+    older: uuid.UUID | None  # pass as ``before`` for the next page; None on the last
+
+
+def list_campaigns(
+    session: Session,
+    *,
+    include_tests: bool = False,
+    before: uuid.UUID | None = None,
+    limit: int = 50,
+) -> CampaignPage:
+    """Newest first, with delivery counts by status. Test sends are left out unless asked
+    for: they are one person's check, not a campaign."""
+    query = sa.select(Campaign, Topic).join(Topic, Topic.id == Campaign.topic_id)
+    if not include_tests:
+        query = query.where(Campaign.is_test.is_(False))
+    if before is not None:
+        anchor = session.get(Campaign, before)
+        if anchor is not None:
+            query = query.where(
+                sa.tuple_(Campaign.created_at, Campaign.id) < (anchor.created_at, anchor.id)
+            )
+    found = session.execute(
+        query.order_by(Campaign.created_at.desc(), Campaign.id.desc()).limit(limit + 1)
+    ).all()
+    page = found[:limit]
+    ids = [campaign.id for campaign, _ in page]
+    counts: dict[uuid.UUID, dict[str, int]] = {i: {s.value: 0 for s in DeliveryStatus} for i in ids}
+    if ids:
+        for campaign_id, status, n in session.execute(
+            sa.select(_d.c.campaign_id, _d.c.status, sa.func.count())
+            .where(_d.c.campaign_id.in_(ids))
+            .group_by(_d.c.campaign_id, _d.c.status)
+        ):
+            counts[campaign_id][status] = int(n)
+    rows = [CampaignRow(campaign, topic, counts[campaign.id]) for campaign, topic in page]
+    return CampaignPage(rows, page[-1][0].id if len(found) > limit else None)
+
+
+def open_circuits(session: Session, now: dt.datetime) -> list[CircuitState]:
+    """Push services the engine is leaving alone right now, and why."""
+    return list(
+        session.scalars(
+            sa.select(CircuitState)
+            .where(CircuitState.open_until > now)
+            .order_by(CircuitState.push_service)
+        )
+    )

@@ -39,6 +39,7 @@ def add_topic(
         raise ValidationError("invalid_default", "the default is opt_in or opt_out", "default")
     if not category.strip() or not label.strip():
         raise ValidationError("missing_field", "category and label are required", "label")
+    _check_lengths(category=category, label=label)
     if session.scalars(sa.select(Topic).where(Topic.slug == slug)).first() is not None:
         raise Conflict(
             "slug_taken", f"topic {slug!r} exists already (slugs are never reused)", "slug"
@@ -57,6 +58,35 @@ def add_topic(
         created_at=now,
     )
     session.add(topic)
+    session.flush()
+    return topic
+
+
+# The columns' sizes: refused here with a message rather than by the database.
+CATEGORY_MAX = 64
+LABEL_MAX = 120
+
+
+def _check_lengths(*, category: str | None = None, label: str | None = None) -> None:
+    if category is not None and len(category.strip()) > CATEGORY_MAX:
+        raise ValidationError(
+            "too_long", f"a category is at most {CATEGORY_MAX} characters", "category"
+        )
+    if label is not None and len(label.strip()) > LABEL_MAX:
+        raise ValidationError("too_long", f"a label is at most {LABEL_MAX} characters", "label")
+
+
+def edit_topic(session: Session, slug: str, *, label: str, description: str) -> Topic:
+    """Only the wording changes. Slug, category, class and default are fixed at creation:
+    people agreed to a topic as it was defined, so a different one is a new topic."""
+    topic = topic_by_slug(session, slug)
+    if topic.retired_at is not None:
+        raise Conflict("topic_retired", f"topic {slug!r} is retired and cannot change", "slug")
+    if not label.strip():
+        raise ValidationError("missing_field", "the label is required", "label")
+    _check_lengths(label=label)
+    topic.label = label.strip()
+    topic.description = description.strip()
     session.flush()
     return topic
 
@@ -133,3 +163,30 @@ def current_policy(session: Session) -> PolicyVersion | None:
 
 def policy(session: Session, version: str) -> PolicyVersion | None:
     return session.get(PolicyVersion, version)
+
+
+def all_policies(session: Session) -> Sequence[PolicyVersion]:
+    """Newest first, in the order :func:`current_policy` picks the current one."""
+    return session.scalars(
+        sa.select(PolicyVersion).order_by(
+            PolicyVersion.published_at.desc(), PolicyVersion.version.desc()
+        )
+    ).all()
+
+
+def previous_policy(session: Session, version: PolicyVersion) -> PolicyVersion | None:
+    """The version published just before ``version``."""
+    return session.scalars(
+        sa.select(PolicyVersion)
+        .where(
+            sa.or_(
+                PolicyVersion.published_at < version.published_at,
+                sa.and_(
+                    PolicyVersion.published_at == version.published_at,
+                    PolicyVersion.version < version.version,
+                ),
+            )
+        )
+        .order_by(PolicyVersion.published_at.desc(), PolicyVersion.version.desc())
+        .limit(1)
+    ).first()

@@ -7,17 +7,21 @@ from flask import Flask
 from portal.consent import catalogue
 from portal.db import db
 
-POLICY = """\
-We send notifications to this browser only about the topics you choose.
-
-- Account messages (such as security alerts) are part of allowing notifications; you can
-  turn them off here at any time.
-- Everything else is off until you turn it on.
-- We record each choice you make, when you made it and which version of this notice you
-  saw, so we can show that we respected it.
-- You can stop notifications on any device, or ask us to erase your data, from the
-  preference centre.
-"""
+# One line per paragraph: pages wrap the text themselves and keep the line breaks given.
+POLICY = "\n".join(
+    [
+        "We send notifications to this browser only about the topics you choose.",
+        "",
+        "- Account messages (such as security alerts) are part of allowing notifications; "
+        "you can turn them off in the preference centre at any time.",
+        "- Everything else is off until you turn it on.",
+        "- We record each choice you make, when you made it and which version of this notice "
+        "you saw, so we can show that we respected it.",
+        "- You can stop notifications on any device, or ask us to erase your data, from the "
+        "preference centre.",
+        "",
+    ]
+)
 
 TOPICS = [
     (

@@ -81,13 +81,18 @@ def recipient_query(topic_id: int) -> sa.Select[tuple]:
     )
 
 
+# A dict lookup, not Reason(value): the enum call is ten times slower, and over a
+# million-row audience it was about 15% of the client's CPU time (docs/BENCHMARKS.md).
+_REASONS = {reason.value: reason for reason in Reason}
+
+
 def recipients(session: Session, topic_id: int, *, batch: int = 2000) -> Iterator[Recipient]:
     """Stream one topic's recipients with the justification of each."""
     result = session.execute(
         recipient_query(topic_id), execution_options={"yield_per": batch, "stream_results": True}
     )
     for row in result:
-        yield Recipient(row[0], row[1], row[2], Reason(row[3]), row[4])
+        yield Recipient(row[0], row[1], row[2], _REASONS[row[3]], row[4])
 
 
 def audience_breakdown(session: Session, topic_id: int) -> dict[str, int]:

@@ -58,6 +58,11 @@ _UNPROTECTED = {"staff.login"}
 def register(app: Flask) -> None:
     """Attach the staff console to the application."""
     app.extensions.setdefault(PASSWORDS_EXTENSION, Passwords())
+    # Pages of other modules hang on this blueprint (its sign-in check, headers and
+    # CSRF page apply to them); importing them adds their routes before registration.
+    from portal.compliance import views as _compliance_views  # noqa: F401
+    from portal.staff import catalogue_views as _catalogue_views  # noqa: F401
+
     app.register_blueprint(bp)
 
 

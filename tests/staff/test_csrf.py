@@ -11,7 +11,17 @@ from tests.helpers import count_rows
 from tests.staff.test_access_matrix import EXPECTED, _url
 
 FORMS = sorted({rule for rule, method in EXPECTED if method == "POST"} | {"/staff/login"})
-TABLES = ("staff_user", "staff_role", "staff_session", "staff_audit")
+TABLES = (
+    "staff_user",
+    "staff_role",
+    "staff_session",
+    "staff_audit",
+    "topic",
+    "policy_version",
+    "subscriber",
+    "push_subscription",
+    "consent_event",
+)
 
 
 def test_csrf_protection_is_on(app):

@@ -1,0 +1,17 @@
+"""Audit action names for campaigns, registered for the audit page's filter."""
+
+from __future__ import annotations
+
+from portal.staff import audit
+
+LAUNCHED = "campaign.launched"
+TEST_SENT = "campaign.test_sent"
+PAUSED = "campaign.paused"
+RESUMED = "campaign.resumed"
+CANCELLED = "campaign.cancelled"
+
+audit.register_action(LAUNCHED, "Campaign launched")  # created and launched at once
+audit.register_action(TEST_SENT, "Campaign test sent")
+audit.register_action(PAUSED, "Campaign paused")
+audit.register_action(RESUMED, "Campaign resumed")
+audit.register_action(CANCELLED, "Campaign cancelled")

@@ -1,0 +1,230 @@
+"""The campaign form: shape checks here, campaign rules in the services.
+
+The form checks what only a form has — whole seconds, a known time zone, a local date
+and time that exists in that zone — and turns it into a :class:`CampaignDraft`; the
+rules every campaign obeys (topic, link, payload size, collapse key …) come from
+:func:`portal.campaigns.services.validate_draft`, so the form and the command line
+refuse the same things with the same words.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import uuid
+import zoneinfo
+from typing import Any
+
+from flask_wtf import FlaskForm
+from sqlalchemy.orm import Session
+from wtforms import BooleanField, Field, HiddenField, StringField, TextAreaField
+
+from portal.campaigns import services
+from portal.campaigns.presentation import URGENCIES
+from portal.campaigns.services import CampaignDraft
+from portal.consent.catalogue import active_topics
+
+UTC_ZONE = "UTC"
+_AREAS = (
+    "Africa/",
+    "America/",
+    "Antarctica/",
+    "Asia/",
+    "Atlantic/",
+    "Australia/",
+    "Europe/",
+    "Indian/",
+    "Pacific/",
+)
+SCHEDULE_CHOICES = [("now", "Send now"), ("later", "At a date and time")]
+URGENCY_CHOICES = [(value, label) for value, (label, _) in URGENCIES.items()]
+# The order fields appear in on the page, which is the order of the error summary.
+FIELD_ORDER = (
+    "topic",
+    "title",
+    "body",
+    "url",
+    "icon",
+    "urgency",
+    "ttl",
+    "collapse_key",
+    "schedule",
+    "send_at",
+    "timezone",
+    "deliver_until",
+    "subscription",
+)
+
+
+@functools.cache
+def time_zones() -> tuple[str, ...]:
+    """UTC first, then the IANA zones of the system's database by name."""
+    try:
+        names = zoneinfo.available_timezones()
+    except (OSError, ValueError):  # no time-zone database: UTC only
+        names = set()
+    return (UTC_ZONE, *sorted(n for n in names if n.startswith(_AREAS)))
+
+
+class LocalTimeError(ValueError):
+    pass
+
+
+def local_to_utc(text: str, zone: str) -> dt.datetime:
+    """``2026-03-27T09:30`` in ``zone`` → an aware UTC datetime.
+
+    A time the clocks skip (spring forward) is refused; a time that happens twice (fall
+    back) is taken as the first one, and the review page shows the UTC result.
+    """
+    try:
+        naive = dt.datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise LocalTimeError("Enter a date and time, like 2026-03-27 09:30") from None
+    if naive.tzinfo is not None:
+        raise LocalTimeError("Enter the date and time without a zone; choose the zone below")
+    try:
+        tz = zoneinfo.ZoneInfo(zone)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        raise LocalTimeError("Choose a time zone from the list") from None
+    local = naive.replace(tzinfo=tz, fold=0)
+    utc = local.astimezone(dt.UTC)
+    if utc.astimezone(tz).replace(tzinfo=None) != naive:
+        raise LocalTimeError(
+            f"{naive:%Y-%m-%d %H:%M} does not exist in {zone}: the clocks go forward then"
+        )
+    return utc
+
+
+def _strip(value: Any) -> Any:
+    return value.strip() if isinstance(value, str) else value
+
+
+def _text(value: Any) -> Any:
+    # Browsers send a textarea's line breaks as CRLF; the notification needs one byte.
+    return value.replace("\r\n", "\n").strip() if isinstance(value, str) else value
+
+
+class CampaignForm(FlaskForm):
+    """Every field is a string as typed, so a page re-renders exactly what was sent."""
+
+    topic = StringField("Topic", filters=[_strip])
+    title = StringField("Title", filters=[_strip])
+    body = TextAreaField("Message", filters=[_text])
+    url = StringField("Link (optional)", filters=[_strip])
+    icon = StringField("Icon (optional)", filters=[_strip])
+    urgency = StringField("Urgency", default="normal", filters=[_strip])
+    ttl = StringField("Time to live, in seconds", default="86400", filters=[_strip])
+    collapse_key = StringField("Collapse key (optional)", filters=[_strip])
+    schedule = StringField("When to send", default="now", filters=[_strip])
+    send_at = StringField("Date and time to send", filters=[_strip])
+    timezone = StringField("Time zone", default=UTC_ZONE, filters=[_strip])
+    deliver_until = StringField("Don't deliver after (optional)", filters=[_strip])
+    # Chosen when the review page is shown: the campaign's id, so Launch is idempotent.
+    campaign_id = HiddenField()
+
+    def topic_choices(self, session: Session) -> list[tuple[str, str]]:
+        choices = [("", "Choose a topic")]
+        for topic in active_topics(session):
+            kind = "transactional" if topic.is_transactional else "marketing"
+            choices.append((topic.slug, f"{topic.label} ({kind}, {topic.category})"))
+        return choices
+
+    def ttl_seconds(self) -> int | None:
+        text = self.ttl.data or ""
+        return int(text) if text.isdigit() and len(text) <= 9 else None
+
+    def chosen_id(self) -> uuid.UUID | None:
+        try:
+            return uuid.UUID(self.campaign_id.data or "")
+        except ValueError:
+            return None
+
+
+class TestSendForm(CampaignForm):
+    """The draft again (hidden fields), plus which of the sender's subscriptions."""
+
+    subscription = StringField("Subscription", filters=[_strip])
+
+    def subscription_id(self) -> uuid.UUID | None:
+        try:
+            return uuid.UUID(self.subscription.data or "")
+        except ValueError:
+            return None
+
+
+class CancelForm(FlaskForm):
+    confirm = BooleanField("Yes, cancel this campaign")
+
+
+def _error(field: Field, message: str) -> None:
+    if not field.errors:
+        field.errors = [message]
+
+
+def _times(form: CampaignForm) -> tuple[dt.datetime | None, dt.datetime | None]:
+    """The send time and the "don't deliver after" time in UTC, as far as they read."""
+    zone = form.timezone.data or UTC_ZONE
+    if zone not in time_zones():
+        _error(form.timezone, "Choose a time zone from the list")
+    send_at: dt.datetime | None = None
+    deliver_until: dt.datetime | None = None
+    if form.schedule.data not in {"now", "later"}:
+        _error(form.schedule, "Choose when to send")
+    elif form.schedule.data == "later":
+        if not form.send_at.data:
+            _error(form.send_at, "Enter the date and time to send")
+        elif not form.timezone.errors:
+            try:
+                send_at = local_to_utc(form.send_at.data, zone)
+            except LocalTimeError as problem:
+                _error(form.send_at, str(problem))
+    if form.deliver_until.data and not form.timezone.errors:
+        try:
+            deliver_until = local_to_utc(form.deliver_until.data, zone)
+        except LocalTimeError as problem:
+            _error(form.deliver_until, str(problem))
+    return send_at, deliver_until
+
+
+def check(form: CampaignForm, session: Session, *, now: dt.datetime) -> CampaignDraft | None:
+    """Every problem with the submitted form as field errors; the draft when there are none."""
+    # CSRFProtect checked the token before the view ran; the fields have no validators
+    # of their own, so every message below comes from one place, in page order.
+    for field in form:
+        field.errors = []
+    ttl = form.ttl_seconds()
+    if ttl is None:
+        _error(form.ttl, "Enter the time to live as a whole number of seconds, like 86400")
+    send_at, deliver_until = _times(form)
+    draft = CampaignDraft(
+        topic=form.topic.data or "",
+        title=form.title.data or "",
+        body=form.body.data or "",
+        url=form.url.data or None,
+        icon=form.icon.data or None,
+        urgency=form.urgency.data or "",
+        ttl=ttl if ttl is not None else 0,
+        collapse_key=form.collapse_key.data or None,
+        send_at=send_at,
+        deliver_until=deliver_until,
+    )
+    time_unclear = bool(form.send_at.errors or form.schedule.errors)
+    for problem in services.validate_draft(session, draft, now=now):
+        field = getattr(form, problem.field or "", None)
+        if field is None:
+            continue
+        if field is form.deliver_until and time_unclear:
+            continue  # compared with a send time we could not read: say nothing yet
+        _error(field, problem.message[:1].upper() + problem.message[1:])
+    if any(field.errors for field in form):
+        return None
+    return draft
+
+
+def error_list(form: CampaignForm) -> list[tuple[str, str]]:
+    """(field id, message) in page order, for the error summary."""
+    return [
+        (name, getattr(form, name).errors[0])
+        for name in FIELD_ORDER
+        if hasattr(form, name) and getattr(form, name).errors
+    ]

@@ -1,0 +1,204 @@
+"""How campaign facts read on the staff pages: plain words, labels, the outcome chart.
+
+No rules here (those are in :mod:`portal.campaigns.services`), only wording and layout,
+kept out of the templates so the command line and the JSON endpoint say the same.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import http
+from collections import defaultdict
+from dataclasses import dataclass
+
+from portal.campaigns.models import CampaignStatus, CircuitState, DeliveryStatus
+from portal.consent.preferences import Reason
+
+STATUS_LABELS = {
+    CampaignStatus.SCHEDULED.value: "Scheduled",
+    CampaignStatus.SENDING.value: "Sending",
+    CampaignStatus.PAUSED.value: "Paused",
+    CampaignStatus.COMPLETED.value: "Completed",
+    CampaignStatus.CANCELLED.value: "Cancelled",
+    CampaignStatus.EXPIRED.value: "Expired",
+}
+FINISHED = frozenset(
+    {CampaignStatus.COMPLETED.value, CampaignStatus.CANCELLED.value, CampaignStatus.EXPIRED.value}
+)
+
+DELIVERY_LABELS = {
+    DeliveryStatus.QUEUED.value: ("Queued", "waiting to be sent, or to be retried"),
+    DeliveryStatus.SENDING.value: ("Sending", "handed to a push service, answer pending"),
+    DeliveryStatus.ACCEPTED.value: ("Accepted", "the push service took the message"),
+    DeliveryStatus.FAILED.value: ("Failed", "refused, or retried until the limit"),
+    DeliveryStatus.REVOKED.value: ("Revoked", "the subscription is gone (410)"),
+    DeliveryStatus.SKIPPED.value: (
+        "Skipped",
+        "consent withdrawn, subscription ended, cancelled or expired before sending",
+    ),
+}
+
+AUDIENCE_LABELS = {
+    Reason.EXPLICIT_OPT_IN.value: ("Opted in", "chose this topic themselves"),
+    Reason.TRANSACTIONAL_GRANT.value: (
+        "Transactional grant",
+        "allowed notifications in the browser; this topic is transactional",
+    ),
+    Reason.DEFAULT_BY_REGION.value: (
+        "Region default",
+        "have not decided; the topic is on by default where they live",
+    ),
+}
+
+URGENCIES = {  # RFC 8030 §5.3: what the push service may wait for
+    "very-low": ("Very low", "delivered only when the device is on power and Wi-Fi"),
+    "low": ("Low", "delivered when the device is on power or its battery is not low"),
+    "normal": ("Normal", "most messages"),
+    "high": ("High", "time-critical; may wake the device and use battery"),
+}
+
+
+def urgency_text(value: str) -> str:
+    """ "Low — delivered when the device is on power or its battery is not low"."""
+    label, meaning = URGENCIES.get(value, (value, ""))
+    return f"{label} — {meaning}" if meaning else label
+
+
+_UNITS = (("day", 86400), ("hour", 3600), ("minute", 60), ("second", 1))
+
+
+def ttl_in_words(seconds: int) -> str:
+    """``86400`` → "1 day"; ``5400`` → "1 hour and 30 minutes"; ``0`` explained."""
+    if seconds <= 0:
+        return "0 seconds: delivered only if the browser can be reached at once"
+    parts = []
+    rest = seconds
+    for name, size in _UNITS:
+        amount, rest = divmod(rest, size)
+        if amount:
+            parts.append(f"{amount} {name}{'' if amount == 1 else 's'}")
+    if len(parts) == 1:
+        return parts[0]
+    return ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
+def answer_label(answer: str) -> str:
+    """An outcome bucket: an HTTP answer ("201 Created") or a status with no answer."""
+    if answer.isdigit():
+        try:
+            return f"{answer} {http.HTTPStatus(int(answer)).phrase}"
+        except ValueError:
+            return answer
+    return DELIVERY_LABELS.get(answer, (answer.capitalize(), ""))[0] + " (no answer)"
+
+
+def answer_kind(answer: str) -> str:
+    """A CSS class for the bar; the text label always says the same, colour is extra."""
+    if answer.isdigit():
+        code = int(answer)
+        if 200 <= code < 300:
+            return "ok"
+        if code == 410:
+            return "gone"
+        if code == 429 or code >= 500:
+            return "retry"
+        return "error"
+    return "none"
+
+
+def progress_summary(
+    status: str, *, done: int, total: int, materialised: bool, send_at: dt.datetime
+) -> str:
+    """The one line that says where a campaign is (the page and the JSON share it)."""
+    label = STATUS_LABELS.get(status, status)
+    if status == CampaignStatus.SCHEDULED.value:
+        return f"{label} for {send_at.astimezone(dt.UTC):%Y-%m-%d %H:%M} UTC: nothing sent yet."
+    line = f"{label}: {done:,} of {total:,} done"
+    if not materialised and status not in FINISHED:
+        line += "; the audience is still being counted in"
+    return line + "."
+
+
+def circuit_sentence(circuit: CircuitState) -> str:
+    """ "fcm slowed down until 12:03 UTC — 40 of 50 answers were 429/5xx"."""
+    until = circuit.open_until.astimezone(dt.UTC).strftime("%H:%M:%S UTC")
+    return f"{circuit.push_service} slowed down until {until} — {circuit.reason}"
+
+
+@dataclass(frozen=True)
+class Bar:
+    service: str
+    answer: str
+    label: str
+    kind: str
+    count: int
+    y: int
+    width: float
+
+
+@dataclass(frozen=True)
+class Group:
+    service: str
+    y: int
+    total: int
+
+
+@dataclass(frozen=True)
+class OutcomeChart:
+    """Horizontal bars, one per (push service, answer), grouped by push service."""
+
+    groups: list[Group]
+    bars: list[Bar]
+    height: int
+    total: int
+    width: int = 640
+    label_width: int = 220
+    bar_height: int = 24
+    max_bar: int = 340
+
+    @property
+    def bar_x(self) -> int:
+        return self.label_width + 8
+
+    def description(self) -> str:
+        if not self.bars:
+            return "No answers yet."
+        parts = []
+        for group in self.groups:
+            mine = [b for b in self.bars if b.service == group.service]
+            listed = ", ".join(f"{b.count} {b.label}" for b in mine)
+            parts.append(f"{group.service}: {listed}")
+        return "; ".join(parts) + "."
+
+
+def outcome_chart(rows: list[tuple[str, str, int]]) -> OutcomeChart:
+    """Lay out :func:`~portal.campaigns.services.outcome_by_service` rows as bars."""
+    by_service: dict[str, list[tuple[str, int]]] = defaultdict(list)
+    for service, answer, count in rows:
+        by_service[service].append((answer, count))
+    largest = max((count for _, _, count in rows), default=0)
+    groups: list[Group] = []
+    bars: list[Bar] = []
+    y = 0
+    chart = OutcomeChart([], [], 0, 0)
+    step = chart.bar_height + 6
+    for service in sorted(by_service):
+        answers = by_service[service]
+        groups.append(Group(service, y, sum(count for _, count in answers)))
+        y += step  # the group's heading line
+        for answer, count in answers:
+            width = chart.max_bar * count / largest if largest else 0
+            bars.append(
+                Bar(
+                    service,
+                    answer,
+                    answer_label(answer),
+                    answer_kind(answer),
+                    count,
+                    y,
+                    max(width, 2.0),  # a visible sliver for small counts
+                )
+            )
+            y += step
+        y += 8
+    return OutcomeChart(groups, bars, max(y, step), sum(c for _, _, c in rows))

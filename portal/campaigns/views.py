@@ -1,0 +1,434 @@
+"""Campaign pages for staff with the ``campaigns`` role: list, form, review, launch, follow.
+
+The routes sit on the staff console's blueprint, which signs staff in and checks roles
+and CSRF for every page under ``/staff``. Views stay thin: the form turns input into a
+draft, the services hold the rules, and every change is audited in its own transaction.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from flask import current_app, flash, jsonify, redirect, render_template, request, url_for
+from sqlalchemy.exc import IntegrityError
+
+from portal.campaigns import presentation, services
+from portal.campaigns.actions import CANCELLED, LAUNCHED, PAUSED, RESUMED, TEST_SENT
+from portal.campaigns.forms import (
+    SCHEDULE_CHOICES,
+    URGENCY_CHOICES,
+    CampaignForm,
+    CancelForm,
+    TestSendForm,
+    check,
+    error_list,
+    time_zones,
+)
+from portal.campaigns.models import Campaign
+from portal.campaigns.services import CampaignDraft, payload_size
+from portal.consent.catalogue import topic_by_slug
+from portal.consent.models import Topic
+from portal.consent.recipients import audience_breakdown
+from portal.db import db, uuid7
+from portal.errors import ApiError
+from portal.identity import device_from_cookie, subscriber_from_cookie
+from portal.staff import audit
+from portal.staff.access import StaffPage, current_staff, register_page, staff_required
+from portal.staff.forms import ConfirmForm
+from portal.staff.models import Role
+from portal.staff.views import bp
+from portal.useragent import family
+
+if TYPE_CHECKING:
+    from portal import Portal
+    from portal.staff.services import SignedIn
+
+register_page(
+    StaffPage(
+        "staff.campaign_list",
+        "Campaigns",
+        "Create, test, launch and follow campaigns; pause, resume or cancel them.",
+    )
+)
+
+_CONTROLS = {"pause": PAUSED, "resume": RESUMED, "cancel": CANCELLED}
+_DONE = {"pause": "paused", "resume": "resumed", "cancel": "cancelled"}
+
+
+def _portal() -> Portal:
+    return current_app.extensions["portal"]
+
+
+def _now() -> dt.datetime:
+    return _portal().clock.now()
+
+
+def _signed_in() -> SignedIn:
+    staff = current_staff()
+    assert staff is not None  # staff_required ran first
+    return staff
+
+
+def _uuid(text: str | None) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(text or "")
+    except ValueError:
+        return None
+
+
+def _preview(form: CampaignForm) -> dict[str, Any]:
+    """What the notification shows, from the fields as typed (valid or not)."""
+    draft = CampaignDraft(
+        topic="",
+        title=form.title.data or "",
+        body=form.body.data or "",
+        url=form.url.data or None,
+        icon=form.icon.data or None,
+    )
+    ttl = form.ttl_seconds()
+    return {
+        "title": draft.title,
+        "body": draft.body,
+        "url": draft.url,
+        "icon": draft.icon,
+        "size": payload_size(draft),
+        "limit": services.MAX_PLAINTEXT,
+        "ttl_words": presentation.ttl_in_words(ttl) if ttl is not None else None,
+        "origin": request.host,
+    }
+
+
+def _form_page(form: CampaignForm, *, status: int = 200, previewed: bool = False) -> Any:
+    return render_template(
+        "staff/campaigns/new.html",
+        form=form,
+        errors=error_list(form),
+        topics=form.topic_choices(db.session),
+        zones=[(zone, zone) for zone in time_zones()],
+        schedule_choices=SCHEDULE_CHOICES,
+        urgency_choices=URGENCY_CHOICES,
+        urgency_hints={
+            value: meaning[:1].upper() + meaning[1:] + "."
+            for value, (_, meaning) in presentation.URGENCIES.items()
+        },
+        preview=_preview(form),
+        previewed=previewed,
+    ), status
+
+
+def _audience(topic: Topic) -> dict[str, Any]:
+    counts = audience_breakdown(db.session, topic.id)
+    return {
+        "total": sum(counts.values()),
+        "rows": [
+            (label, hint, counts.get(reason, 0))
+            for reason, (label, hint) in presentation.AUDIENCE_LABELS.items()
+        ],
+    }
+
+
+def _review_page(
+    form: CampaignForm, draft: CampaignDraft, *, test_campaign: Campaign | None = None
+) -> Any:
+    if form.chosen_id() is None:
+        form.campaign_id.data = str(uuid7())
+    subscriber_id = subscriber_from_cookie(request)
+    targets = services.subscriptions_for_tests(db.session, subscriber_id) if subscriber_id else []
+    topic = topic_by_slug(db.session, draft.topic)
+    return render_template(
+        "staff/campaigns/review.html",
+        form=form,
+        errors=[],
+        draft=draft,
+        topic=topic,
+        audience=_audience(topic),
+        preview=_preview(form),
+        ttl_words=presentation.ttl_in_words(draft.ttl),
+        urgency=presentation.urgency_text(draft.urgency),
+        targets=targets,
+        this_device=device_from_cookie(request),
+        family=family,
+        test_campaign=test_campaign,
+        dispatch_every=_portal().settings.schedule.dispatch,
+    )
+
+
+# -- the list -----------------------------------------------------------------------------
+
+
+@bp.get("/campaigns")
+@staff_required(Role.CAMPAIGNS)
+def campaign_list() -> Any:
+    include_tests = request.args.get("tests") == "1"
+    page = services.list_campaigns(
+        db.session, include_tests=include_tests, before=_uuid(request.args.get("before"))
+    )
+    return render_template(
+        "staff/campaigns/list.html",
+        page=page,
+        include_tests=include_tests,
+        status_labels=presentation.STATUS_LABELS,
+    )
+
+
+# -- the form, the review step and launch -------------------------------------------------
+
+
+@bp.route("/campaigns/new", methods=["GET", "POST"])
+@staff_required(Role.CAMPAIGNS)
+def campaign_new() -> Any:
+    form = CampaignForm()
+    if request.method == "GET":
+        return _form_page(form)
+    action = request.form.get("action", "review")
+    if action == "edit":
+        return _form_page(form)
+    if action == "preview":
+        # Drafting: show the notification as typed; the rules are checked on review.
+        return _form_page(form, previewed=True)
+    draft = check(form, db.session, now=_now())
+    if draft is None:
+        return _form_page(form, status=422)
+    if action == "launch":
+        return _launch(form, draft)
+    return _review_page(form, draft)
+
+
+def _launch(form: CampaignForm, draft: CampaignDraft) -> Any:
+    staff = _signed_in()
+    chosen = form.chosen_id()
+    if chosen is not None:
+        existing = db.session.get(Campaign, chosen)
+        if existing is not None:
+            if existing.created_by == staff.email and not existing.is_test:
+                flash("This campaign was launched already: here it is.")
+                return redirect(url_for("staff.campaign_detail", campaign_id=existing.id), 303)
+            chosen = None
+    topic = topic_by_slug(db.session, draft.topic)
+    audience = audience_breakdown(db.session, topic.id)
+    try:
+        campaign = services.create_campaign(
+            db.session, draft, created_by=staff.email, now=_now(), campaign_id=chosen
+        )
+        audit.record(
+            db.session,
+            staff,
+            LAUNCHED,
+            f"campaign:{campaign.id}",
+            {
+                "topic": topic.slug,
+                "title": campaign.title,
+                "sendAt": campaign.send_at.isoformat(),
+                "audience": sum(audience.values()),
+                "byReason": audience,
+            },
+        )
+        db.session.commit()
+    except IntegrityError:
+        # The same Launch pressed twice at once: the other request made it.
+        db.session.rollback()
+        flash("This campaign was launched already: here it is.")
+        return redirect(url_for("staff.campaign_detail", campaign_id=chosen), 303)
+    except ApiError as problem:  # a rule that changed since the review (a retired topic)
+        db.session.rollback()
+        field = getattr(form, problem.field or "", None) or form.topic
+        field.errors = [problem.message]
+        return _form_page(form, status=422)
+    when = (
+        "now"
+        if campaign.send_at <= _now()
+        else f"at {campaign.send_at.astimezone(dt.UTC):%Y-%m-%d %H:%M} UTC"
+    )
+    flash(f"Campaign launched: it sends {when}.")
+    return redirect(url_for("staff.campaign_detail", campaign_id=campaign.id), 303)
+
+
+@bp.post("/campaigns/test-send")
+@staff_required(Role.CAMPAIGNS)
+def campaign_test_send() -> Any:
+    """Create a test campaign for one of the sender's own subscriptions.
+
+    It is sent by the dispatcher's next run (the scheduler's ``dispatch`` job), like any
+    delivery: the request does not send, so it never waits on a push service or runs
+    other campaigns' work.
+    """
+    form = TestSendForm()
+    draft = check(form, db.session, now=_now())
+    if draft is None:
+        return _form_page(form, status=422)
+    staff = _signed_in()
+    subscriber_id = subscriber_from_cookie(request)
+    subscription_id = form.subscription_id()
+    if subscriber_id is None or subscription_id is None:
+        flash("Choose one of this browser's subscriptions to send the test to.", "error")
+        return _review_page(form, draft), 422
+    try:
+        campaign = services.create_test_campaign(
+            db.session,
+            draft,
+            subscription_id=subscription_id,
+            subscriber_id=subscriber_id,
+            created_by=staff.email,
+            now=_now(),
+        )
+        audit.record(
+            db.session,
+            staff,
+            TEST_SENT,
+            f"campaign:{campaign.id}",
+            {"topic": draft.topic, "title": campaign.title, "subscription": str(subscription_id)},
+        )
+        db.session.commit()
+    except ApiError as problem:
+        db.session.rollback()
+        flash(problem.message, "error")
+        return _review_page(form, draft), 422
+    return _review_page(form, draft, test_campaign=campaign)
+
+
+# -- one campaign -------------------------------------------------------------------------
+
+
+def _find(campaign_id: uuid.UUID) -> tuple[Campaign, Topic] | None:
+    campaign = db.session.get(Campaign, campaign_id)
+    if campaign is None:
+        return None
+    topic = db.session.get(Topic, campaign.topic_id)
+    assert topic is not None
+    return campaign, topic
+
+
+def _not_found() -> tuple[str, int]:
+    return render_template("staff/campaigns/not_found.html"), 404
+
+
+def _progress_json(campaign: Campaign) -> dict[str, Any]:
+    progress = services.progress(db.session, campaign)
+    now = _now()
+    return {
+        "id": str(campaign.id),
+        "status": campaign.status,
+        "statusLabel": presentation.STATUS_LABELS[campaign.status],
+        "finished": campaign.status in presentation.FINISHED,
+        "materialised": progress.materialised,
+        "counts": progress.counts,
+        "total": progress.total,
+        "done": progress.done,
+        "summary": presentation.progress_summary(
+            campaign.status,
+            done=progress.done,
+            total=progress.total,
+            materialised=progress.materialised,
+            send_at=campaign.send_at,
+        ),
+        "circuits": [
+            {
+                "pushService": c.push_service,
+                "openUntil": c.open_until.isoformat(),
+                "reason": c.reason,
+                "text": presentation.circuit_sentence(c),
+            }
+            for c in services.open_circuits(db.session, now)
+        ],
+        "at": now.isoformat(),
+    }
+
+
+def _detail_page(
+    campaign: Campaign, topic: Topic, *, cancel: CancelForm | None = None, status: int = 200
+) -> Any:
+    cancel = cancel or CancelForm()
+    progress = _progress_json(campaign)
+    rows = services.outcome_by_service(db.session, campaign.id)
+    return render_template(
+        "staff/campaigns/detail.html",
+        campaign=campaign,
+        topic=topic,
+        progress=progress,
+        delivery_labels=presentation.DELIVERY_LABELS,
+        status_label=presentation.STATUS_LABELS[campaign.status],
+        ttl_words=presentation.ttl_in_words(campaign.ttl),
+        urgency=presentation.urgency_text(campaign.urgency),
+        chart=presentation.outcome_chart(rows),
+        outcome=[(s, presentation.answer_label(a), n) for s, a, n in rows],
+        confirm=ConfirmForm(),
+        cancel=cancel,
+        errors=[("confirm", cancel.confirm.errors[0])] if cancel.confirm.errors else [],
+        allowed={
+            action: campaign.status in {s.value for s in services.allowed_from(action)}
+            for action in _CONTROLS
+        },
+        preview={
+            "title": campaign.title,
+            "body": campaign.body,
+            "url": campaign.url,
+            "icon": campaign.icon,
+            "origin": request.host,
+        },
+    ), status
+
+
+@bp.get("/campaigns/<uuid:campaign_id>")
+@staff_required(Role.CAMPAIGNS)
+def campaign_detail(campaign_id: uuid.UUID) -> Any:
+    found = _find(campaign_id)
+    if found is None:
+        return _not_found()
+    return _detail_page(*found)
+
+
+@bp.get("/campaigns/<uuid:campaign_id>/progress.json")
+@staff_required(Role.CAMPAIGNS)
+def campaign_progress(campaign_id: uuid.UUID) -> Any:
+    campaign = db.session.get(Campaign, campaign_id)
+    if campaign is None:
+        return jsonify({"error": {"code": "not_found", "message": "no such campaign"}}), 404
+    return jsonify(_progress_json(campaign))
+
+
+def _control(campaign_id: uuid.UUID, action: str) -> Any:
+    found = _find(campaign_id)
+    if found is None:
+        return _not_found()
+    if action == "cancel":
+        form = CancelForm()
+        if not form.confirm.data:
+            form.confirm.errors = ["Tick the box to confirm that you want to cancel"]
+            return _detail_page(*found, cancel=form, status=422)
+    staff = _signed_in()
+    try:
+        campaign = services.control(db.session, campaign_id, action, now=_now())
+        audit.record(
+            db.session,
+            staff,
+            _CONTROLS[action],
+            f"campaign:{campaign.id}",
+            {"status": campaign.status},
+        )
+        db.session.commit()
+    except ApiError as problem:  # the campaign moved on meanwhile (it finished …)
+        db.session.rollback()
+        flash(f"Not {_DONE[action]}: {problem.message}.", "error")
+    else:
+        flash(f"Campaign {_DONE[action]}.")
+    return redirect(url_for("staff.campaign_detail", campaign_id=campaign_id), 303)
+
+
+@bp.post("/campaigns/<uuid:campaign_id>/pause")
+@staff_required(Role.CAMPAIGNS)
+def campaign_pause(campaign_id: uuid.UUID) -> Any:
+    return _control(campaign_id, "pause")
+
+
+@bp.post("/campaigns/<uuid:campaign_id>/resume")
+@staff_required(Role.CAMPAIGNS)
+def campaign_resume(campaign_id: uuid.UUID) -> Any:
+    return _control(campaign_id, "resume")
+
+
+@bp.post("/campaigns/<uuid:campaign_id>/cancel")
+@staff_required(Role.CAMPAIGNS)
+def campaign_cancel(campaign_id: uuid.UUID) -> Any:
+    return _control(campaign_id, "cancel")

@@ -1,0 +1,1 @@
+"""Compliance work: consent look-ups, verifiable exports, the dashboard, staff erasure."""

@@ -1,0 +1,116 @@
+"""Geometry of the dashboard's bar charts, drawn as SVG by the template (no JavaScript).
+
+One chart per topic: a pair of bars per week, opt-ins solid and opt-outs striped, each
+with its number above it, so neither colour nor shape alone carries the meaning; the
+page also gives the same numbers as a table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from portal.compliance.services import TopicWeeks
+
+WIDTH, HEIGHT = 640, 230
+LEFT, RIGHT, TOP, BOTTOM = 44, 8, 18, 40
+
+
+@dataclass(frozen=True)
+class Bar:
+    kind: str  # "in" | "out"
+    x: float
+    y: float
+    width: float
+    height: float
+    value: int
+
+
+@dataclass(frozen=True)
+class Tick:
+    y: float
+    value: int
+
+
+@dataclass(frozen=True)
+class Label:
+    x: float
+    text: str
+
+
+@dataclass(frozen=True)
+class Chart:
+    id: str
+    title: str
+    description: str
+    width: int
+    height: int
+    baseline: float
+    left: float
+    right: float
+    bars: list[Bar]
+    ticks: list[Tick]
+    labels: list[Label]
+
+
+def _nice_step(peak: int) -> int:
+    """A round step giving at most four gridlines above zero."""
+    step = 1
+    while peak / step > 4:
+        for factor in (2, 5, 10):
+            if peak / (step * factor) <= 4:
+                return step * factor
+        step *= 10
+    return step
+
+
+def weekly_chart(series: TopicWeeks, index: int) -> Chart:
+    plot_width = WIDTH - LEFT - RIGHT
+    plot_height = HEIGHT - TOP - BOTTOM
+    step = _nice_step(max(series.peak, 1))
+    top = step * max(1, -(-max(series.peak, 1) // step))
+    scale = plot_height / top
+    baseline = TOP + plot_height
+    group = plot_width / len(series.weeks)
+    bar = group * 0.34
+    bars: list[Bar] = []
+    labels: list[Label] = []
+    for i, week in enumerate(series.weeks):
+        start = LEFT + i * group + group * 0.14
+        for offset, kind, value in ((0.0, "in", week.opt_in), (bar + 2, "out", week.opt_out)):
+            height = value * scale
+            bars.append(
+                Bar(
+                    kind,
+                    round(start + offset, 1),
+                    round(baseline - height, 1),
+                    round(bar, 1),
+                    round(height, 1),
+                    value,
+                )
+            )
+        labels.append(Label(round(LEFT + i * group + group / 2, 1), f"{week.week:%d %b}"))
+    ticks = [Tick(round(baseline - v * scale, 1), v) for v in range(0, top + 1, step)]
+    opt_in, opt_out = series.totals
+    first, last = series.weeks[0].week, series.weeks[-1].week
+    busiest = max(series.weeks, key=lambda w: (w.opt_in + w.opt_out, w.week))
+    summary = (
+        f"{opt_in} opt-ins and {opt_out} opt-outs over the {len(series.weeks)} weeks from "
+        f"{first:%d %B %Y} to the week of {last:%d %B %Y}."
+    )
+    if opt_in or opt_out:
+        summary += (
+            f" Busiest week: {busiest.week:%d %B} ({busiest.opt_in} in, {busiest.opt_out} out)."
+        )
+    return Chart(
+        id=f"chart-{index}",
+        title=f"{series.topic.label}: opt-ins and opt-outs per week",
+        description=summary,
+        width=WIDTH,
+        height=HEIGHT,
+        baseline=baseline,
+        left=LEFT,
+        right=WIDTH - RIGHT,
+        bars=bars,
+        ticks=ticks,
+        labels=labels,
+    )

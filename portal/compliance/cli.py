@@ -1,0 +1,146 @@
+"""``portal export`` and ``portal verify-export``.
+
+``verify-export`` needs no database or configuration: ``python -m portal.compliance.cli
+BUNDLE`` runs the same check where only the package is installed.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import getpass
+import socket
+import sys
+import uuid
+from pathlib import Path
+
+import click
+from flask import current_app
+from flask.cli import AppGroup, with_appcontext
+
+from portal.compliance import services
+from portal.compliance.export import DATA_FILES, ExportError, ExportFilter, write_bundle
+from portal.compliance.signing import SigningKey, SigningKeyMissing, parse_public_key
+from portal.compliance.verify import BundleError, verify_bundle
+from portal.db import db
+from portal.staff.audit import Anonymous
+
+
+def _fail(message: str) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(1)
+
+
+@click.command("export")
+@click.option(
+    "--from",
+    "start",
+    required=True,
+    type=click.DateTime(["%Y-%m-%d"]),
+    help="First day (UTC, by recorded time).",
+)
+@click.option(
+    "--to", "end", required=True, type=click.DateTime(["%Y-%m-%d"]), help="Last day, included."
+)
+@click.option(
+    "--format",
+    "data_format",
+    type=click.Choice(sorted(DATA_FILES)),
+    default="csv",
+    show_default=True,
+)
+@click.option(
+    "--out",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="The bundle's folder; it must not exist yet.",
+)
+@click.option("--topic", help="Only this topic's events (its slug).")
+@click.option("--subscriber", type=click.UUID, help="Only this subscriber's events.")
+@with_appcontext
+def export_command(
+    start: dt.datetime,
+    end: dt.datetime,
+    data_format: str,
+    out: Path,
+    topic: str | None,
+    subscriber: uuid.UUID | None,
+) -> None:
+    """Export consent history as a signed bundle in OUT."""
+    portal = current_app.extensions["portal"]
+    try:
+        key = SigningKey.from_setting(portal.settings.export_signing_key)
+    except SigningKeyMissing as missing:
+        _fail(str(missing))
+    if out.exists():
+        _fail(f"{out} exists already: choose a new folder")
+    user = f"{getpass.getuser()}@{socket.gethostname()}"
+    try:
+        filters = ExportFilter(start.date(), end.date(), topic, subscriber)
+        with db.begin() as session:
+            plan = services.start_export(
+                session,
+                filters,
+                data_format=data_format,
+                actor=Anonymous(),
+                via=f"command line ({user})",
+            )
+        manifest = write_bundle(
+            out,
+            db.engine,
+            plan,
+            data_format,
+            exporter={"kind": "command line", "user": user},
+            created_at=portal.clock.now(),
+            key=key,
+        )
+    except ExportError as error:
+        _fail(str(error))
+    click.echo(
+        f"exported {manifest['data']['rows']} events to {out} "
+        f"({manifest['data']['file']}, sha256 {manifest['data']['sha256']})"
+    )
+
+
+@click.command("verify-export")
+@click.argument("bundle", type=click.Path(exists=True, path_type=Path))
+@click.option(
+    "--public-key",
+    help="The export signing key (hex, base64url or a PEM file) from the staff console. "
+    "Without it the manifest's own copy is used, which proves the bundle is intact but "
+    "not who signed it.",
+)
+def verify_export_command(bundle: Path, public_key: str | None) -> None:
+    """Check an export bundle (folder or .zip) offline; exit 1 naming what is wrong."""
+    try:
+        key = parse_public_key(public_key) if public_key else None
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--public-key") from None
+    try:
+        report = verify_bundle(bundle, key)
+    except BundleError as error:
+        _fail(str(error))
+    if not report.ok:
+        for problem in report.problems:
+            click.echo(f"FAILED {problem}", err=True)
+        click.echo(f"{bundle}: {len(report.problems)} problem(s); do not rely on it", err=True)
+        sys.exit(1)
+    assert report.key is not None
+    click.echo(
+        f"{bundle}: OK: {report.rows} events, data sha256 {report.data_sha256}, "
+        f"signed by key {report.key.hex}"
+    )
+    if not report.key_given:
+        click.echo(
+            "note: checked with the key inside the manifest; pass --public-key with the key "
+            "from the staff console to check who signed it",
+            err=True,
+        )
+
+
+def register(portal_cli: AppGroup) -> None:
+    portal_cli.add_command(export_command)
+    portal_cli.add_command(verify_export_command)
+
+
+if __name__ == "__main__":
+    verify_export_command()

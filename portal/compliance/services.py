@@ -1,0 +1,518 @@
+"""Compliance rules: finding a person's consent history, what it shows, exports, erasure.
+
+Look-ups by endpoint hash the endpoint at once and keep only the hash: the endpoint is
+never stored, logged or written to the audit trail (a look-up records how it searched
+and whom it found, never the value it searched with).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import json
+import uuid
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from portal.campaigns.models import Campaign, Delivery
+from portal.compliance.export import ExportFilter, ExportPlan, plan_export
+from portal.consent import catalogue
+from portal.consent.log import Context
+from portal.consent.models import ConsentEvent, EventKind, Source, Topic
+from portal.consent.preferences import Reason, TopicView, topic_views
+from portal.db import is_postgres
+from portal.operations.models import JobRun
+from portal.retention.services import ErasureReceipt, erase_subscriber
+from portal.staff import audit
+from portal.staff.models import StaffUser
+from portal.subscriptions.models import PushSubscription, Subscriber
+from portal.subscriptions.validation import endpoint_hash
+from portal.useragent import family
+
+
+class Action:
+    LOOKED_UP = "consent.looked_up"
+    HISTORY_VIEWED = "consent.history_viewed"
+    EXPORTED = "consent.exported"
+    ERASED = "subscriber.erased"
+    LOG_VERIFICATION = "consent.log_verification_started"
+
+
+audit.register_action(Action.LOOKED_UP, "Consent look-up")
+audit.register_action(Action.HISTORY_VIEWED, "Consent history viewed")
+audit.register_action(Action.EXPORTED, "Consent history exported")
+audit.register_action(Action.ERASED, "Subscriber erased by staff")
+audit.register_action(Action.LOG_VERIFICATION, "Consent log verification started")
+
+VERIFY_JOB = "verify-log"
+HISTORY_LIMIT = 2000
+DELIVERY_LIMIT = 500
+
+
+class LookupKind(enum.StrEnum):
+    EXTERNAL_USER_ID = "external_user_id"
+    SUBSCRIBER_ID = "subscriber_id"
+    ENDPOINT = "endpoint"
+
+
+LOOKUP_LABELS = {
+    LookupKind.EXTERNAL_USER_ID: "External user ID",
+    LookupKind.SUBSCRIBER_ID: "Subscriber ID",
+    LookupKind.ENDPOINT: "Push endpoint",
+}
+
+
+def subscriber_target(subscriber_id: uuid.UUID) -> str:
+    return f"subscriber:{subscriber_id}"
+
+
+def find_subscriber(
+    session: Session, kind: LookupKind, value: str, *, actor: audit.Actor | None
+) -> uuid.UUID | None:
+    """The subscriber a value names, or None; audited either way (without the value)."""
+    value = value.strip()
+    found: uuid.UUID | None = None
+    if kind is LookupKind.ENDPOINT:
+        digest = endpoint_hash(value)
+        del value  # only the hash goes any further
+        found = session.execute(
+            sa.select(PushSubscription.subscriber_id).where(
+                PushSubscription.endpoint_hash == digest
+            )
+        ).scalar_one_or_none()
+    elif kind is LookupKind.EXTERNAL_USER_ID:
+        found = session.execute(
+            sa.select(Subscriber.id).where(Subscriber.external_user_id == value)
+        ).scalar_one_or_none()
+    else:
+        try:
+            wanted = uuid.UUID(value)
+        except ValueError:
+            wanted = None
+        if wanted is not None and known_subscriber(session, wanted):
+            found = wanted
+    audit.record(
+        session,
+        actor,
+        Action.LOOKED_UP,
+        subscriber_target(found) if found else None,
+        {"by": kind.value, "found": found is not None},
+    )
+    return found
+
+
+def known_subscriber(session: Session, subscriber_id: uuid.UUID) -> bool:
+    """A subscriber row, or at least consent events under that id."""
+    if session.get(Subscriber, subscriber_id) is not None:
+        return True
+    return (
+        session.execute(
+            sa.select(ConsentEvent.seq).where(ConsentEvent.subscriber_id == subscriber_id).limit(1)
+        ).first()
+        is not None
+    )
+
+
+# -- one person's history -------------------------------------------------------------------
+
+KIND_LABELS = {
+    EventKind.PREFERENCE_CHANGED: "Preference changed",
+    EventKind.PERMISSION_GRANTED: "Notification permission granted",
+    EventKind.SUBSCRIBED: "Subscribed",
+    EventKind.ENDPOINT_ROTATED: "Endpoint rotated",
+    EventKind.REVOKED_BY_PUSH_SERVICE: "Revoked by the push service",
+    EventKind.REVOKED_BY_FEEDBACK: "Revoked by delivery feedback",
+    EventKind.EXPIRED: "Expired",
+    EventKind.UNSUBSCRIBED: "Unsubscribed",
+    EventKind.ACCOUNT_LINKED: "Account linked",
+    EventKind.ERASED: "Erased",
+}
+
+# The reason a topic is on or off, in the words a compliance officer uses.
+REASON_LABELS = {
+    Reason.EXPLICIT_OPT_IN: "Explicit opt-in",
+    Reason.EXPLICIT_OPT_OUT: "Explicit opt-out",
+    Reason.TRANSACTIONAL_GRANT: "Transactional: covered by the notification permission grant",
+    Reason.DEFAULT_BY_REGION: "Default on in the person's region",
+    Reason.DEFAULT_OFF: "Default off: no decision made",
+    Reason.REGION_BLOCKS_DEFAULT: "No decision: the topic's default does not apply in this region",
+}
+
+
+@dataclass(frozen=True)
+class TimelineEvent:
+    seq: int
+    kind: str
+    topic: Topic | None
+    previous_state: str | None
+    new_state: str | None
+    source: str
+    policy_version: str | None
+    decided_at: dt.datetime
+    recorded_at: dt.datetime
+    actor: str
+    screen: str | None
+    client: str | None
+    extra: dict[str, str]
+    hash: str
+    subscription_id: uuid.UUID | None
+    deliveries: int = 0
+
+    @property
+    def label(self) -> str:
+        try:
+            return KIND_LABELS[EventKind(self.kind)]
+        except ValueError:
+            return self.kind
+
+
+@dataclass(frozen=True)
+class DeliveryRow:
+    id: int
+    campaign_id: uuid.UUID
+    campaign_title: str
+    topic_slug: str
+    subscription_id: uuid.UUID
+    status: str
+    consent_reason: str
+    consent_event_seq: int | None
+    attempts: int
+    updated_at: dt.datetime
+
+
+@dataclass(frozen=True)
+class SubscriptionRow:
+    subscription: PushSubscription
+    client: str
+
+    @property
+    def tombstone(self) -> bool:
+        return self.subscription.deleted_at is not None
+
+
+@dataclass
+class History:
+    subscriber_id: uuid.UUID
+    subscriber: Subscriber | None
+    events: list[TimelineEvent] = field(default_factory=list)
+    truncated: bool = False
+    topics: list[TopicView] = field(default_factory=list)
+    subscriptions: list[SubscriptionRow] = field(default_factory=list)
+    deliveries: list[DeliveryRow] = field(default_factory=list)
+
+    @property
+    def erased(self) -> bool:
+        return self.subscriber is not None and self.subscriber.erased_at is not None
+
+
+def _context(raw: str) -> dict[str, str]:
+    try:
+        value = json.loads(raw or "{}")
+    except ValueError:
+        return {"raw": raw}
+    return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else {}
+
+
+def actor_names(session: Session, actors: set[str]) -> dict[str, str]:
+    """``staff:<id>`` actors as the staff member's email; people and the system in words."""
+    names = {"subscriber": "The person", "system": "System"}
+    staff_ids = []
+    for actor in actors:
+        if actor.startswith("staff:"):
+            try:
+                staff_ids.append(uuid.UUID(actor.removeprefix("staff:")))
+            except ValueError:
+                continue
+    if staff_ids:
+        for staff_id, email in session.execute(
+            sa.select(StaffUser.id, StaffUser.email).where(StaffUser.id.in_(staff_ids))
+        ):
+            names[f"staff:{staff_id}"] = f"Staff: {email}"
+    return {actor: names.get(actor, actor) for actor in actors}
+
+
+def history(
+    session: Session,
+    subscriber_id: uuid.UUID,
+    *,
+    actor: audit.Actor | None,
+    limit: int | None = None,
+) -> History:
+    """Everything the consent record says about one subscriber; audited as a viewing."""
+    limit = limit or HISTORY_LIMIT
+    subscriber = session.get(Subscriber, subscriber_id)
+    result = History(subscriber_id, subscriber)
+    rows = session.scalars(
+        sa.select(ConsentEvent)
+        .where(ConsentEvent.subscriber_id == subscriber_id)
+        .order_by(ConsentEvent.seq)
+        .limit(limit + 1)
+    ).all()
+    result.truncated = len(rows) > limit
+    rows = rows[:limit]
+    topics = {t.id: t for t in catalogue.all_topics(session)}
+    result.subscriptions = [
+        SubscriptionRow(sub, family(sub.user_agent) if sub.user_agent else "")
+        for sub in session.scalars(
+            sa.select(PushSubscription)
+            .where(PushSubscription.subscriber_id == subscriber_id)
+            .order_by(PushSubscription.created_at, PushSubscription.id)
+        )
+    ]
+    result.deliveries = _deliveries(
+        session, subscriber_id, [row.subscription.id for row in result.subscriptions]
+    )
+    allowed = Counter(d.consent_event_seq for d in result.deliveries if d.consent_event_seq)
+    for row in rows:
+        context = _context(row.context)
+        result.events.append(
+            TimelineEvent(
+                seq=row.seq,
+                kind=row.kind,
+                topic=topics.get(row.topic_id) if row.topic_id is not None else None,
+                previous_state=row.previous_state,
+                new_state=row.new_state,
+                source=row.source,
+                policy_version=row.policy_version,
+                decided_at=row.decided_at,
+                recorded_at=row.recorded_at,
+                actor=row.actor,
+                screen=context.pop("screen", None),
+                client=context.pop("client", None),
+                extra=context,
+                hash=bytes(row.hash).hex(),
+                subscription_id=row.subscription_id,
+                deliveries=allowed.get(row.seq, 0),
+            )
+        )
+    if subscriber is not None and subscriber.erased_at is None:
+        result.topics = topic_views(session, subscriber, catalogue.all_topics(session))
+    audit.record(session, actor, Action.HISTORY_VIEWED, subscriber_target(subscriber_id))
+    return result
+
+
+def _deliveries(
+    session: Session, subscriber_id: uuid.UUID, subscription_ids: Sequence[uuid.UUID]
+) -> list[DeliveryRow]:
+    """Deliveries the person's consent allowed: those whose consent event is theirs (the
+    proof stays after a subscription is purged), and those to their subscriptions that a
+    regional default allowed (no event to point to)."""
+    d, c = Delivery.__table__, Campaign.__table__
+    t = Topic.__table__
+    own_events = sa.select(ConsentEvent.seq).where(ConsentEvent.subscriber_id == subscriber_id)
+    matches = [d.c.consent_event_seq.in_(own_events)]
+    if subscription_ids:
+        matches.append(d.c.subscription_id.in_(list(subscription_ids)))
+    rows = session.execute(
+        sa.select(
+            d.c.id,
+            d.c.campaign_id,
+            c.c.title.label("campaign_title"),
+            t.c.slug.label("topic_slug"),
+            d.c.subscription_id,
+            d.c.status,
+            d.c.consent_reason,
+            d.c.consent_event_seq,
+            d.c.attempts,
+            d.c.updated_at,
+        )
+        .select_from(d.join(c, c.c.id == d.c.campaign_id).join(t, t.c.id == c.c.topic_id))
+        .where(sa.or_(*matches))
+        .order_by(d.c.id.desc())
+        .limit(DELIVERY_LIMIT)
+    ).all()
+    return [DeliveryRow(**row._mapping) for row in rows]
+
+
+# -- erasure by staff -----------------------------------------------------------------------
+
+
+def erase(
+    session: Session,
+    subscriber_id: uuid.UUID,
+    *,
+    actor: audit.Actor,
+    now: dt.datetime,
+    reference: str | None = None,
+) -> ErasureReceipt:
+    """Erase on a person's request made to staff (by email, phone …): the same erasure as
+    the preference centre's, logged as done by this member of staff, and audited."""
+    receipt = erase_subscriber(
+        session,
+        subscriber_id,
+        now=now,
+        actor=f"staff:{actor.id}",
+        source=Source.STAFF.value,
+        context=Context(screen="staff-console:erase"),
+    )
+    detail: dict[str, Any] = {
+        "event_seq": receipt.event_seq,
+        "subscriptions_ended": receipt.subscriptions,
+    }
+    if reference:
+        detail["reference"] = reference
+    audit.record(session, actor, Action.ERASED, subscriber_target(subscriber_id), detail, at=now)
+    return receipt
+
+
+# -- exports --------------------------------------------------------------------------------
+
+
+def start_export(
+    session: Session,
+    filters: ExportFilter,
+    *,
+    data_format: str,
+    actor: audit.Actor | audit.Anonymous | None,
+    via: str,
+) -> ExportPlan:
+    """Fix the export's snapshot and audit it before any row leaves: who, the filters and
+    the exact number of events (the caller commits, then streams)."""
+    plan = plan_export(session.connection(), filters)
+    audit.record(
+        session,
+        actor,
+        Action.EXPORTED,
+        subscriber_target(filters.subscriber_id) if filters.subscriber_id else "consent-log",
+        {
+            "via": via,
+            "format": data_format,
+            "filters": {
+                "from": filters.start.isoformat(),
+                "to": filters.end.isoformat(),
+                "topic": filters.topic,
+                "subscriber": str(filters.subscriber_id) if filters.subscriber_id else None,
+            },
+            "rows": plan.rows,
+            "log_head_seq": plan.head_seq,
+        },
+    )
+    return plan
+
+
+# -- the dashboard --------------------------------------------------------------------------
+
+WEEKS = 12
+
+
+@dataclass(frozen=True)
+class WeekCount:
+    week: dt.date  # the Monday
+    opt_in: int
+    opt_out: int
+
+
+@dataclass(frozen=True)
+class TopicWeeks:
+    topic: Topic
+    weeks: list[WeekCount]
+
+    @property
+    def peak(self) -> int:
+        return max([w.opt_in for w in self.weeks] + [w.opt_out for w in self.weeks] + [0])
+
+    @property
+    def totals(self) -> tuple[int, int]:
+        return sum(w.opt_in for w in self.weeks), sum(w.opt_out for w in self.weeks)
+
+
+def week_start(day: dt.date) -> dt.date:
+    return day - dt.timedelta(days=day.weekday())
+
+
+def weekly_decisions(session: Session, now: dt.datetime, weeks: int = WEEKS) -> list[TopicWeeks]:
+    """Opt-ins and opt-outs per topic per ISO week (Monday, UTC) over the last ``weeks``
+    weeks, the current one included, from the consent log's preference changes."""
+    first = week_start(now.astimezone(dt.UTC).date()) - dt.timedelta(weeks=weeks - 1)
+    e = ConsentEvent.__table__
+    week: sa.ColumnElement[Any]
+    if is_postgres(session):
+        week = sa.cast(
+            sa.func.date_trunc("week", sa.func.timezone("UTC", e.c.recorded_at)), sa.Date
+        )
+    else:
+        week = sa.func.date(e.c.recorded_at, "weekday 0", "-6 days")
+    rows = session.execute(
+        sa.select(week.label("week"), e.c.topic_id, e.c.new_state, sa.func.count())
+        .where(
+            e.c.kind == EventKind.PREFERENCE_CHANGED.value,
+            e.c.recorded_at >= dt.datetime.combine(first, dt.time(), tzinfo=dt.UTC),
+            e.c.new_state.in_(["opt_in", "opt_out"]),
+            e.c.topic_id.is_not(None),
+        )
+        .group_by(week, e.c.topic_id, e.c.new_state)
+    ).all()
+    counts: Counter[tuple[dt.date, int, str]] = Counter()
+    for day, topic_id, state, count in rows:
+        when = day if isinstance(day, dt.date) else dt.date.fromisoformat(str(day))
+        counts[(when, topic_id, state)] += int(count)
+    mondays = [first + dt.timedelta(weeks=i) for i in range(weeks)]
+    return [
+        TopicWeeks(
+            topic,
+            [
+                WeekCount(
+                    monday,
+                    counts[(monday, topic.id, "opt_in")],
+                    counts[(monday, topic.id, "opt_out")],
+                )
+                for monday in mondays
+            ],
+        )
+        for topic in catalogue.all_topics(session)
+    ]
+
+
+@dataclass(frozen=True)
+class ChainStatus:
+    last_run: JobRun | None
+    events: int
+
+    @property
+    def running(self) -> bool:
+        return self.last_run is not None and self.last_run.seconds is None
+
+    @property
+    def intact(self) -> bool | None:
+        """True or False after a finished run; None before any, or while one runs."""
+        if self.last_run is None or self.running:
+            return None
+        return self.last_run.error is None
+
+
+def chain_status(session: Session) -> ChainStatus:
+    last = session.scalars(
+        sa.select(JobRun)
+        .where(JobRun.name == VERIFY_JOB)
+        .order_by(JobRun.started_at.desc(), JobRun.id.desc())
+        .limit(1)
+    ).first()
+    events = session.execute(sa.select(sa.func.count()).select_from(ConsentEvent)).scalar_one()
+    return ChainStatus(last, int(events))
+
+
+# A run with no result after this long died with its process: another may start.
+STUCK_AFTER = dt.timedelta(hours=1)
+
+
+def verification_running(status: ChainStatus, now: dt.datetime) -> bool:
+    last = status.last_run
+    return status.running and last is not None and now - last.started_at < STUCK_AFTER
+
+
+def pending_erasures(session: Session) -> int:
+    """Subscriptions of erased subscribers not yet tombstoned: erasure does both in one
+    transaction, so anything but zero means something went wrong."""
+    return int(
+        session.execute(
+            sa.select(sa.func.count())
+            .select_from(PushSubscription)
+            .join(Subscriber, Subscriber.id == PushSubscription.subscriber_id)
+            .where(Subscriber.erased_at.is_not(None), PushSubscription.deleted_at.is_(None))
+        ).scalar_one()
+    )

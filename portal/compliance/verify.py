@@ -1,0 +1,394 @@
+"""Checking an export bundle offline: no database, only the files and a public key.
+
+Every problem names the file and the check that failed. The checks: the manifest's
+Ed25519 signature (with the key given, else the manifest's own — which proves the bundle
+is intact, not who made it), the data file's SHA-256 and row count, each policy text's
+SHA-256, each event's hash against its content, the chain between consecutive events,
+and that the rows are the ones the manifest describes (order, first and last events,
+filters, cited policy versions).
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import hashlib
+import io
+import json
+import uuid
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import IO, Any
+
+from portal.compliance.export import COLUMNS, MANIFEST, TEXT_COLUMNS, canonical, restore
+from portal.compliance.signing import ALGORITHM, PublicKey
+from portal.consent.log import chain_hash, event_fields
+
+# Columns that may be NULL in the log: an empty CSV cell reads back as None.
+_NULLABLE = frozenset(
+    {
+        "subscription_id",
+        "topic_id",
+        "topic_slug",
+        "topic_label",
+        "previous_state",
+        "new_state",
+        "policy_version",
+    }
+)
+_ROW_PROBLEMS_SHOWN = 20
+
+
+@dataclass(frozen=True)
+class Problem:
+    file: str
+    check: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.file}: {self.check}: {self.message}"
+
+
+@dataclass
+class Report:
+    problems: list[Problem] = field(default_factory=list)
+    rows: int = 0
+    key: PublicKey | None = None
+    key_given: bool = False
+    data_sha256: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def add(self, file: str, check: str, message: str) -> None:
+        self.problems.append(Problem(file, check, message))
+
+
+class BundleError(Exception):
+    """Not a bundle at all (no such folder or zip, or no manifest in it)."""
+
+
+class _Bundle:
+    def open(self, name: str) -> IO[bytes] | None:
+        raise NotImplementedError
+
+
+class _Folder(_Bundle):
+    def __init__(self, root: Path) -> None:
+        self.root = root.resolve()
+
+    def open(self, name: str) -> IO[bytes] | None:
+        path = (self.root / name).resolve()
+        if not path.is_relative_to(self.root) or not path.is_file():
+            return None
+        return path.open("rb")
+
+
+class _Zip(_Bundle):
+    def __init__(self, path: Path) -> None:
+        self.archive = zipfile.ZipFile(path)
+        manifests = [n for n in self.archive.namelist() if PurePosixPath(n).name == MANIFEST]
+        if len(manifests) != 1:
+            raise BundleError(f"{path} holds {len(manifests)} manifest.json files, not one")
+        self.prefix = manifests[0][: -len(MANIFEST)]
+
+    def open(self, name: str) -> IO[bytes] | None:
+        try:
+            return self.archive.open(self.prefix + name)
+        except KeyError:
+            return None
+
+
+def _open_bundle(path: Path) -> _Bundle:
+    if path.is_dir():
+        if not (path / MANIFEST).is_file():
+            raise BundleError(f"{path} has no {MANIFEST}: not an export bundle")
+        return _Folder(path)
+    if path.is_file() and zipfile.is_zipfile(path):
+        return _Zip(path)
+    raise BundleError(f"{path} is neither an export folder nor a .zip bundle")
+
+
+def _safe_name(name: object) -> str | None:
+    """A file name from the manifest, only when it stays inside the bundle."""
+    if not isinstance(name, str) or not name:
+        return None
+    parts = PurePosixPath(name).parts
+    if name.startswith("/") or ".." in parts or "\\" in name:
+        return None
+    return name
+
+
+def _sha256(handle: IO[bytes]) -> str:
+    digest = hashlib.sha256()
+    with handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def verify_bundle(path: Path, public_key: PublicKey | None = None) -> Report:
+    bundle = _open_bundle(path)
+    report = Report(key_given=public_key is not None)
+    handle = bundle.open(MANIFEST)
+    if handle is None:
+        raise BundleError(f"{path} has no {MANIFEST}")
+    with handle:
+        raw = handle.read()
+    try:
+        manifest = json.loads(raw)
+        if not isinstance(manifest, dict):
+            raise ValueError("not a JSON object")
+    except (ValueError, UnicodeDecodeError) as problem:
+        report.add(MANIFEST, "format", f"not a JSON object ({problem})")
+        return report
+    _check_signature(manifest, public_key, report)
+    data = manifest.get("data")
+    if not isinstance(data, dict):
+        report.add(MANIFEST, "format", "no data section")
+        return report
+    policies = _check_policies(bundle, manifest, report)
+    _check_data(bundle, manifest, data, policies, report)
+    return report
+
+
+def _check_signature(
+    manifest: dict[str, Any], public_key: PublicKey | None, report: Report
+) -> None:
+    if manifest.get("signature_algorithm") != ALGORITHM:
+        report.add(MANIFEST, "signature", f"the algorithm is not {ALGORITHM}")
+        return
+    try:
+        own = PublicKey(bytes.fromhex(str(manifest.get("public_key", ""))))
+        signature = bytes.fromhex(str(manifest.get("signature", "")))
+        if len(own.raw) != 32 or len(signature) != 64:
+            raise ValueError
+    except ValueError:
+        report.add(MANIFEST, "signature", "public_key or signature is not hex of the right length")
+        return
+    key = public_key or own
+    report.key = key
+    if public_key is not None and public_key.raw != own.raw:
+        report.add(
+            MANIFEST,
+            "public key",
+            f"the manifest names key {own.hex}, not the expected {public_key.hex}",
+        )
+    unsigned = {name: value for name, value in manifest.items() if name != "signature"}
+    if not key.verify(signature, canonical(unsigned)):
+        report.add(
+            MANIFEST,
+            "signature",
+            "the signature does not verify: the manifest was changed after signing, "
+            "or another key signed it",
+        )
+
+
+def _check_policies(bundle: _Bundle, manifest: dict[str, Any], report: Report) -> set[str]:
+    listed = manifest.get("policies")
+    if not isinstance(listed, list):
+        report.add(MANIFEST, "format", "no policies list")
+        return set()
+    versions: set[str] = set()
+    for entry in listed:
+        if not isinstance(entry, dict):
+            report.add(MANIFEST, "format", "a policies entry is not an object")
+            continue
+        name = _safe_name(entry.get("file"))
+        if name is None:
+            report.add(MANIFEST, "policies", f"unusable file name {entry.get('file')!r}")
+            continue
+        versions.add(str(entry.get("version")))
+        handle = bundle.open(name)
+        if handle is None:
+            report.add(name, "missing", "the manifest lists this policy text; it is not there")
+            continue
+        actual = _sha256(handle)
+        if actual != entry.get("sha256"):
+            report.add(
+                name, "sha256", f"SHA-256 is {actual}, the manifest says {entry.get('sha256')}"
+            )
+    return versions
+
+
+def _check_data(
+    bundle: _Bundle,
+    manifest: dict[str, Any],
+    data: dict[str, Any],
+    policies: set[str],
+    report: Report,
+) -> None:
+    name = _safe_name(data.get("file"))
+    data_format = data.get("format")
+    if name is None or data_format not in ("csv", "ndjson"):
+        report.add(MANIFEST, "format", "the data file or its format is missing or unusable")
+        return
+    if data.get("columns") != list(COLUMNS):
+        report.add(MANIFEST, "format", "the data columns are not the ones this tool reads")
+        return
+    handle = bundle.open(name)
+    if handle is None:
+        report.add(name, "missing", "the manifest names this data file; it is not there")
+        return
+    report.data_sha256 = _sha256(handle)
+    if report.data_sha256 != data.get("sha256"):
+        report.add(
+            name,
+            "sha256",
+            f"SHA-256 is {report.data_sha256}, the manifest says {data.get('sha256')}",
+        )
+    handle = bundle.open(name)
+    assert handle is not None
+    with handle:
+        _check_rows(name, handle, data_format, manifest, policies, report)
+
+
+def _rows(name: str, handle: IO[bytes], data_format: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, row as exported) pairs; raises ValueError on a malformed line."""
+    with io.TextIOWrapper(handle, encoding="utf-8", newline="") as text:
+        yield from _parse(text, data_format)
+
+
+def _parse(text: IO[str], data_format: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    if data_format == "ndjson":
+        for number, line in enumerate(text, start=1):
+            if not line.strip():
+                continue
+            parsed = json.loads(line)
+            if not isinstance(parsed, dict) or list(parsed) != list(COLUMNS):
+                raise ValueError(f"line {number}: not an object with the export's columns")
+            yield number, parsed
+        return
+    reader = csv.reader(text)
+    header = next(reader, None)
+    if header != list(COLUMNS):
+        raise ValueError("line 1: the header is not the export's columns")
+    for cells in reader:
+        number = reader.line_num
+        if len(cells) != len(COLUMNS):
+            raise ValueError(f"line {number}: {len(cells)} cells, not {len(COLUMNS)}")
+        row: dict[str, Any] = {}
+        for column, cell in zip(COLUMNS, cells, strict=True):
+            value: Any = restore(cell) if column in TEXT_COLUMNS else cell
+            if value == "" and column in _NULLABLE:
+                value = None
+            row[column] = value
+        row["seq"] = int(row["seq"])
+        row["topic_id"] = int(row["topic_id"]) if row["topic_id"] is not None else None
+        yield number, row
+
+
+def _event_hash(row: dict[str, Any]) -> bytes:
+    fields = event_fields(
+        seq=row["seq"],
+        subscriber_id=uuid.UUID(row["subscriber_id"]),
+        subscription_id=uuid.UUID(row["subscription_id"]) if row["subscription_id"] else None,
+        topic_id=row["topic_id"],
+        kind=row["kind"],
+        previous_state=row["previous_state"],
+        new_state=row["new_state"],
+        source=row["source"],
+        policy_version=row["policy_version"],
+        decided_at=dt.datetime.fromisoformat(row["decided_at"]),
+        recorded_at=dt.datetime.fromisoformat(row["recorded_at"]),
+        actor=row["actor"],
+        context=row["context"],
+    )
+    return chain_hash(bytes.fromhex(row["prev_hash"]), fields)
+
+
+@dataclass
+class _RowState:
+    count: int = 0
+    first: dict[str, Any] | None = None
+    previous: dict[str, Any] | None = None
+    shown: int = 0
+    hidden: int = 0
+
+
+def _check_rows(
+    name: str,
+    handle: IO[bytes],
+    data_format: str,
+    manifest: dict[str, Any],
+    policies: set[str],
+    report: Report,
+) -> None:
+    state = _RowState()
+    filters = manifest.get("filters") if isinstance(manifest.get("filters"), dict) else {}
+    assert isinstance(filters, dict)
+
+    def problem(check: str, message: str) -> None:
+        if state.shown < _ROW_PROBLEMS_SHOWN:
+            report.add(name, check, message)
+            state.shown += 1
+        else:
+            state.hidden += 1
+
+    try:
+        for number, row in _rows(name, handle, data_format):
+            state.count += 1
+            _check_row(number, row, state, filters, policies, problem)
+            if state.first is None:
+                state.first = row
+            state.previous = row
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError, csv.Error) as error:
+        report.add(name, "format", f"cannot be read past row {state.count}: {error}")
+        return
+    finally:
+        if state.hidden:
+            report.add(name, "more", f"{state.hidden} more row problems not listed")
+    report.rows = state.count
+    if state.count != manifest["data"].get("rows"):
+        report.add(
+            name,
+            "row count",
+            f"{state.count} rows, the manifest says {manifest['data'].get('rows')}",
+        )
+    events = manifest.get("events") if isinstance(manifest.get("events"), dict) else {}
+    assert isinstance(events, dict)
+    for end, found in (("first", state.first), ("last", state.previous)):
+        expected = events.get(end)
+        actual = {"seq": found["seq"], "hash": found["hash"]} if found else None
+        if expected != actual:
+            report.add(name, f"{end} event", f"the data has {actual}, the manifest says {expected}")
+
+
+def _check_row(
+    number: int,
+    row: dict[str, Any],
+    state: _RowState,
+    filters: dict[str, Any],
+    policies: set[str],
+    problem: Any,
+) -> None:
+    where = f"line {number} (seq {row['seq']})"
+    previous = state.previous
+    if previous is not None and row["seq"] <= previous["seq"]:
+        problem("order", f"{where}: does not come after seq {previous['seq']}")
+    try:
+        matches = _event_hash(row).hex() == row["hash"]
+    except ValueError as error:
+        problem("event hash", f"{where}: a value cannot be read ({error})")
+        matches = True
+    if not matches:
+        problem("event hash", f"{where}: the hash does not match the event's content")
+    if (
+        previous is not None
+        and row["seq"] == previous["seq"] + 1
+        and row["prev_hash"] != previous["hash"]
+    ):
+        problem("chain", f"{where}: prev_hash is not the hash of seq {previous['seq']}")
+    if row["policy_version"] is not None and row["policy_version"] not in policies:
+        problem("policies", f"{where}: policy version {row['policy_version']} has no text here")
+    recorded = row["recorded_at"]
+    low, high = filters.get("recorded_at_from"), filters.get("recorded_at_before")
+    if isinstance(low, str) and isinstance(high, str) and not low <= recorded < high:
+        problem("filters", f"{where}: recorded_at {recorded} is outside {low} – {high}")
+    if filters.get("topic") and row["topic_slug"] != filters["topic"]:
+        problem("filters", f"{where}: topic {row['topic_slug']} is not {filters['topic']}")
+    if filters.get("subscriber") and row["subscriber_id"] != filters["subscriber"]:
+        problem("filters", f"{where}: another subscriber")

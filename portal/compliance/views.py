@@ -1,0 +1,298 @@
+"""Compliance pages (role compliance), on the staff blueprint: look-up, one person's
+history, erasure on request, exports, the dashboard and the export signing key."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from flask import Flask, Response, current_app, flash, redirect, render_template, request, url_for
+
+from portal.compliance import services
+from portal.compliance.charts import weekly_chart
+from portal.compliance.export import ExportError, ExportFilter, bundle_name, stream_zip
+from portal.compliance.forms import EraseForm, ExportForm, LookupForm, parse_uuid
+from portal.compliance.services import REASON_LABELS, LookupKind
+from portal.compliance.signing import SigningKey, SigningKeyMissing
+from portal.consent import catalogue
+from portal.db import db
+from portal.staff import audit
+from portal.staff.access import StaffPage, current_staff, register_page, staff_required
+from portal.staff.catalogue_forms import form_errors
+from portal.staff.forms import ConfirmForm
+from portal.staff.models import Role
+from portal.staff.views import bp
+from portal.subscriptions.models import Subscriber
+
+if TYPE_CHECKING:
+    from portal import Portal
+    from portal.staff.services import SignedIn
+
+log = logging.getLogger("portal.compliance")
+
+for _page in (
+    StaffPage(
+        "staff.compliance_dashboard",
+        "Compliance dashboard",
+        "Opt-ins and opt-outs by week, the consent log's integrity, pending erasures.",
+    ),
+    StaffPage(
+        "staff.compliance_lookup",
+        "Consent look-up",
+        "One person's consent history, by external user ID, subscriber ID or endpoint.",
+    ),
+    StaffPage(
+        "staff.compliance_export",
+        "Export consent history",
+        "A signed bundle of consent events for a period, to verify offline.",
+    ),
+    StaffPage(
+        "staff.signing_key",
+        "Export signing key",
+        "The public key that checks the signature of every export bundle.",
+    ),
+):
+    register_page(_page)
+
+VERIFY_THREAD = "portal.compliance.verify_thread"
+
+
+def _portal() -> Portal:
+    return current_app.extensions["portal"]
+
+
+def _staff() -> SignedIn:
+    staff = current_staff()
+    assert staff is not None  # staff_required ran first
+    return staff
+
+
+def _exporter(staff: SignedIn) -> dict[str, str]:
+    return {"kind": "staff", "id": str(staff.id), "email": staff.email}
+
+
+# -- look-up --------------------------------------------------------------------------------
+
+
+@bp.route("/compliance/lookup", methods=["GET", "POST"])
+@staff_required(Role.COMPLIANCE)
+def compliance_lookup() -> Any:
+    form = LookupForm()
+    status = 200
+    not_found = False
+    if request.method == "GET":
+        form.kind.data = LookupKind.EXTERNAL_USER_ID.value
+    else:
+        status = 422
+        if form.validate():
+            found = services.find_subscriber(
+                db.session, form.lookup_kind, form.value.data, actor=_staff()
+            )
+            db.session.commit()
+            if found is not None:
+                return redirect(url_for("staff.compliance_subscriber", subscriber_id=found), 303)
+            status, not_found = 404, True
+            form.value.errors = [
+                f"No subscriber has this {services.LOOKUP_LABELS[form.lookup_kind].lower()}"
+                + (
+                    " (erased people are found by subscriber ID or endpoint)"
+                    if form.lookup_kind is LookupKind.EXTERNAL_USER_ID
+                    else ""
+                )
+            ]
+    # An endpoint typed into the form never comes back in the page.
+    keep = form.kind.data != LookupKind.ENDPOINT
+    return render_template(
+        "staff/compliance/lookup.html",
+        form=form,
+        errors=form_errors(form),
+        keep_value=keep,
+        not_found=not_found,
+    ), status
+
+
+@bp.get("/compliance/subscribers/<uuid:subscriber_id>")
+@staff_required(Role.COMPLIANCE)
+def compliance_subscriber(subscriber_id: uuid.UUID) -> Any:
+    if not services.known_subscriber(db.session, subscriber_id):
+        return render_template("staff/not_found.html"), 404
+    record = services.history(db.session, subscriber_id, actor=_staff())
+    db.session.commit()
+    return render_template(
+        "staff/compliance/subscriber.html",
+        record=record,
+        reasons=REASON_LABELS,
+        actors=services.actor_names(db.session, {e.actor for e in record.events}),
+        errors=[],
+    )
+
+
+@bp.route("/compliance/subscribers/<uuid:subscriber_id>/erase", methods=["GET", "POST"])
+@staff_required(Role.COMPLIANCE)
+def compliance_erase(subscriber_id: uuid.UUID) -> Any:
+    subscriber = db.session.get(Subscriber, subscriber_id)
+    if subscriber is None:
+        return render_template("staff/not_found.html"), 404
+    form = EraseForm()
+    status = 200
+    if request.method == "POST" and subscriber.erased_at is None:
+        status = 422
+        if form.validate():
+            receipt = services.erase(
+                db.session,
+                subscriber_id,
+                actor=_staff(),
+                now=_portal().clock.now(),
+                reference=form.reference.data or None,
+            )
+            db.session.commit()
+            flash(
+                f"Erased. {receipt.subscriptions} subscription(s) ended; the consent log "
+                f"records it as event {receipt.event_seq}."
+            )
+            return redirect(
+                url_for("staff.compliance_subscriber", subscriber_id=subscriber_id), 303
+            )
+    elif request.method == "POST":
+        status = 409
+    return render_template(
+        "staff/compliance/erase.html",
+        subscriber=subscriber,
+        form=form,
+        errors=form_errors(form),
+    ), status
+
+
+# -- exports --------------------------------------------------------------------------------
+
+
+def _signing_key() -> SigningKey | None:
+    try:
+        return SigningKey.from_setting(_portal().settings.export_signing_key)
+    except SigningKeyMissing:
+        return None
+
+
+@bp.route("/compliance/export", methods=["GET", "POST"])
+@staff_required(Role.COMPLIANCE)
+def compliance_export() -> Any:
+    topics = [(t.slug, t.label) for t in catalogue.all_topics(db.session)]
+    form = ExportForm(topics=topics)
+    key = _signing_key()
+    status = 200
+    problems: list[tuple[str, str]] = []
+    if request.method == "GET":
+        today = _portal().clock.now().date()
+        form.date_from.data = (today - dt.timedelta(days=30)).isoformat()
+        form.date_to.data = today.isoformat()
+        form.data_format.data = "csv"
+        subscriber = parse_uuid(request.args.get("subscriber"))
+        form.subscriber.data = str(subscriber) if subscriber else ""
+    else:
+        status = 422
+        if key is None:
+            status = 503
+            problems = [("date_from", "Exports are switched off: EXPORT_SIGNING_KEY is not set")]
+        elif form.validate():
+            start, end = form.dates()
+            try:
+                filters = ExportFilter(
+                    start, end, form.topic.data or None, parse_uuid(form.subscriber.data)
+                )
+                data_format = form.data_format.data or "csv"
+                staff = _staff()
+                plan = services.start_export(
+                    db.session, filters, data_format=data_format, actor=staff, via="console"
+                )
+            except ExportError as error:
+                db.session.rollback()
+                form.date_from.errors = [str(error)[:1].upper() + str(error)[1:]]
+            else:
+                db.session.commit()  # the audit row is in before any data leaves
+                return Response(
+                    stream_zip(
+                        db.engine,
+                        plan,
+                        data_format,
+                        exporter=_exporter(staff),
+                        created_at=_portal().clock.now(),
+                        key=key,
+                    ),
+                    mimetype="application/zip",
+                    headers={
+                        "Content-Disposition": f'attachment; filename="{bundle_name(plan)}.zip"',
+                        "X-Content-Type-Options": "nosniff",
+                    },
+                )
+    return render_template(
+        "staff/compliance/export.html",
+        form=form,
+        errors=form_errors(form) + problems,
+        key=key,
+    ), status
+
+
+@bp.get("/compliance/signing-key")
+@staff_required(Role.COMPLIANCE, Role.ADMIN)
+def signing_key() -> Any:
+    key = _signing_key()
+    return render_template(
+        "staff/compliance/signing_key.html", public=key.public if key else None, errors=[]
+    )
+
+
+# -- the dashboard --------------------------------------------------------------------------
+
+
+@bp.get("/compliance/")
+@staff_required(Role.COMPLIANCE)
+def compliance_dashboard() -> Any:
+    session = db.session
+    now = _portal().clock.now()
+    weeks = services.weekly_decisions(session, now)
+    return render_template(
+        "staff/compliance/dashboard.html",
+        topics=weeks,
+        charts=[weekly_chart(item, index) for index, item in enumerate(weeks)],
+        chain=services.chain_status(session),
+        pending=services.pending_erasures(session),
+        now=now,
+        confirm=ConfirmForm(),
+        errors=[],
+    )
+
+
+def _verify_in_background(app: Flask) -> threading.Thread:
+    from portal.operations.scheduler import JobBusy, run_recorded
+
+    def run() -> None:
+        try:
+            run_recorded(app, services.VERIFY_JOB, trigger="staff")
+        except JobBusy:
+            log.info("verify-log is running in another process already")
+        except Exception:
+            log.exception("verify-log failed")
+
+    thread = threading.Thread(target=run, name="verify-log", daemon=True)
+    thread.start()
+    app.extensions[VERIFY_THREAD] = thread
+    return thread
+
+
+@bp.post("/compliance/verify-log")
+@staff_required(Role.COMPLIANCE)
+def compliance_verify_log() -> Any:
+    """Start a full walk of the chain in the background (it reads every event, which can
+    take longer than a request may), and come back to the dashboard for the result."""
+    session = db.session
+    if services.verification_running(services.chain_status(session), _portal().clock.now()):
+        flash("A verification is running already: its result will show here.")
+        return redirect(url_for("staff.compliance_dashboard"), 303)
+    audit.record(session, _staff(), services.Action.LOG_VERIFICATION, "consent-log")
+    session.commit()
+    _verify_in_background(current_app._get_current_object())  # type: ignore[attr-defined]
+    flash("Verification started. Reload this page for the result.")
+    return redirect(url_for("staff.compliance_dashboard"), 303)

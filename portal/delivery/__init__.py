@@ -1,0 +1,1 @@
+"""Deliveries of campaigns to subscriptions, and what browsers report about them."""

@@ -1,0 +1,148 @@
+"""Forms of the topic and policy admin pages (CSRF on every one, through Flask-WTF)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask_wtf import FlaskForm
+from wtforms import Field, StringField, TextAreaField
+from wtforms.validators import (
+    DataRequired,
+    InputRequired,
+    Length,
+    Optional,
+    Regexp,
+    ValidationError,
+)
+
+from portal.consent.catalogue import CATEGORY_MAX, LABEL_MAX, SLUG, VERSION
+from portal.staff.catalogue import normalise_text
+
+
+def _strip(value: Any) -> Any:
+    return value.strip() if isinstance(value, str) else value
+
+
+def _text(value: Any) -> Any:
+    return normalise_text(value) if isinstance(value, str) else value
+
+
+class RadioChoice(Field):
+    """One value from a fixed list, rendered as radios in a fieldset with a legend.
+
+    The error summary links to the first radio (``<field id>-<first value>``).
+    """
+
+    def __init__(
+        self,
+        label: str,
+        choices: list[tuple[str, str]],
+        *,
+        message: str,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(label, **kwargs)
+        self.choices = choices
+        self.message = message
+        self.data: str | None = None
+
+    def process_formdata(self, valuelist: list[Any]) -> None:
+        self.data = str(valuelist[0]) if valuelist else None
+
+    def pre_validate(self, form: Any) -> None:
+        if self.data not in {value for value, _ in self.choices}:
+            raise ValidationError(self.message)
+
+    @property
+    def anchor(self) -> str:
+        # The first radio carries the field's own id (templates/staff/_fields.html).
+        return self.id
+
+
+CLASS_CHOICES = [("marketing", "Marketing"), ("transactional", "Transactional (account messages)")]
+DEFAULT_CHOICES = [("opt_out", "Off until the person turns it on"), ("opt_in", "On by default")]
+
+
+class TopicForm(FlaskForm):
+    slug = StringField(
+        "Slug",
+        filters=[_strip],
+        validators=[
+            DataRequired("Enter a slug"),
+            Length(max=64, message="The slug must be 64 characters or fewer"),
+            Regexp(SLUG, message="Use lowercase letters and digits, words joined by hyphens"),
+        ],
+    )
+    category = StringField(
+        "Category",
+        filters=[_strip],
+        validators=[
+            DataRequired("Enter a category"),
+            Length(max=CATEGORY_MAX, message=f"The category is at most {CATEGORY_MAX} characters"),
+        ],
+    )
+    label = StringField(
+        "Label",
+        filters=[_strip],
+        validators=[
+            DataRequired("Enter a label"),
+            Length(max=LABEL_MAX, message=f"The label is at most {LABEL_MAX} characters"),
+        ],
+    )
+    description = TextAreaField(
+        "Description",
+        filters=[_strip, _text],
+        validators=[
+            Optional(),
+            Length(max=2000, message="The description is at most 2000 characters"),
+        ],
+    )
+    topic_class = RadioChoice(
+        "Class", CLASS_CHOICES, message="Choose whether the topic is marketing or transactional"
+    )
+    default_state = RadioChoice(
+        "Default for people who have not chosen", DEFAULT_CHOICES, message="Choose a default"
+    )
+
+
+class TopicEditForm(FlaskForm):
+    label = TopicForm.label
+    description = TopicForm.description
+
+
+class PolicyForm(FlaskForm):
+    version = StringField(
+        "Version",
+        filters=[_strip],
+        validators=[
+            DataRequired("Enter a version"),
+            Regexp(
+                VERSION,
+                message="A version is 1 to 32 letters, digits, dots, hyphens or underscores, "
+                "starting with a letter or digit",
+            ),
+        ],
+    )
+    text = TextAreaField(
+        "Notice text",
+        filters=[_text],
+        validators=[
+            InputRequired("Enter the notice text"),
+            Length(max=100_000, message="The notice text is at most 100,000 characters"),
+        ],
+    )
+    # The SHA-256 of the text the admin previewed: publishing needs it to match.
+    previewed = StringField("Previewed", filters=[_strip])
+
+    def validate_text(self, field: Field) -> None:
+        if not (field.data or "").strip():
+            raise ValidationError("Enter the notice text")
+
+
+def form_errors(form: FlaskForm) -> list[tuple[str, str]]:
+    """(anchor, message) pairs in field order for the error summary."""
+    return [
+        (getattr(field, "anchor", field.id), field.errors[0])
+        for field in form
+        if field.errors and field.name != "csrf_token"
+    ]

@@ -1,0 +1,221 @@
+/* Push helpers shared by every page: feature detection, the JSON API, the heartbeat.
+
+   On any page but the subscribe page (which drives them itself), a browser that holds a
+   subscription says so to the server at most once an hour and follows its answer:
+   "unsubscribe" drops the browser's subscription (erased, revoked or stopped elsewhere),
+   "resubscribe" renews it (the server does not know it, or it expired). */
+(function () {
+  "use strict";
+
+  var HEARTBEAT_KEY = "portal.heartbeatAt";
+  var PENDING_KEY = "portal.pendingSubscribe";
+  var HEARTBEAT_EVERY_MS = 60 * 60 * 1000;
+
+  // localStorage can be missing or throw (storage blocked); the throttle is a courtesy.
+  function load(key) {
+    try {
+      return window.localStorage.getItem(key);
+    } catch (_) {
+      return null;
+    }
+  }
+  function save(key, value) {
+    try {
+      if (value === null) {
+        window.localStorage.removeItem(key);
+      } else {
+        window.localStorage.setItem(key, value);
+      }
+    } catch (_) {
+      /* nothing to do: the next page view asks again */
+    }
+  }
+
+  function supported() {
+    return "serviceWorker" in navigator && "PushManager" in window && "Notification" in window;
+  }
+
+  function isIOS() {
+    var ua = navigator.userAgent || "";
+    // iPadOS reports itself as a Mac; touch points give it away.
+    return /iPad|iPhone|iPod/.test(ua) || (navigator.platform === "MacIntel" && navigator.maxTouchPoints > 1);
+  }
+
+  function standalone() {
+    return navigator.standalone === true ||
+      (typeof window.matchMedia === "function" && window.matchMedia("(display-mode: standalone)").matches);
+  }
+
+  function keyBytes(base64url) {
+    var padded = base64url + "===".slice((base64url.length + 3) % 4);
+    var raw = window.atob(padded.replace(/-/g, "+").replace(/_/g, "/"));
+    var bytes = new Uint8Array(raw.length);
+    for (var i = 0; i < raw.length; i += 1) {
+      bytes[i] = raw.charCodeAt(i);
+    }
+    return bytes;
+  }
+
+  function csrfToken() {
+    var meta = document.querySelector('meta[name="csrf-token"]');
+    return meta ? meta.getAttribute("content") : null;
+  }
+
+  /* Resolves {ok, status, data}; rejects only when the network failed. */
+  async function postJSON(path, body) {
+    var headers = { "Content-Type": "application/json", Accept: "application/json" };
+    var token = csrfToken();
+    if (token) {
+      headers["X-CSRFToken"] = token; // the API is same-origin checked; this is a second lock
+    }
+    var response = await fetch(path, {
+      method: "POST",
+      headers: headers,
+      body: JSON.stringify(body),
+      credentials: "same-origin",
+    });
+    var data = null;
+    try {
+      data = await response.json();
+    } catch (_) {
+      data = null;
+    }
+    return { ok: response.ok, status: response.status, data: data };
+  }
+
+  async function applicationServerKey() {
+    var page = document.getElementById("subscribe-page");
+    if (page && page.dataset.vapidPublicKey) {
+      return page.dataset.vapidPublicKey;
+    }
+    var response = await fetch("/api/push/vapid-public-key", { credentials: "same-origin" });
+    return (await response.json()).publicKey;
+  }
+
+  async function currentSubscription() {
+    var registration = await navigator.serviceWorker.getRegistration("/");
+    if (!registration) {
+      return null;
+    }
+    return registration.pushManager.getSubscription();
+  }
+
+  async function subscribeBrowser(registration) {
+    return registration.pushManager.subscribe({
+      userVisibleOnly: true,
+      applicationServerKey: keyBytes(await applicationServerKey()),
+    });
+  }
+
+  /* A subscribe POST that has not succeeded yet: if the page closes before it does, the
+     next visit finds it and offers to finish or cancel, so nothing stays half-written. */
+  function pending() {
+    try {
+      return JSON.parse(load(PENDING_KEY) || "null");
+    } catch (_) {
+      return null;
+    }
+  }
+  function setPending(endpoint, body) {
+    save(PENDING_KEY, JSON.stringify({ endpoint: endpoint, body: body }));
+  }
+  function clearPending() {
+    save(PENDING_KEY, null);
+  }
+
+  function markHeartbeat() {
+    save(HEARTBEAT_KEY, String(Date.now()));
+  }
+  function clearHeartbeat() {
+    save(HEARTBEAT_KEY, null);
+  }
+
+  /* Resolves the server's answer, or null when skipped (throttled) or unreachable. */
+  async function heartbeat(subscription) {
+    var last = Number(load(HEARTBEAT_KEY) || 0);
+    if (Date.now() - last < HEARTBEAT_EVERY_MS) {
+      return null;
+    }
+    var result;
+    try {
+      result = await postJSON("/api/push/heartbeat", { endpoint: subscription.endpoint });
+    } catch (_) {
+      return null;
+    }
+    if (!result.ok || !result.data) {
+      return null;
+    }
+    markHeartbeat();
+    return result.data;
+  }
+
+  /* Unsubscribe, subscribe afresh, register the new one. If the server refuses it, the
+     browser lets go of it too. Resolves the new subscription. */
+  async function renew(subscription, source) {
+    var registration = await navigator.serviceWorker.ready;
+    await subscription.unsubscribe();
+    var fresh = await subscribeBrowser(registration);
+    var result = null;
+    try {
+      result = await postJSON("/api/push/subscribe", {
+        subscription: fresh.toJSON(),
+        source: source || "api",
+      });
+    } catch (_) {
+      result = null;
+    }
+    if (!result || !result.ok) {
+      await fresh.unsubscribe();
+      throw new Error("the renewed subscription was not registered");
+    }
+    markHeartbeat();
+    return fresh;
+  }
+
+  /* Resolves "none", "ended" (the browser let go) or "renewed". */
+  async function follow(subscription, answer, source) {
+    if (!answer || answer.action === "none") {
+      return "none";
+    }
+    if (answer.action === "unsubscribe") {
+      await subscription.unsubscribe();
+      clearHeartbeat();
+      return "ended";
+    }
+    if (answer.action === "resubscribe") {
+      await renew(subscription, source);
+      return "renewed";
+    }
+    return "none";
+  }
+
+  window.PortalPush = {
+    supported: supported,
+    isIOS: isIOS,
+    standalone: standalone,
+    keyBytes: keyBytes,
+    postJSON: postJSON,
+    currentSubscription: currentSubscription,
+    subscribeBrowser: subscribeBrowser,
+    pending: pending,
+    setPending: setPending,
+    clearPending: clearPending,
+    markHeartbeat: markHeartbeat,
+    clearHeartbeat: clearHeartbeat,
+    heartbeat: heartbeat,
+    follow: follow,
+  };
+
+  async function backgroundHeartbeat() {
+    if (document.getElementById("subscribe-page") || !supported() || pending()) {
+      return;
+    }
+    var subscription = await currentSubscription();
+    if (subscription) {
+      await follow(subscription, await heartbeat(subscription), "api");
+    }
+  }
+  backgroundHeartbeat().catch(function () {
+    /* a failed heartbeat changes nothing; the next page view tries again */
+  });
+})();

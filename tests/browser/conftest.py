@@ -1,0 +1,182 @@
+"""Browser tests: the real portal on a free port, Debian's Chromium driven by Playwright.
+
+Each test gets a fresh, migrated database with the demo catalogue, the app served by a
+Werkzeug server in a thread on 127.0.0.1 (a secure context, so service workers run over
+plain HTTP) and a new browser context. Headless Chromium cannot reach a push service, so
+``push_stub.js`` stands in for ``pushManager.subscribe()`` with a subscription whose keys
+the test holds; everything after that is real.
+
+Without Chromium the tests are skipped locally and fail under CI (``CI`` set).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from flask import Flask
+from playwright.sync_api import Browser, BrowserContext, Page, Playwright, sync_playwright
+from sqlalchemy.orm import Session
+from werkzeug.serving import BaseWSGIServer, make_server
+
+from portal import create_app
+from portal.clock import SystemClock
+from portal.consent.demo import seed
+from tests.conftest import make_settings
+from tests.factories import BrowserSubscription, SubscriptionFactory
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+SCREENSHOTS = ROOT / "artifacts" / "screenshots"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
+DESKTOP = {"width": 1280, "height": 900}
+PHONE = {"width": 390, "height": 844}
+
+
+def chromium_path() -> str | None:
+    configured = os.environ.get("PORTAL_TEST_CHROMIUM")
+    for candidate in (configured, "/usr/bin/chromium", shutil.which("chromium")):
+        if candidate and Path(candidate).exists():
+            return candidate
+    return None
+
+
+@pytest.fixture(scope="session")
+def playwright() -> Iterator[Playwright]:
+    with sync_playwright() as driver:
+        yield driver
+
+
+@pytest.fixture(scope="session")
+def browser(playwright: Playwright) -> Iterator[Browser]:
+    path = chromium_path()
+    if path is None:
+        if os.environ.get("CI"):
+            pytest.fail("Chromium is missing (/usr/bin/chromium): CI must run the browser tests")
+        pytest.skip("no Chromium at /usr/bin/chromium: apt-get install chromium to run these")
+    chromium = playwright.chromium.launch(executable_path=path, headless=True, args=CHROMIUM_ARGS)
+    yield chromium
+    chromium.close()
+
+
+@dataclass
+class LiveServer:
+    url: str
+    app: Flask
+
+    def session(self) -> Session:
+        return Session(self.app.extensions["portal.db"].engine)
+
+    def scalar(self, sql: str, **params: Any) -> Any:
+        with self.session() as session:
+            return session.execute(sa.text(sql), params).scalar()
+
+    def rows(self, sql: str, **params: Any) -> list[sa.Row[Any]]:
+        with self.session() as session:
+            return list(session.execute(sa.text(sql), params).all())
+
+
+@pytest.fixture
+def server(database_url: str, tmp_path: Path) -> Iterator[LiveServer]:
+    # A real clock: the browser's own timers and the server's must agree.
+    app = create_app(make_settings(database_url, str(tmp_path / "instance")), clock=SystemClock())
+    seed(app)  # the demo topics and policy "2026-01", as a fresh development start has
+    httpd: BaseWSGIServer = make_server("127.0.0.1", 0, app, threaded=True)
+    thread = threading.Thread(target=httpd.serve_forever, name="live-server", daemon=True)
+    thread.start()
+    try:
+        yield LiveServer(f"http://127.0.0.1:{httpd.server_port}", app)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(10)
+        app.extensions["portal.db"].engine.dispose()
+
+
+@pytest.fixture
+def browser_subscription() -> BrowserSubscription:
+    return SubscriptionFactory()("fcm")
+
+
+def push_stub_script(subscription: BrowserSubscription) -> str:
+    source = (HERE / "push_stub.js").read_text()
+    return source.replace("__SUBSCRIPTION__", json.dumps(subscription.to_json()))
+
+
+@pytest.fixture
+def new_context(
+    browser: Browser, server: LiveServer, browser_subscription: BrowserSubscription
+) -> Iterator[Callable[..., BrowserContext]]:
+    """Make a browser context on the live server: ``permission`` grants notifications,
+    ``stub`` installs the push-service double; other keywords go to Playwright."""
+    made: list[BrowserContext] = []
+
+    def make(*, permission: bool = True, stub: bool = True, **options: Any) -> BrowserContext:
+        options.setdefault("viewport", DESKTOP)
+        context = browser.new_context(base_url=server.url, **options)
+        context.set_default_timeout(10_000)
+        if permission:
+            context.grant_permissions(["notifications"], origin=server.url)
+        if stub:
+            context.add_init_script(push_stub_script(browser_subscription))
+        made.append(context)
+        return context
+
+    yield make
+    for context in made:
+        context.close()
+
+
+@pytest.fixture
+def context(new_context: Callable[..., BrowserContext]) -> BrowserContext:
+    return new_context()
+
+
+@pytest.fixture
+def page(context: BrowserContext) -> Page:
+    return context.new_page()
+
+
+def stub_log(page: Page) -> list[dict[str, Any]]:
+    return page.evaluate("JSON.parse(localStorage.getItem('__pushStub.log') || '[]')")
+
+
+def calls(page: Page, name: str) -> list[dict[str, Any]]:
+    return [entry for entry in stub_log(page) if entry["call"] == name]
+
+
+def active_element_id(page: Page) -> str:
+    return page.evaluate("document.activeElement ? document.activeElement.id : ''")
+
+
+def subscribe_through_page(page: Page, topics: tuple[str, ...] = ()) -> None:
+    """The person's way in: open the page, tick topics, press the button, see success."""
+    page.goto("/")
+    for slug in topics:
+        page.check(f"#topic-{slug}")
+    page.click("#subscribe-button")
+    page.wait_for_selector("#state-success:not([hidden])")
+
+
+def subscribe_through_api(context: BrowserContext, subscription: BrowserSubscription) -> None:
+    """A subscribed browser without the page: the cookies land in the context."""
+    response = context.request.post(
+        "/api/push/subscribe", data={"subscription": subscription.to_json()}
+    )
+    assert response.status == 201, response.text()

@@ -1,0 +1,414 @@
+"""Accessibility of every public page, in each state a person can reach.
+
+``PAGES`` lists (name, how to reach the state). A page added later joins every check by
+adding one entry: a function that takes the browser-context factory and the live server
+and returns a Page showing that state.
+
+axe-core checks WCAG 2.0/2.1/2.2 A and AA rules; the hand-written checks cover what it
+cannot see: a visible focus indicator on every element Tab reaches, and targets of at
+least 24×24 CSS pixels (links inside running text excepted, as WCAG 2.5.8 allows).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from axe_playwright_python.sync_playwright import Axe
+from playwright.sync_api import Page
+
+from tests.browser.conftest import LiveServer, subscribe_through_api, subscribe_through_page
+from tests.browser.test_preference_centre import publish_new_policy
+from tests.browser.test_subscribe_page import IPHONE_UA, NO_PUSH, answering
+
+pytestmark = pytest.mark.browser
+
+AXE_OPTIONS = {
+    "runOnly": {
+        "type": "tag",
+        "values": ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa", "wcag22aa"],
+    },
+    "resultTypes": ["violations"],  # options replace the library's default: keep this
+}
+_axe = Axe()
+
+Reach = Callable[[Callable[..., Any], LiveServer], Page]
+
+
+@dataclass(frozen=True)
+class PageState:
+    name: str
+    reach: Reach
+    error_summary: bool = False  # a server-rendered error summary (GOV.UK pattern)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def _open(path: str, **context_options: Any) -> Reach:
+    def reach(new_context: Callable[..., Any], server: LiveServer) -> Page:
+        page = new_context(**context_options).new_page()
+        page.goto(path)
+        return page
+
+    return reach
+
+
+def _subscribe_page_after(click_state: str, *, answer: str | None = None, abort: bool = False):
+    def reach(new_context: Callable[..., Any], server: LiveServer) -> Page:
+        context = new_context(permission=answer is None)
+        if answer is not None:
+            context.add_init_script(answering(answer))
+        page = context.new_page()
+        page.goto("/")
+        if abort:
+            page.route("**/api/push/subscribe", lambda route: route.abort("internetdisconnected"))
+        page.click("#subscribe-button")
+        page.wait_for_selector(f"#{click_state}:not([hidden])")
+        return page
+
+    return reach
+
+
+def _subscribe_page_with(init_script: str, state: str, **options: Any) -> Reach:
+    def reach(new_context: Callable[..., Any], server: LiveServer) -> Page:
+        context = new_context(**options)
+        context.add_init_script(init_script)
+        page = context.new_page()
+        page.goto("/")
+        page.wait_for_selector(f"#{state}:not([hidden])")
+        return page
+
+    return reach
+
+
+def _already_subscribed(new_context: Callable[..., Any], server: LiveServer) -> Page:
+    page = new_context().new_page()
+    subscribe_through_page(page)
+    page.reload()
+    page.wait_for_selector("#state-subscribed:not([hidden])")
+    return page
+
+
+def _unsubscribed(new_context: Callable[..., Any], server: LiveServer) -> Page:
+    page = _already_subscribed(new_context, server)
+    page.click("#unsubscribe-button")
+    page.wait_for_selector("#state-unsubscribed:not([hidden])")
+    return page
+
+
+def _known(new_context: Callable[..., Any]) -> Page:
+    from tests.factories import SubscriptionFactory
+
+    context = new_context()
+    subscribe_through_api(context, SubscriptionFactory()())
+    page = context.new_page()
+    page.goto("/preferences")
+    return page
+
+
+def _preferences(new_context: Callable[..., Any], server: LiveServer) -> Page:
+    return _known(new_context)
+
+
+def _preferences_saved(new_context: Callable[..., Any], server: LiveServer) -> Page:
+    page = _known(new_context)
+    page.check("#topic-weekly-digest")
+    page.click("text=Save my choices")
+    page.wait_for_selector(".banner--success")
+    return page
+
+
+def _preferences_stale_policy(new_context: Callable[..., Any], server: LiveServer) -> Page:
+    page = _known(new_context)
+    publish_new_policy(server)
+    page.click("text=Save my choices")
+    page.wait_for_selector(".error-summary")
+    return page
+
+
+def _preferences_unknown_device(new_context: Callable[..., Any], server: LiveServer) -> Page:
+    page = _known(new_context)
+    page.context.clear_cookies(name="portal_device")
+    page.click("text=Stop notifications on this device")
+    page.wait_for_selector(".error-summary")
+    return page
+
+
+def _erase(new_context: Callable[..., Any], submit: bool) -> Page:
+    page = _known(new_context)
+    page.goto("/preferences/erase")
+    if submit:
+        page.click("button[type=submit]")
+        page.wait_for_selector(".error-summary")
+    return page
+
+
+STAFF_EMAIL = "officer@example.test"
+STAFF_PASSWORD = "correct horse battery staple"
+
+
+def _staff(new_context: Callable[..., Any], server: LiveServer) -> Page:
+    """A member of staff with every role, signed in through the sign-in page."""
+    from portal.db import db
+    from portal.staff import services
+    from portal.staff.models import Role
+
+    app = server.app
+    with app.app_context(), db.begin() as session:
+        if services.find_by_email(session, STAFF_EMAIL) is None:
+            services.create_staff(
+                session,
+                email=STAFF_EMAIL,
+                password=STAFF_PASSWORD,
+                roles=tuple(Role),
+                actor=None,
+                passwords=app.extensions["portal.staff.passwords"],
+                clock=app.extensions["portal"].clock,
+                via="test",
+            )
+    page = new_context().new_page()
+    page.goto("/staff/login")
+    page.fill("#email", STAFF_EMAIL)
+    page.fill("#password", STAFF_PASSWORD)
+    page.click("button[type=submit]")
+    page.wait_for_url("**/staff/")
+    return page
+
+
+def _staff_page(path: str) -> Reach:
+    def reach(new_context: Callable[..., Any], server: LiveServer) -> Page:
+        page = _staff(new_context, server)
+        page.goto(path)
+        return page
+
+    return reach
+
+
+def _staff_login_error(new_context: Callable[..., Any], server: LiveServer) -> Page:
+    page = new_context().new_page()
+    page.goto("/staff/login")
+    page.click("button[type=submit]")
+    page.wait_for_selector(".error-summary")
+    return page
+
+
+def _staff_add_error(new_context: Callable[..., Any], server: LiveServer) -> Page:
+    page = _staff(new_context, server)
+    page.goto("/staff/admin/staff")
+    page.locator("form:has(#email) button[type=submit]").last.click()
+    page.wait_for_selector(".error-summary")
+    return page
+
+
+def _staff_job_ran(new_context: Callable[..., Any], server: LiveServer) -> Page:
+    page = _staff(new_context, server)
+    page.goto("/staff/ops/jobs")
+    page.locator("form[action$='/sweep/run'] button").click()
+    page.wait_for_selector(".banner")
+    return page
+
+
+def _staff_submit(path: str, button: str = "button[type=submit]") -> Reach:
+    """A staff form submitted empty: its error state."""
+
+    def reach(new_context: Callable[..., Any], server: LiveServer) -> Page:
+        page = _staff(new_context, server)
+        page.goto(path)
+        page.locator(f"main {button}").last.click()
+        page.wait_for_selector(".error-summary")
+        return page
+
+    return reach
+
+
+def _compliance_subscriber(new_context: Callable[..., Any], server: LiveServer) -> Page:
+    from tests.factories import SubscriptionFactory
+
+    visitor = new_context()
+    subscribe_through_api(visitor, SubscriptionFactory()())
+    import uuid
+
+    subscriber_id = uuid.UUID(
+        str(server.scalar("SELECT subscriber_id FROM push_subscription LIMIT 1"))
+    )
+    page = _staff(new_context, server)
+    page.goto(f"/staff/compliance/subscribers/{subscriber_id}")
+    return page
+
+
+STAFF_PAGES = [
+    PageState("staff-admin-topics", _staff_page("/staff/admin/topics")),
+    PageState("staff-admin-topic-new", _staff_page("/staff/admin/topics/new")),
+    PageState(
+        "staff-admin-topic-new-error", _staff_submit("/staff/admin/topics/new"), error_summary=True
+    ),
+    PageState("staff-admin-topic-edit", _staff_page("/staff/admin/topics/offers/edit")),
+    PageState("staff-admin-topic-retire", _staff_page("/staff/admin/topics/offers/retire")),
+    PageState("staff-admin-policies", _staff_page("/staff/admin/policies")),
+    PageState("staff-admin-policy-new", _staff_page("/staff/admin/policies/new")),
+    PageState("staff-admin-policy-version", _staff_page("/staff/admin/policies/versions/2026-01")),
+    PageState("staff-compliance-dashboard", _staff_page("/staff/compliance/")),
+    PageState("staff-compliance-lookup", _staff_page("/staff/compliance/lookup")),
+    PageState(
+        "staff-compliance-lookup-error",
+        _staff_submit("/staff/compliance/lookup"),
+        error_summary=True,
+    ),
+    PageState("staff-compliance-subscriber", _compliance_subscriber),
+    PageState("staff-compliance-export", _staff_page("/staff/compliance/export")),
+    PageState("staff-compliance-signing-key", _staff_page("/staff/compliance/signing-key")),
+    PageState("staff-login", _open("/staff/login")),
+    PageState("staff-login-error", _staff_login_error, error_summary=True),
+    PageState("staff-dashboard", _staff_page("/staff/")),
+    PageState("staff-password", _staff_page("/staff/password")),
+    PageState("staff-admin-staff", _staff_page("/staff/admin/staff")),
+    PageState("staff-admin-staff-error", _staff_add_error, error_summary=True),
+    PageState("staff-audit", _staff_page("/staff/admin/audit")),
+    PageState("staff-ops-jobs", _staff_page("/staff/ops/jobs")),
+    PageState("staff-ops-jobs-ran", _staff_job_ran),
+    PageState("staff-ops-feedback", _staff_page("/staff/ops/feedback")),
+]
+
+PAGES = [
+    PageState("subscribe", _open("/")),
+    PageState("subscribe-denied", _subscribe_page_after("state-denied", answer="denied")),
+    PageState("subscribe-dismissed", _subscribe_page_after("state-dismissed", answer="default")),
+    PageState("subscribe-network-failure", _subscribe_page_after("state-failed", abort=True)),
+    PageState("subscribe-success", _subscribe_page_after("state-success")),
+    PageState("subscribe-already-subscribed", _already_subscribed),
+    PageState("subscribe-unsubscribed", _unsubscribed),
+    PageState("subscribe-unsupported", _subscribe_page_with(NO_PUSH, "state-unsupported")),
+    PageState(
+        "subscribe-ios",
+        _subscribe_page_with(
+            "delete window.PushManager;",
+            "state-ios",
+            user_agent=IPHONE_UA,
+            viewport={"width": 390, "height": 844},
+        ),
+    ),
+    PageState("preferences-no-identity", _open("/preferences")),
+    PageState("preferences", _preferences),
+    PageState("preferences-saved", _preferences_saved),
+    PageState("preferences-stale-policy", _preferences_stale_policy, error_summary=True),
+    PageState("preferences-unknown-device", _preferences_unknown_device, error_summary=True),
+    PageState("policy", _open("/policy/2026-01")),
+    PageState("link-error", _open("/preferences?token=not-a-valid-token")),
+    PageState("erase-confirm", lambda new_context, server: _erase(new_context, False)),
+    PageState(
+        "erase-error", lambda new_context, server: _erase(new_context, True), error_summary=True
+    ),
+    *STAFF_PAGES,
+]
+
+
+@pytest.fixture(params=PAGES, ids=str)
+def page_state(request, new_context, server) -> Page:
+    return request.param.reach(new_context, server)
+
+
+@pytest.fixture(params=[state for state in PAGES if state.error_summary], ids=str)
+def error_state(request, new_context, server) -> Page:
+    return request.param.reach(new_context, server)
+
+
+def test_axe_finds_no_violations(page_state: Page):
+    results = _axe.run(page_state, options=AXE_OPTIONS)
+    assert results.violations_count == 0, results.generate_report()
+
+
+FOCUSABLE = (
+    "a[href], button, input:not([type=hidden]), select, textarea, summary, "
+    "[tabindex]:not([tabindex='-1'])"
+)
+
+MARK_AND_MEASURE = """(selector) => {
+  const style = (el) => {
+    const s = getComputedStyle(el);
+    return [s.outlineStyle, s.outlineWidth, s.outlineColor, s.boxShadow].join('|');
+  };
+  let index = 0;
+  const out = {};
+  for (const el of document.querySelectorAll(selector)) {
+    el.dataset.a11yIndex = String(index);
+    out[index] = style(el);
+    index += 1;
+  }
+  return out;
+}"""
+
+FOCUSED = """() => {
+  const el = document.activeElement;
+  if (!el || el === document.body || el.dataset.a11yIndex === undefined) return null;
+  const s = getComputedStyle(el);
+  return {
+    index: el.dataset.a11yIndex,
+    label: el.tagName + '#' + el.id + ' ' + (el.textContent || el.value || '').trim().slice(0, 40),
+    style: [s.outlineStyle, s.outlineWidth, s.outlineColor, s.boxShadow].join('|'),
+    outline: s.outlineStyle !== 'none' && parseFloat(s.outlineWidth) >= 2,
+    shadow: s.boxShadow !== 'none',
+  };
+}"""
+
+
+def test_focus_is_always_visible(page_state: Page):
+    page = page_state
+    unfocused = page.evaluate(MARK_AND_MEASURE, FOCUSABLE)
+    page.evaluate("document.activeElement && document.activeElement.blur()")
+    page.mouse.move(0, 0)
+    seen: set[str] = set()
+    problems = []
+    for _ in range(len(unfocused) + 5):
+        page.keyboard.press("Tab")
+        focused = page.evaluate(FOCUSED)
+        if focused is None:
+            continue
+        if focused["index"] in seen:
+            break
+        seen.add(focused["index"])
+        if focused["style"] == unfocused[focused["index"]] or not (
+            focused["outline"] or focused["shadow"]
+        ):
+            problems.append(focused["label"])
+    assert seen, "Tab reached nothing"
+    assert problems == [], f"no visible focus indicator on: {problems}"
+
+
+TARGETS = """() => {
+  const bad = [];
+  const inText = (a) => {
+    const block = a.closest('p, li, td, dd');
+    return block !== null && block.textContent.trim() !== a.textContent.trim();
+  };
+  for (const el of document.querySelectorAll('a[href], button, input:not([type=hidden]), select, textarea')) {
+    const r = el.getBoundingClientRect();
+    if (r.width === 0 && r.height === 0) continue;  // not rendered
+    if (el.closest('.visually-hidden')) continue;
+    if (el.tagName === 'A' && inText(el)) continue;  // WCAG 2.5.8 inline exception
+    if (r.width < 24 || r.height < 24) {
+      bad.push(`${el.tagName}#${el.id} "${(el.textContent || '').trim().slice(0, 30)}" ${r.width}x${r.height}`);
+    }
+  }
+  return bad;
+}"""
+
+
+def test_targets_are_at_least_24_pixels(page_state: Page):
+    assert page_state.evaluate(TARGETS) == []
+
+
+def test_error_states_focus_the_summary_and_its_links_move_focus(error_state: Page):
+    page = error_state
+    assert page.title().startswith("Error: ")
+    assert "error-summary" in page.evaluate("document.activeElement.className")
+    links = page.locator(".error-summary a")
+    assert links.count() >= 1
+    for index in range(links.count()):
+        target = links.nth(index).get_attribute("href")
+        assert target.startswith("#")
+        assert page.locator(target).count() == 1, f"{target} names no element"
+        links.nth(index).click()
+        assert page.evaluate("document.activeElement.id") == target[1:]

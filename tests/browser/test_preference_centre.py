@@ -1,0 +1,131 @@
+"""The preference centre in Chromium: saving, the error summary, the keyboard alone."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from playwright.sync_api import Page
+
+from portal.consent import catalogue
+from tests.browser.conftest import active_element_id, subscribe_through_api
+
+pytestmark = pytest.mark.browser
+
+
+def preferences(server) -> dict[str, str]:
+    return dict(
+        server.rows(
+            "SELECT t.slug, p.state FROM topic_preference p JOIN topic t ON t.id = p.topic_id"
+        )
+    )
+
+
+def publish_new_policy(server, version: str = "2026-02") -> None:
+    with server.session() as session, session.begin():
+        catalogue.publish_policy(
+            session,
+            version=version,
+            text="We now also send a monthly summary, if you ask for it.",
+            now=dt.datetime.now(dt.UTC) + dt.timedelta(seconds=1),
+        )
+
+
+def focused_classes(page: Page) -> str:
+    return page.evaluate("document.activeElement.className")
+
+
+@pytest.fixture
+def known_page(context, browser_subscription) -> Page:
+    subscribe_through_api(context, browser_subscription)
+    page = context.new_page()
+    page.goto("/preferences")
+    return page
+
+
+def test_saving_shows_a_focused_banner(known_page, server):
+    page = known_page
+    page.check("#topic-weekly-digest")
+    page.click("text=Save my choices")
+    page.wait_for_selector(".banner--success")
+    assert "banner" in focused_classes(page)
+    assert page.evaluate("document.activeElement.getAttribute('role')") == "status"
+    assert "Your choices are saved." in page.inner_text(".banner--success")
+    assert preferences(server) == {"weekly-digest": "opt_in"}
+
+
+def test_a_stale_policy_gives_a_focused_error_summary_whose_links_work(known_page, server):
+    page = known_page
+    page.check("#topic-offers")
+    publish_new_policy(server)  # the notice changes while the page is open
+    page.click("text=Save my choices")
+    page.wait_for_selector(".error-summary")
+
+    assert page.title().startswith("Error: ")
+    assert "error-summary" in focused_classes(page)
+    assert page.is_checked("#topic-offers")  # what they ticked is kept
+    assert preferences(server) == {}  # and nothing was written
+
+    links = page.locator(".error-summary a")
+    assert links.count() >= 1
+    for index in range(links.count()):
+        target = links.nth(index).get_attribute("href")
+        assert target.startswith("#")
+        assert page.locator(target).count() == 1, f"{target} names no element"
+        links.nth(index).click()
+        assert active_element_id(page) == target[1:]
+        assert page.evaluate("document.activeElement.tagName") == "INPUT"
+
+    # The field names its error and hint, and both exist.
+    described = page.get_attribute("#policy-ack", "aria-describedby").split()
+    assert "policy-ack-error" in described
+    for ident in described:
+        assert page.locator(f"#{ident}").count() == 1
+    assert page.get_attribute("#policy-ack", "aria-invalid") == "true"
+
+    page.check("#policy-ack")
+    page.click("text=Save my choices")
+    page.wait_for_selector(".banner--success")
+    assert preferences(server) == {"offers": "opt_in"}
+    assert server.scalar("SELECT DISTINCT policy_version FROM topic_preference") == "2026-02"
+
+
+def test_the_form_can_be_completed_with_the_keyboard_alone(known_page, server):
+    page = known_page
+    page.evaluate("document.activeElement && document.activeElement.blur()")
+    target = "topic-product-news"
+    for _ in range(40):
+        page.keyboard.press("Tab")
+        if active_element_id(page) == target:
+            break
+    else:
+        pytest.fail(f"Tab never reached #{target}")
+    page.keyboard.press("Space")
+    assert page.is_checked(f"#{target}")
+    for _ in range(40):
+        page.keyboard.press("Tab")
+        if page.evaluate("document.activeElement.textContent.trim()") == "Save my choices":
+            break
+    else:
+        pytest.fail("Tab never reached the save button")
+    page.keyboard.press("Enter")
+    page.wait_for_selector(".banner--success")
+    assert "banner" in focused_classes(page)
+    assert preferences(server) == {"product-news": "opt_in"}
+
+
+def test_every_fieldset_names_hints_that_exist(known_page):
+    page = known_page
+    missing = page.evaluate(
+        """() => {
+          const out = [];
+          for (const el of document.querySelectorAll('[aria-describedby]')) {
+            for (const id of el.getAttribute('aria-describedby').split(/\\s+/)) {
+              if (id && !document.getElementById(id)) out.push(el.id + ' -> ' + id);
+            }
+          }
+          return out;
+        }"""
+    )
+    assert missing == []
+    assert page.locator("fieldset[aria-describedby]").count() >= 1

@@ -1,0 +1,206 @@
+"""The service worker in Chromium: pushes delivered through the DevTools protocol."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+import pytest
+from playwright.sync_api import BrowserContext, CDPSession, Page
+
+pytestmark = pytest.mark.browser
+
+NOTIFICATIONS = """async () => {
+  const registration = await navigator.serviceWorker.ready;
+  return (await registration.getNotifications()).map(n => ({
+    title: n.title, body: n.body, tag: n.tag, icon: n.icon, data: n.data,
+  }));
+}"""
+
+
+class PushChannel:
+    """A page-level DevTools session that knows the worker's registration id."""
+
+    def __init__(self, context: BrowserContext, page: Page, origin: str) -> None:
+        self.origin = origin
+        self.page = page
+        self.cdp: CDPSession = context.new_cdp_session(page)
+        self.registrations: dict[str, dict[str, Any]] = {}
+        self.errors: list[dict[str, Any]] = []
+        self.cdp.on("ServiceWorker.workerRegistrationUpdated", self._updated)
+        self.cdp.on("ServiceWorker.workerErrorReported", self._error)
+        self.cdp.send("ServiceWorker.enable")
+
+    def _error(self, event: dict[str, Any]) -> None:
+        self.errors.append(event)
+
+    def _updated(self, event: dict[str, Any]) -> None:
+        for registration in event["registrations"]:
+            self.registrations[registration["registrationId"]] = registration
+
+    def registration_id(self, timeout: float = 10) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for rid, registration in self.registrations.items():
+                if registration["scopeURL"] == self.origin + "/" and not registration["isDeleted"]:
+                    return rid
+            self.page.wait_for_timeout(50)
+        raise AssertionError(f"no service worker registration seen: {self.registrations}")
+
+    def push(self, message: dict[str, Any]) -> None:
+        self.cdp.send(
+            "ServiceWorker.deliverPushMessage",
+            {
+                "origin": self.origin,
+                "registrationId": self.registration_id(),
+                "data": json.dumps(message),
+            },
+        )
+
+
+@pytest.fixture
+def worker_page(context: BrowserContext, server) -> tuple[Page, PushChannel]:
+    page = context.new_page()
+    page.goto("/")
+    scope = page.evaluate(
+        """async () => {
+            await navigator.serviceWorker.register('/sw.js', {scope: '/'});
+            return (await navigator.serviceWorker.ready).scope;
+        }"""
+    )
+    assert scope == server.url + "/"
+    return page, PushChannel(context, page, server.url)
+
+
+def notifications(page: Page) -> list[dict[str, Any]]:
+    return page.evaluate(NOTIFICATIONS)
+
+
+def wait_for_notifications(
+    page: Page, count: int, channel: PushChannel | None = None, timeout: float = 15
+) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        shown = notifications(page)
+        if len(shown) >= count:
+            return shown
+        page.wait_for_timeout(50)
+    errors = channel.errors if channel else "not collected"
+    raise AssertionError(
+        f"expected {count} notifications, saw {notifications(page)}; worker errors: {errors}"
+    )
+
+
+def receipts(server, delivery_id: str) -> list[str]:
+    return [
+        row.event
+        for row in server.rows(
+            "SELECT event FROM delivery_receipt WHERE delivery_id = :d ORDER BY id", d=delivery_id
+        )
+    ]
+
+
+def wait_for_receipts(server, delivery_id: str, count: int, timeout: float = 10) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = receipts(server, delivery_id)
+        if len(found) >= count:
+            return found
+        time.sleep(0.05)
+    raise AssertionError(f"expected {count} receipts for {delivery_id}, saw {found}")
+
+
+def message(**overrides: Any) -> dict[str, Any]:
+    body = {
+        "deliveryId": str(uuid.uuid4()),
+        "campaignId": "c-41",
+        "title": "Your order has shipped",
+        "body": "It arrives on Thursday.",
+        "url": "/preferences?from=push",
+        "icon": "/static/img/icon.svg",
+        "tag": "campaign-41",
+    }
+    body.update(overrides)
+    return body
+
+
+def test_sw_js_is_served_for_scope_root_without_caching(context, server):
+    response = context.request.get("/sw.js")
+    assert response.status == 200
+    assert response.headers["content-type"].startswith("text/javascript")
+    assert response.headers["cache-control"] == "no-cache"
+
+
+def test_a_push_shows_a_notification_with_its_data_and_reports_it(worker_page, server):
+    page, channel = worker_page
+    sent = message()
+    channel.push(sent)
+    (shown,) = wait_for_notifications(page, 1, channel)
+    assert shown["title"] == sent["title"]
+    assert shown["body"] == sent["body"]
+    assert shown["tag"] == "campaign-41"
+    assert shown["icon"] == server.url + "/static/img/icon.svg"
+    assert shown["data"] == {
+        "url": server.url + "/preferences?from=push",
+        "deliveryId": sent["deliveryId"],
+        "campaignId": "c-41",
+    }
+    assert wait_for_receipts(server, sent["deliveryId"], 1) == ["shown"]
+
+
+def test_the_same_delivery_twice_shows_once(worker_page, server):
+    page, channel = worker_page
+    sent = message()
+    channel.push(sent)
+    wait_for_notifications(page, 1, channel)
+    channel.push(sent)  # the repeat a crashed sender may make
+    # A later, different delivery marks the point where the repeat has been handled.
+    after = message(tag="campaign-42", title="Later")
+    channel.push(after)
+    shown = wait_for_notifications(page, 2, channel)
+    wait_for_receipts(server, after["deliveryId"], 1)
+    page.wait_for_timeout(300)
+    assert sorted(n["tag"] for n in notifications(page)) == ["campaign-41", "campaign-42"]
+    assert [n["title"] for n in shown if n["tag"] == "campaign-41"] == [sent["title"]]
+    assert receipts(server, sent["deliveryId"]) == ["shown"]
+
+
+def test_a_repeat_of_a_dismissed_delivery_does_not_come_back(worker_page, server):
+    page, channel = worker_page
+    sent = message()
+    channel.push(sent)
+    wait_for_notifications(page, 1, channel)
+    page.evaluate(
+        "async () => (await (await navigator.serviceWorker.ready).getNotifications())"
+        ".forEach(n => n.close())"
+    )
+    assert notifications(page) == []
+    channel.push(sent)
+    barrier = message(tag="campaign-43")
+    channel.push(barrier)
+    wait_for_notifications(page, 1, channel)
+    wait_for_receipts(server, barrier["deliveryId"], 1)
+    page.wait_for_timeout(300)
+    assert [n["tag"] for n in notifications(page)] == ["campaign-43"]
+    assert receipts(server, sent["deliveryId"]) == ["shown"]
+
+
+def test_links_and_icons_off_the_site_fall_back_to_the_site(worker_page, server):
+    page, channel = worker_page
+    channel.push(message(url="https://phishing.example/login", icon="https://cdn.example/i.png"))
+    (shown,) = wait_for_notifications(page, 1, channel)
+    assert shown["data"]["url"] == server.url + "/"
+    assert shown["icon"] == ""
+
+
+def test_a_push_without_a_delivery_id_or_json_still_shows(worker_page):
+    page, channel = worker_page
+    channel.cdp.send(
+        "ServiceWorker.deliverPushMessage",
+        {"origin": channel.origin, "registrationId": channel.registration_id(), "data": "hello"},
+    )
+    (shown,) = wait_for_notifications(page, 1, channel)
+    assert shown["title"] == "Notification"
+    assert shown["body"] == "hello"

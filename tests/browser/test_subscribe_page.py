@@ -1,0 +1,316 @@
+"""The subscribe page in Chromium: every outcome, and the database behind it."""
+
+from __future__ import annotations
+
+from urllib.parse import unquote
+
+import pytest
+import sqlalchemy as sa
+
+from portal.identity import DEVICE_COOKIE, SUBSCRIBER_COOKIE
+from portal.subscriptions.validation import endpoint_hash
+from tests.browser.conftest import (
+    active_element_id,
+    calls,
+    subscribe_through_page,
+)
+from tests.conftest import VAPID_PUBLIC
+
+pytestmark = pytest.mark.browser
+
+# The person's answer to the permission prompt, given when the page asks (a headless
+# browser shows no prompt). Notification.permission follows the answer.
+PROMPT = """
+(function () {
+  var state = "default";
+  Object.defineProperty(Notification, "permission", {get: function () { return state; }});
+  Notification.requestPermission = function (callback) {
+    var log = JSON.parse(localStorage.getItem("__pushStub.log") || "[]");
+    log.push({call: "requestPermission"});
+    localStorage.setItem("__pushStub.log", JSON.stringify(log));
+    state = "%s" === "default" ? "default" : "%s";
+    if (callback) { callback("%s"); }
+    return Promise.resolve("%s");
+  };
+})();
+"""
+
+
+def answering(answer: str) -> str:
+    return PROMPT % (answer, answer, answer, answer)
+
+
+NO_PUSH = "delete window.PushManager; delete Navigator.prototype.serviceWorker;"
+IPHONE_UA = (
+    "Mozilla/5.0 (iPhone; CPU iPhone OS 17_5 like Mac OS X) AppleWebKit/605.1.15 "
+    "(KHTML, like Gecko) Version/17.5 Mobile/15E148 Safari/604.1"
+)
+
+
+def _subscription_row(server, subscription):
+    rows = server.rows(
+        "SELECT id, endpoint, p256dh, auth_sealed, auth_key_version, state, subscriber_id, "
+        "deleted_at FROM push_subscription WHERE endpoint_hash = :h",
+        h=endpoint_hash(subscription.endpoint),
+    )
+    return rows[0] if rows else None
+
+
+def test_the_page_explains_topics_and_the_policy_before_anything_is_asked(page):
+    page.goto("/")
+    assert page.locator("h1").inner_text() == "Get notifications from us"
+    # Marketing topics are choices, off by default; account messages are explained only.
+    for slug in ("weekly-digest", "product-news", "offers"):
+        assert not page.is_checked(f"#topic-{slug}")
+    assert page.locator("#topic-security-alerts").count() == 0
+    assert "Security alerts" in page.locator("#subscribe-form").inner_text()
+    assert "Notice version 2026-01" in page.inner_text("#subscribe-form")
+    assert page.get_attribute("#subscribe-page", "data-policy-version") == "2026-01"
+    assert page.get_attribute("#subscribe-page", "data-vapid-public-key") == VAPID_PUBLIC
+    assert page.is_visible("#subscribe-button")
+    assert calls(page, "requestPermission") == []  # nothing asked on load
+
+
+def test_subscribing_stores_the_subscription_with_its_auth_secret_sealed(
+    new_context, server, browser_subscription
+):
+    context = new_context(permission=False)
+    context.add_init_script(answering("granted"))
+    page = context.new_page()
+    page.goto("/")
+    page.check("#topic-weekly-digest")
+    assert calls(page, "requestPermission") == []
+    with page.expect_request("**/api/push/subscribe") as posted:
+        page.click("#subscribe-button")
+    page.wait_for_selector("#state-success:not([hidden])")
+
+    # The outcome is focused and leads on to the preference centre.
+    assert active_element_id(page) == "state-success"
+    assert page.locator("#state-success a[href='/preferences']").is_visible()
+    assert not page.is_visible("#subscribe-form")
+
+    request = posted.value
+    assert request.headers["content-type"] == "application/json"
+    assert request.headers.get("x-csrftoken")
+    body = request.post_data_json
+    assert body["subscription"] == browser_subscription.to_json()
+    assert body["topics"] == ["weekly-digest"]
+    assert body["policyVersion"] == "2026-01"
+    assert body["source"] == "subscribe-page"
+
+    # The browser was asked once, after the click, with the server's key.
+    assert len(calls(page, "requestPermission")) == 1
+    (subscribed,) = calls(page, "subscribe")
+    assert subscribed["options"] == {
+        "userVisibleOnly": True,
+        "applicationServerKey": VAPID_PUBLIC,
+    }
+    scope = page.evaluate("navigator.serviceWorker.getRegistration().then(r => r.scope)")
+    assert scope == server.url + "/"
+
+    row = _subscription_row(server, browser_subscription)
+    assert row is not None
+    assert row.endpoint == browser_subscription.endpoint
+    assert row.p256dh == browser_subscription.p256dh
+    assert row.state == "pending"
+    sealed = bytes(row.auth_sealed)
+    assert browser_subscription.auth not in sealed
+    keys = server.app.extensions["portal"].keys
+    assert keys.open(sealed, row.auth_key_version) == browser_subscription.auth
+
+    preferences = dict(
+        server.rows(
+            "SELECT t.slug, p.state FROM topic_preference p JOIN topic t ON t.id = p.topic_id "
+            "WHERE p.subscriber_id = :s",
+            s=row.subscriber_id,
+        )
+    )
+    assert preferences == {
+        "weekly-digest": "opt_in",
+        "product-news": "opt_out",
+        "offers": "opt_out",
+    }
+    versions = {
+        r[0]
+        for r in server.rows(
+            "SELECT policy_version FROM topic_preference WHERE subscriber_id = :s",
+            s=row.subscriber_id,
+        )
+    }
+    assert versions == {"2026-01"}
+
+    cookies = {c["name"]: c for c in context.cookies()}
+    assert cookies[SUBSCRIBER_COOKIE]["httpOnly"]
+    assert cookies[DEVICE_COOKIE]["httpOnly"]
+    assert page.evaluate("document.cookie") == "" or SUBSCRIBER_COOKIE not in unquote(
+        page.evaluate("document.cookie")
+    )
+
+
+@pytest.mark.parametrize(
+    ("answer", "state", "error"),
+    [("denied", "state-denied", True), ("default", "state-dismissed", False)],
+)
+def test_a_refused_or_dismissed_prompt_explains_and_writes_nothing(
+    new_context, server, answer, state, error
+):
+    context = new_context(permission=False)
+    context.add_init_script(answering(answer))
+    page = context.new_page()
+    page.goto("/")
+    page.click("#subscribe-button")
+    page.wait_for_selector(f"#{state}:not([hidden])")
+    assert active_element_id(page) == state
+    assert page.title().startswith("Error: ") is error
+    if error:
+        assert "site settings" in page.inner_text(f"#{state}")
+    assert calls(page, "subscribe") == []
+    assert page.is_visible("#subscribe-button")  # they can try again
+    assert server.scalar("SELECT count(*) FROM push_subscription") == 0
+
+
+def test_a_browser_without_push_is_told_so(new_context, server):
+    context = new_context()
+    context.add_init_script(NO_PUSH)
+    page = context.new_page()
+    page.goto("/")
+    page.wait_for_selector("#state-unsupported:not([hidden])")
+    assert not page.is_visible("#subscribe-button")
+    assert page.locator("#state-unsupported a[href='/preferences']").is_visible()
+
+
+def test_ios_safari_outside_the_home_screen_is_told_to_add_it(new_context):
+    context = new_context(user_agent=IPHONE_UA, viewport={"width": 390, "height": 844})
+    context.add_init_script("delete window.PushManager;")
+    page = context.new_page()
+    page.goto("/")
+    page.wait_for_selector("#state-ios:not([hidden])")
+    assert "Add to Home Screen" in page.inner_text("#state-ios")
+    assert not page.is_visible("#subscribe-button")
+    assert not page.is_visible("#state-unsupported")
+
+
+def test_without_javascript_the_page_explains_and_links_to_the_preference_centre(new_context):
+    context = new_context(java_script_enabled=False, stub=False, permission=False)
+    page = context.new_page()
+    page.goto("/")
+    notice = page.locator("noscript .notice, .notice").first
+    assert "needs JavaScript" in notice.inner_text()
+    assert notice.locator("a[href='/preferences']").count() == 1
+    assert not page.is_visible("#subscribe-button")
+    assert page.is_visible("#topic-offers")  # the choices are still there to read
+
+
+def test_an_already_subscribed_browser_sees_it_and_can_unsubscribe(
+    page, server, browser_subscription
+):
+    subscribe_through_page(page)
+    page.reload()
+    page.wait_for_selector("#state-subscribed:not([hidden])")
+    assert not page.is_visible("#subscribe-form")
+    assert page.locator("#state-subscribed a[href='/preferences']").is_visible()
+
+    with page.expect_request("**/api/push/unsubscribe") as posted:
+        page.click("#unsubscribe-button")
+    assert posted.value.post_data_json == {"endpoint": browser_subscription.endpoint}
+    page.wait_for_selector("#state-unsubscribed:not([hidden])")
+    assert active_element_id(page) == "state-unsubscribed"
+    assert len(calls(page, "unsubscribe")) == 1
+    assert page.evaluate("window.PortalPush.currentSubscription()") is None
+    assert _subscription_row(server, browser_subscription).state == "revoked"
+    assert page.is_visible("#subscribe-button")  # and can turn them on again
+
+
+def test_a_failed_post_offers_a_retry_and_leaves_nothing_half_written(
+    page, server, browser_subscription
+):
+    page.goto("/")
+    page.route("**/api/push/subscribe", lambda route: route.abort("internetdisconnected"))
+    page.click("#subscribe-button")
+    page.wait_for_selector("#state-failed:not([hidden])")
+    assert active_element_id(page) == "state-failed"
+    assert page.title().startswith("Error: ")
+    assert _subscription_row(server, browser_subscription) is None
+
+    # Closing the page here must not leave a silent half: the next visit finds it.
+    page.reload()
+    page.wait_for_selector("#state-failed:not([hidden])")
+
+    page.unroute("**/api/push/subscribe")
+    page.click("#retry-button")
+    page.wait_for_selector("#state-success:not([hidden])")
+    assert active_element_id(page) == "state-success"
+    assert _subscription_row(server, browser_subscription).state == "pending"
+    assert page.evaluate("localStorage.getItem('portal.pendingSubscribe')") is None
+
+
+def test_cancelling_after_a_failed_post_lets_go_of_the_browser_subscription(
+    page, server, browser_subscription
+):
+    page.goto("/")
+    page.route("**/api/push/subscribe", lambda route: route.abort("connectionrefused"))
+    page.click("#subscribe-button")
+    page.wait_for_selector("#state-failed:not([hidden])")
+    page.click("#cancel-button")
+    page.wait_for_selector("#state-cancelled:not([hidden])")
+    assert len(calls(page, "unsubscribe")) == 1
+    assert page.evaluate("window.PortalPush.currentSubscription()") is None
+    assert _subscription_row(server, browser_subscription) is None
+    page.reload()
+    assert page.is_visible("#subscribe-button")
+    assert not page.is_visible("#state-failed")
+
+
+def test_the_heartbeat_is_sent_at_most_hourly(page):
+    subscribe_through_page(page)
+    heartbeats: list[str] = []
+    page.on("request", lambda r: heartbeats.append(r.url) if "/heartbeat" in r.url else None)
+    page.reload()
+    page.wait_for_selector("#state-subscribed:not([hidden])")
+    page.goto("/preferences")
+    page.wait_for_load_state("networkidle")
+    assert heartbeats == []  # subscribing counts as the latest sign of life
+    page.evaluate("localStorage.removeItem('portal.heartbeatAt')")
+    with page.expect_response("**/api/push/heartbeat") as answered:
+        page.goto("/")
+    assert answered.value.json() == {"state": "pending", "action": "none"}
+    page.wait_for_selector("#state-subscribed:not([hidden])")
+
+
+def test_a_heartbeat_after_erasure_unsubscribes_the_browser(page, server, browser_subscription):
+    subscribe_through_page(page)
+    # Erasure leaves a tombstone: credentials gone, revoked, deleted_at set.
+    with server.session() as session, session.begin():
+        session.execute(
+            sa.text(
+                "UPDATE push_subscription SET state = 'revoked', end_reason = 'erased', "
+                "revoked_at = CURRENT_TIMESTAMP, deleted_at = CURRENT_TIMESTAMP, "
+                "endpoint = NULL, p256dh = NULL, auth_sealed = NULL, user_agent = NULL"
+            )
+        )
+    page.evaluate("localStorage.removeItem('portal.heartbeatAt')")
+    with page.expect_response("**/api/push/heartbeat") as answered:
+        page.reload()
+    assert answered.value.json()["action"] == "unsubscribe"
+    page.wait_for_selector("#state-ended:not([hidden])")
+    assert len(calls(page, "unsubscribe")) == 1
+    assert page.evaluate("window.PortalPush.currentSubscription()") is None
+    assert page.is_visible("#subscribe-button")
+
+
+def test_a_heartbeat_for_an_expired_subscription_renews_it(page, server, browser_subscription):
+    subscribe_through_page(page)
+    with server.session() as session, session.begin():
+        session.execute(sa.text("UPDATE push_subscription SET state = 'expired'"))
+    page.evaluate("localStorage.removeItem('portal.heartbeatAt')")
+    with page.expect_response("**/api/push/subscribe") as renewed:
+        page.reload()
+    assert renewed.value.status == 200
+    assert renewed.value.request.post_data_json["source"] == "subscribe-page"
+    assert [c["call"] for c in calls(page, "subscribe") + calls(page, "unsubscribe")] == [
+        "subscribe",
+        "subscribe",
+        "unsubscribe",
+    ]
+    assert _subscription_row(server, browser_subscription).state == "pending"
+    assert page.is_visible("#state-subscribed")

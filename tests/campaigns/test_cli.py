@@ -1,0 +1,156 @@
+"""``portal campaign create`` and ``portal campaign list``."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import uuid
+
+import sqlalchemy as sa
+
+from portal.campaigns.models import Campaign
+from portal.db import db
+from portal.staff.models import StaffAudit
+
+
+def run(app, *args):
+    return app.test_cli_runner().invoke(args=["portal", "campaign", *args])
+
+
+def campaigns(app):
+    with db.begin(app) as session:
+        found = session.scalars(sa.select(Campaign).order_by(Campaign.created_at)).all()
+        session.expunge_all()
+        return found
+
+
+def test_create_prints_the_id_of_a_launched_campaign(catalogue_ready, clock):
+    app = catalogue_ready
+    result = run(
+        app,
+        "create",
+        "--topic",
+        "weekly-digest",
+        "--title",
+        "Monday digest",
+        "--body",
+        "Five things",
+        "--url",
+        "/news",
+        "--ttl",
+        "600",
+        "--urgency",
+        "high",
+        "--collapse-key",
+        "digest",
+        "--send-at",
+        "2026-01-02T10:00:00+01:00",
+    )
+    assert result.exit_code == 0, result.output
+    printed = uuid.UUID(result.stdout.strip())  # only the id on standard output
+    (campaign,) = campaigns(app)
+    assert campaign.id == printed
+    assert (campaign.title, campaign.body, campaign.url) == (
+        "Monday digest",
+        "Five things",
+        "/news",
+    )
+    assert (campaign.ttl, campaign.urgency, campaign.collapse_key) == (600, "high", "digest")
+    assert campaign.send_at == dt.datetime(2026, 1, 2, 9, 0, tzinfo=dt.UTC)
+    assert (campaign.status, campaign.created_by) == ("scheduled", "command line")
+    assert "launched: 0 subscriptions allowed now; sends at 2026-01-02 09:00 UTC" in result.stderr
+    with db.begin(app) as session:
+        (row,) = session.scalars(
+            sa.select(StaffAudit).where(StaffAudit.action == "campaign.launched")
+        ).all()
+        assert row.actor_id is None
+        assert row.target == f"campaign:{printed}"
+        assert row.detail["via"] == "cli"
+
+
+def test_create_defaults_to_now_and_one_day(catalogue_ready, clock):
+    result = run(catalogue_ready, "create", "--topic", "offers", "--title", "T", "--body", "B")
+    assert result.exit_code == 0, result.output
+    (campaign,) = campaigns(catalogue_ready)
+    assert (campaign.ttl, campaign.urgency, campaign.send_at) == (86400, "normal", clock.now())
+    assert "sends now" in result.stderr
+
+
+def test_bad_input_prints_each_field_and_exits_1(catalogue_ready):
+    result = run(
+        catalogue_ready,
+        "create",
+        "--topic",
+        "no-such-topic",
+        "--title",
+        "T",
+        "--body",
+        "x" * 4000,
+        "--url",
+        "http://plain.example",
+        "--ttl",
+        "a day",
+        "--urgency",
+        "asap",
+        "--collapse-key",
+        "not valid",
+    )
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert "error: ttl: a whole number of seconds" in lines
+    assert "error: topic: Choose an active topic" in lines
+    assert "error: url: a link is an https:// URL or a path on this site" in lines
+    assert "error: urgency: Choose an urgency" in lines
+    assert (
+        "error: collapse_key: The collapse key is at most 32 letters, digits, '-' or '_'" in lines
+    )
+    assert any(
+        re.fullmatch(r"error: body: The message is \d+ bytes; it must be at most 3993 .*", line)
+        for line in lines
+    )
+    assert campaigns(catalogue_ready) == []
+
+
+def test_a_send_time_needs_a_zone(catalogue_ready):
+    for value, message in (
+        ("2026-01-02T10:00", "give a time zone"),
+        ("tomorrow", "not an ISO 8601 time"),
+    ):
+        result = run(
+            catalogue_ready,
+            "create",
+            "--topic",
+            "offers",
+            "--title",
+            "T",
+            "--body",
+            "B",
+            "--send-at",
+            value,
+        )
+        assert result.exit_code == 1
+        assert f"error: send_at: {message}" in result.stderr
+    assert campaigns(catalogue_ready) == []
+
+
+def test_deliver_until_before_the_send_time_is_refused(catalogue_ready):
+    result = run(
+        catalogue_ready,
+        *("create", "--topic", "offers", "--title", "T", "--body", "B"),
+        *("--send-at", "2026-01-02T10:00Z", "--deliver-until", "2026-01-02T09:00Z"),
+    )
+    assert result.exit_code == 1
+    assert "error: deliver_until: “Don't deliver after” must be later" in result.stderr
+
+
+def test_list_shows_campaigns_newest_first(catalogue_ready, clock):
+    assert run(catalogue_ready, "list").stdout == "no campaigns\n"
+    for title in ("First", "Second"):
+        run(catalogue_ready, "create", "--topic", "offers", "--title", title, "--body", "B")
+        clock.advance(minutes=1)
+    lines = run(catalogue_ready, "list").stdout.splitlines()
+    assert len(lines) == 2
+    assert lines[0].endswith("Second")
+    assert "scheduled" in lines[0]
+    assert "offers  0/0 done" in lines[1]

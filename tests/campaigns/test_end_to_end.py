@@ -1,0 +1,224 @@
+"""From the staff form to the browser, against the fake push service that decrypts.
+
+The engine's own tests cover sending; these cover the form path: what a person launches
+or tests on the page is what the people consent allows receive, once, readable.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+
+import sqlalchemy as sa
+
+from portal.campaigns.models import Campaign, Delivery
+from portal.consent.catalogue import topic_by_slug
+from portal.consent.recipients import recipients
+from portal.db import db
+from portal.staff.models import StaffAudit
+from portal.subscriptions.models import PushSubscription
+from tests.campaigns.conftest import form_data, set_region
+
+
+def subscribe(app, fake_push, *, region=None, topics=None, client=None):
+    sub = fake_push.subscribe()
+    body = {"subscription": sub.to_json()}
+    if topics is not None:
+        body |= {"topics": topics, "policyVersion": "v1"}
+    response = (client or app.test_client()).post("/api/push/subscribe", json=body)
+    assert response.status_code == 201, response.json
+    if region:
+        set_region(app, sub.endpoint, region)
+    return sub
+
+
+def subscription_ids(app) -> dict[str, uuid.UUID]:
+    with db.begin(app) as session:
+        return {
+            row.endpoint: row.id
+            for row in session.execute(sa.select(PushSubscription.endpoint, PushSubscription.id))
+        }
+
+
+def test_a_campaign_launched_from_the_form_reaches_exactly_the_people_consent_allows(
+    push_app, dispatcher, fake_push, sign_in, clock
+):
+    app = push_app
+    people = [
+        subscribe(app, fake_push, region="US"),  # marketing default applies
+        subscribe(app, fake_push, region="US"),
+        subscribe(app, fake_push, region="EU"),  # default does not apply
+        subscribe(app, fake_push, region="EU", topics=["weekly-digest"]),  # opted in
+        subscribe(app, fake_push, region="UK", topics=["weekly-digest", "offers"]),
+        subscribe(app, fake_push, region="US", topics=[]),  # opted out of marketing
+        subscribe(app, fake_push, region="US", topics=["offers"]),  # another topic only
+        subscribe(app, fake_push),  # region unknown: no marketing default
+    ]
+    leaving = subscribe(app, fake_push, region="US", topics=["weekly-digest"])
+    assert (
+        app.test_client()
+        .post("/api/push/unsubscribe", json={"endpoint": leaving.endpoint})
+        .status_code
+        == 200
+    )
+    people.append(leaving)
+    with db.begin(app) as session:
+        topic = topic_by_slug(session, "weekly-digest")
+        allowed = {r.subscription_id for r in recipients(session, topic.id)}
+    ids = subscription_ids(app)
+    assert len(allowed) == 4
+    assert 0 < len(allowed) < len(people)
+
+    staff = sign_in(app)
+    fields = form_data(
+        title="Monday digest", body="Five things\r\nthis week", url="/news", urgency="low"
+    )
+    review = staff.post("/staff/campaigns/new", {**fields, "action": "review"})
+    assert "<strong>4</strong> subscriptions may get this campaign" in review.text
+    campaign_id = re.search(r'name="campaign_id" value="([0-9a-f-]{36})"', review.text).group(1)
+    launched = staff.post(
+        "/staff/campaigns/new", {**fields, "campaign_id": campaign_id, "action": "launch"}
+    )
+    assert launched.status_code == 303
+    assert fake_push.received() == []  # launching sends nothing by itself
+
+    dispatcher.tick()
+
+    with db.begin(app) as session:
+        deliveries = {
+            d.subscription_id: d.id
+            for d in session.scalars(
+                sa.select(Delivery).where(Delivery.campaign_id == uuid.UUID(campaign_id))
+            )
+        }
+        assert session.get(Campaign, uuid.UUID(campaign_id)).status == "completed"
+    assert set(deliveries) == allowed
+    for person in people:
+        subscription_id = ids[person.endpoint]
+        messages = fake_push.plaintexts(person)
+        if subscription_id not in allowed:
+            assert messages == [], person.endpoint
+            continue
+        (message,) = messages  # exactly one, and readable by this browser only
+        assert json.loads(message) == {
+            "deliveryId": str(deliveries[subscription_id]),
+            "campaignId": campaign_id,
+            "title": "Monday digest",
+            "body": "Five things\nthis week",
+            "url": "/news",
+            "tag": f"campaign-{campaign_id}",
+        }
+        (received,) = fake_push.received(person)
+        assert (received.headers["ttl"], received.headers["urgency"]) == ("86400", "low")
+    assert len(fake_push.received()) == len(allowed)
+
+    page = staff.get(f"/staff/campaigns/{campaign_id}").text
+    assert "Completed: 4 of 4 done." in page
+    assert '<td>201 Created</td><td class="numeric">4</td>' in page
+    dispatcher.tick()
+    assert len(fake_push.received()) == len(allowed)  # never twice
+
+
+def test_a_test_send_reaches_only_the_staff_members_own_browser(
+    push_app, dispatcher, fake_push, sign_in, clock
+):
+    app = push_app
+    staff = sign_in(app)
+    # This browser subscribed on the subscribe page (its cookies are the staff client's),
+    # and chose no marketing topic: the test is for its owner, not for the audience.
+    mine = subscribe(app, fake_push, region="US", topics=[], client=staff.client)
+    others = [subscribe(app, fake_push, region="US", topics=["weekly-digest"]) for _ in range(2)]
+    ids = subscription_ids(app)
+
+    review = staff.post("/staff/campaigns/new", {**form_data(), "action": "review"}).text
+    assert "Which of your browsers" in review
+    chosen = re.search(
+        r'<input type="radio" id="subscription" name="subscription" value="([0-9a-f-]{36})" checked>',
+        review,
+    ).group(1)
+    assert uuid.UUID(chosen) == ids[mine.endpoint]
+    assert "This browser:" in review
+
+    response = staff.post(
+        "/staff/campaigns/test-send",
+        {**form_data(schedule="later", send_at="2026-06-01T09:00"), "subscription": chosen},
+    )
+    assert response.status_code == 200
+    assert "Test queued" in response.text
+    follow = re.search(
+        r'<a href="(/staff/campaigns/[0-9a-f-]{36})">Follow the test send</a>', response.text
+    )
+    assert follow
+    assert fake_push.received() == []  # the request only queues it
+
+    dispatcher.tick()
+
+    (message,) = fake_push.plaintexts(mine)
+    content = json.loads(message)
+    assert (content["title"], content["body"], content["url"]) == (
+        "Monday digest",
+        "Five things this week",
+        "/news",
+    )
+    for other in others:
+        assert fake_push.received(other) == []
+    with db.begin(app) as session:
+        (test,) = session.scalars(sa.select(Campaign)).all()
+        assert (test.is_test, test.status) == (True, "completed")
+        (delivery,) = session.scalars(sa.select(Delivery)).all()
+        assert (delivery.consent_reason, delivery.status) == ("test", "accepted")
+        (audit,) = session.scalars(
+            sa.select(StaffAudit).where(StaffAudit.action == "campaign.test_sent")
+        ).all()
+        assert audit.actor_email == "campaigner@example.test"
+        assert audit.target == f"campaign:{test.id}"
+
+    # Not a campaign: left out of the list unless asked for, and marked where shown.
+    assert "No campaigns yet" in staff.get("/staff/campaigns").text
+    listed = staff.get("/staff/campaigns?tests=1").text
+    assert "Test send</span>" in listed
+    page = staff.get(follow.group(1)).text
+    assert '<span class="tag tag--test">Test send</span>' in page
+    assert "Completed: 1 of 1 done." in page
+
+
+def test_a_test_send_cannot_be_pointed_at_someone_elses_subscription(
+    push_app, dispatcher, fake_push, sign_in
+):
+    app = push_app
+    staff = sign_in(app)
+    subscribe(app, fake_push, client=staff.client)
+    victim = subscribe(app, fake_push, topics=["weekly-digest"])
+    response = staff.post(
+        "/staff/campaigns/test-send",
+        {**form_data(), "subscription": str(subscription_ids(app)[victim.endpoint])},
+    )
+    assert response.status_code == 422
+    assert "that one is not yours or has ended" in response.text
+    dispatcher.tick()
+    assert fake_push.received() == []
+    with db.begin(app) as session:
+        assert session.scalar(sa.select(sa.func.count()).select_from(Campaign)) == 0
+
+
+def test_a_browser_without_a_subscription_is_told_how_to_get_one(campaigner, catalogue_ready):
+    html = campaigner.post("/staff/campaigns/new", {**form_data(), "action": "review"}).text
+    assert "This browser has no subscription linked to you" in html
+    assert (
+        '<a href="/" target="_blank" rel="noopener">subscribe page (opens in a new tab)</a>' in html
+    )
+    assert "Send a test to this browser" not in html
+    response = campaigner.post(
+        "/staff/campaigns/test-send", {**form_data(), "subscription": str(uuid.uuid4())}
+    )
+    assert response.status_code == 422
+    assert "Choose one of this browser&#39;s subscriptions" in response.text
+
+
+def test_a_test_send_with_a_bad_draft_goes_back_to_the_form(campaigner, catalogue_ready):
+    response = campaigner.post(
+        "/staff/campaigns/test-send", {**form_data(title=""), "subscription": ""}
+    )
+    assert response.status_code == 422
+    assert '<a href="#title">Enter a title</a>' in response.text

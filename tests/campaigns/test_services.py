@@ -1,0 +1,162 @@
+"""Campaign rules behind the form and the command line: links, send times, test sends."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+
+import pytest
+import sqlalchemy as sa
+
+from portal.campaigns import services
+from portal.campaigns.models import Campaign, Delivery
+from portal.campaigns.services import CampaignDraft
+from portal.db import db
+from portal.errors import ValidationError
+from portal.subscriptions.models import PushSubscription
+from tests.factories import SubscriptionFactory
+
+
+def draft(**fields):
+    return CampaignDraft(**{"topic": "weekly-digest", "title": "T", "body": "B", **fields})
+
+
+def problems(app, clock, **fields):
+    with db.begin(app) as session:
+        return {
+            (p.field, p.code)
+            for p in services.validate_draft(session, draft(**fields), now=clock.now())
+        }
+
+
+@pytest.mark.parametrize(
+    "link", ["/\\evil.example", "/\t/evil.example", "/ok path", "/x\x00", "//evil.example"]
+)
+def test_a_same_site_path_cannot_point_off_site(catalogue_ready, clock, link):
+    assert ("url", "invalid_link") in problems(catalogue_ready, clock, url=link)
+
+
+def test_a_send_time_in_the_past_is_refused_with_a_minute_of_grace(catalogue_ready, clock):
+    now = clock.now()
+    assert ("send_at", "in_the_past") in problems(
+        catalogue_ready, clock, send_at=now - dt.timedelta(minutes=2)
+    )
+    assert problems(catalogue_ready, clock, send_at=now - dt.timedelta(seconds=30)) == set()
+
+
+def test_deliver_until_without_a_zone_is_refused_not_crashed(catalogue_ready, clock):
+    naive = dt.datetime(2026, 2, 1)
+    assert ("deliver_until", "invalid_value") in problems(
+        catalogue_ready, clock, deliver_until=naive
+    )
+
+
+def _subscribe(app, client=None):
+    sub = SubscriptionFactory()()
+    response = (client or app.test_client()).post(
+        "/api/push/subscribe", json={"subscription": sub.to_json()}
+    )
+    assert response.status_code == 201
+    with db.begin(app) as session:
+        row = session.scalars(
+            sa.select(PushSubscription).where(PushSubscription.endpoint == sub.endpoint)
+        ).one()
+        return row.id, row.subscriber_id
+
+
+def test_a_test_campaign_has_exactly_one_delivery_and_no_audience(catalogue_ready, clock):
+    app = catalogue_ready
+    mine, me = _subscribe(app)
+    for _ in range(3):
+        _subscribe(app)  # the topic's audience: none of it is the test's
+    with db.begin(app) as session:
+        campaign = services.create_test_campaign(
+            session,
+            draft(send_at=clock.now() + dt.timedelta(days=1)),
+            subscription_id=mine,
+            subscriber_id=me,
+            created_by="me@example.test",
+            now=clock.now(),
+        )
+        campaign_id = campaign.id
+        assert campaign.is_test
+        assert campaign.send_at == clock.now()  # a test goes now, whatever the schedule
+        assert campaign.materialised_at == clock.now()
+    with db.begin(app) as session:
+        fresh = session.get(Campaign, campaign_id)
+        fresh.materialised_at = None  # even if asked again, it never materialises
+        assert services.materialise_batch(session, fresh, now=clock.now()) == 0
+        deliveries = session.scalars(sa.select(Delivery)).all()
+        assert [(d.subscription_id, d.consent_reason, d.status) for d in deliveries] == [
+            (mine, "test", "queued")
+        ]
+
+
+def test_a_test_goes_only_to_the_senders_own_subscriptions(catalogue_ready, clock):
+    app = catalogue_ready
+    mine, me = _subscribe(app)
+    theirs, _ = _subscribe(app)
+    with db.begin(app) as session, pytest.raises(ValidationError) as refused:
+        services.create_test_campaign(
+            session,
+            draft(),
+            subscription_id=theirs,
+            subscriber_id=me,
+            created_by="me@example.test",
+            now=clock.now(),
+        )
+    assert refused.value.field == "subscription"
+    with db.begin(app) as session:
+        assert [s.id for s in services.subscriptions_for_tests(session, me)] == [mine]
+        assert session.scalar(sa.select(sa.func.count()).select_from(Campaign)) == 0
+
+
+def test_an_ended_subscription_gets_no_test(catalogue_ready, clock):
+    app = catalogue_ready
+    mine, me = _subscribe(app)
+    with db.begin(app) as session:
+        session.get(PushSubscription, mine).state = "revoked"
+    with db.begin(app) as session:
+        assert services.subscriptions_for_tests(session, me) == []
+        with pytest.raises(ValidationError):
+            services.create_test_campaign(
+                session,
+                draft(),
+                subscription_id=mine,
+                subscriber_id=me,
+                created_by="me@example.test",
+                now=clock.now(),
+            )
+
+
+def test_test_campaigns_are_left_out_of_the_list_unless_asked_for(catalogue_ready, clock):
+    app = catalogue_ready
+    mine, me = _subscribe(app)
+    with db.begin(app) as session:
+        real = services.create_campaign(
+            session, draft(title="Real"), created_by="x", now=clock.now()
+        )
+        test = services.create_test_campaign(
+            session,
+            draft(title="Trial"),
+            subscription_id=mine,
+            subscriber_id=me,
+            created_by="x",
+            now=clock.now(),
+        )
+        real_id, test_id = real.id, test.id
+    with db.begin(app) as session:
+        assert [r.campaign.id for r in services.list_campaigns(session).rows] == [real_id]
+        listed = services.list_campaigns(session, include_tests=True).rows
+        assert {r.campaign.id for r in listed} == {real_id, test_id}
+        (trial,) = [r for r in listed if r.campaign.id == test_id]
+        assert trial.total == 1
+
+
+def test_create_campaign_takes_a_chosen_id(catalogue_ready, clock):
+    chosen = uuid.uuid4()
+    with db.begin(catalogue_ready) as session:
+        made = services.create_campaign(
+            session, draft(), created_by="x", now=clock.now(), campaign_id=chosen
+        )
+        assert made.id == chosen

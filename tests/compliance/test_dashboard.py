@@ -1,0 +1,198 @@
+"""The compliance dashboard: weekly opt-ins and opt-outs, the chain status, pending erasures."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import uuid
+
+import sqlalchemy as sa
+
+from portal.compliance import services
+from portal.compliance.charts import _nice_step, weekly_chart
+from portal.compliance.views import VERIFY_THREAD
+from portal.consent import catalogue, log
+from portal.consent.models import EventKind
+from portal.db import db
+from portal.jobs import run_job
+from portal.operations.models import JobRun
+from portal.subscriptions.models import Subscriber
+from tests.helpers import all_rows
+
+# The clock's Thursday, 2026-01-01: its week starts on Monday 2025-12-29.
+MONDAY = dt.date(2025, 12, 29)
+
+
+def _decide(app, slug, state, when):
+    with db.begin(app) as session:
+        log.append(
+            session,
+            kind=EventKind.PREFERENCE_CHANGED,
+            subscriber_id=uuid.uuid4(),
+            topic_id=catalogue.topic_by_slug(session, slug).id,
+            previous_state="unset",
+            new_state=state,
+            source="preference-centre",
+            actor="subscriber",
+            recorded_at=when,
+            policy_version="v1",
+        )
+
+
+def _at(day: dt.date, hour: int = 12) -> dt.datetime:
+    return dt.datetime.combine(day, dt.time(hour), tzinfo=dt.UTC)
+
+
+def test_weekly_counts(app, clock, catalogue_ready):
+    _decide(app, "offers", "opt_in", _at(MONDAY, 0))  # this week, first moment
+    _decide(app, "offers", "opt_in", _at(MONDAY + dt.timedelta(days=3)))
+    _decide(app, "offers", "opt_out", _at(MONDAY - dt.timedelta(days=1), 23))  # last Sunday
+    _decide(app, "weekly-digest", "opt_out", _at(MONDAY - dt.timedelta(weeks=11)))
+    _decide(app, "weekly-digest", "opt_in", _at(MONDAY - dt.timedelta(weeks=12)))  # too old
+    with db.begin(app) as session:  # not a preference change: not counted
+        log.append(
+            session,
+            kind=EventKind.SUBSCRIBED,
+            subscriber_id=uuid.uuid4(),
+            source="api",
+            actor="subscriber",
+            recorded_at=_at(MONDAY),
+        )
+    with app.app_context():
+        weeks = services.weekly_decisions(db.session, clock.now())
+    by_slug = {item.topic.slug: item for item in weeks}
+    assert list(by_slug) == ["security-alerts", "order-updates", "weekly-digest", "offers"]
+    offers = by_slug["offers"].weeks
+    assert len(offers) == 12
+    assert offers[-1] == services.WeekCount(MONDAY, 2, 0)
+    assert offers[-2] == services.WeekCount(MONDAY - dt.timedelta(weeks=1), 0, 1)
+    digest = by_slug["weekly-digest"].weeks
+    assert digest[0] == services.WeekCount(MONDAY - dt.timedelta(weeks=11), 0, 1)
+    assert by_slug["weekly-digest"].totals == (0, 1)
+
+
+def test_the_chart_is_accessible_svg_with_a_table(app, clock, officer, catalogue_ready):
+    _decide(app, "offers", "opt_in", _at(MONDAY))
+    _decide(app, "offers", "opt_in", _at(MONDAY))
+    _decide(app, "offers", "opt_out", _at(MONDAY))
+    html = officer.get("/staff/compliance/").text
+    assert "<script" not in html.split("</main>")[0]
+    chart = html[html.index('<section class="chart" aria-labelledby="chart-3-heading">') :]
+    chart = chart[: chart.index("</section>")]
+    assert 'role="img" aria-labelledby="chart-3-title chart-3-desc"' in chart
+    assert '<title id="chart-3-title">Offers: opt-ins and opt-outs per week</title>' in chart
+    assert "2 opt-ins and 1 opt-outs over the 12 weeks" in chart
+    assert 'fill="url(#chart-3-hatch)"' in chart  # opt-outs striped, not only coloured
+    assert re.search(r'class="chart__value" text-anchor="middle">2</text>', chart)
+    assert "style=" not in chart
+    table = chart[chart.index("<table>") :]
+    assert "<caption>Offers: opt-ins and opt-outs per week</caption>" in table
+    assert '<th scope="col">Opt-ins</th>' in table
+    assert (
+        '<tr><th scope="row"><time datetime="2025-12-29">29 December 2025</time> (so far)</th>'
+        "<td>2</td><td>1</td></tr>" in table
+    )
+    assert "Opt-outs: striped bars" in html
+
+
+def test_chart_geometry():
+    assert [_nice_step(n) for n in (1, 4, 5, 9, 20, 21, 120, 4000)] == [
+        1, 1, 2, 5, 5, 10, 50, 1000
+    ]  # fmt: skip
+    topic = type("T", (), {"label": "X"})()
+    weeks = [services.WeekCount(MONDAY - dt.timedelta(weeks=11 - i), i, 0) for i in range(12)]
+    chart = weekly_chart(services.TopicWeeks(topic, weeks), 0)
+    tallest = max(chart.bars, key=lambda b: b.height)
+    assert tallest.value == 11
+    assert tallest.y >= 18  # inside the plot, under the top margin
+    assert all(b.y + b.height == chart.baseline for b in chart.bars if b.height)
+    assert chart.ticks[-1].value >= 11
+
+
+def test_chain_status_before_and_after_a_check(app, engine, clock, officer, person):
+    page = officer.get("/staff/compliance/").text
+    assert "<strong>Not checked yet.</strong>" in page
+    assert "The log holds 6 events now." in page
+    response = officer.post("/staff/compliance/verify-log")
+    assert response.status_code == 303
+    app.extensions[VERIFY_THREAD].join(timeout=30)
+    page = officer.get(response.location).text
+    assert "<strong>Intact</strong>" in page
+    assert "6 events checked on 2026-01-01 00:20:00 UTC" in page
+    with engine.connect() as conn:
+        run = conn.execute(sa.text("SELECT trigger, processed, error FROM job_run")).one()
+    assert (run.trigger, run.processed, run.error) == ("staff", 6, None)
+    (row,) = [
+        r
+        for r in all_rows(engine, "staff_audit")
+        if r["action"] == services.Action.LOG_VERIFICATION
+    ]
+    assert row["actor_email"] == "officer@example.test"
+
+
+def test_a_broken_chain_and_a_running_check_are_shown(app, clock, officer, catalogue_ready):
+    with db.begin(app) as session:
+        session.add(
+            JobRun(
+                name="verify-log",
+                trigger="scheduler",
+                host="h",
+                started_at=clock.now(),
+                seconds=1.5,
+                processed=10,
+                changed=0,
+                error="consent log broken at event 7: hash does not match its content (altered)",
+            )
+        )
+    page = officer.get("/staff/compliance/").text
+    assert "<strong>Broken</strong>" in page
+    assert "event 7: hash does not match its content" in page
+    clock.advance(minutes=1)
+    with db.begin(app) as session:
+        session.add(
+            JobRun(
+                name="verify-log",
+                trigger="staff",
+                host="h",
+                started_at=clock.now(),
+                processed=0,
+                changed=0,
+            )
+        )
+    page = officer.get("/staff/compliance/").text
+    assert "<strong>Checking now</strong>" in page
+    again = officer.post("/staff/compliance/verify-log")
+    assert "A verification is running already" in officer.get(again.location).text
+    assert VERIFY_THREAD not in app.extensions
+
+
+def test_the_verify_log_job(app, person):
+    report = run_job(app, "verify-log")
+    assert report.processed == 6
+    assert report.problems == []
+    result = app.test_cli_runner().invoke(args=["portal", "run-job", "verify-log"])
+    assert result.exit_code == 0
+    assert "verify-log: 6 rows looked at" in result.output
+
+
+def test_pending_erasures(app, clock, officer, person):
+    assert "<strong>0</strong> subscriptions of erased people are not yet tombstoned" in (
+        officer.get("/staff/compliance/").text
+    )
+    # An erasure that (against the rules) left a subscription behind is counted.
+    with db.begin(app) as session:
+        session.get(Subscriber, person.subscriber_id).erased_at = clock.now()
+    page = officer.get("/staff/compliance/").text
+    assert "<strong>1</strong> subscription of erased people is not yet tombstoned" in page
+    assert "tell the operators" in page
+
+
+def test_the_dashboard_is_listed_for_compliance(app, officer):
+    home = officer.get("/staff/").text
+    for title in (
+        "Compliance dashboard",
+        "Consent look-up",
+        "Export consent history",
+        "Export signing key",
+    ):
+        assert f">{title}</a>" in home

@@ -1,0 +1,44 @@
+"""The public pages and the service worker script, as served."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.conftest import VAPID_PUBLIC
+from tests.consent.conftest import catalogue_ready  # noqa: F401  (a fixture)
+
+
+def test_the_service_worker_is_served_from_the_root_uncached(client):
+    response = client.get("/sw.js")
+    body = response.get_data()
+    response.close()  # the file it streams from
+    assert response.status_code == 200
+    assert response.mimetype == "text/javascript"
+    assert response.headers["Cache-Control"] == "no-cache"
+    assert response.headers["Service-Worker-Allowed"] == "/"
+    assert b'addEventListener("push"' in body
+
+
+def test_the_vapid_public_key_is_published_for_the_service_worker(client):
+    response = client.get("/api/push/vapid-public-key")
+    assert response.status_code == 200
+    assert response.json == {"publicKey": VAPID_PUBLIC}
+
+
+@pytest.mark.usefixtures("catalogue_ready")
+def test_the_subscribe_page_carries_its_data_without_inline_script_or_style(client):
+    html = client.get("/").text
+    assert f'data-vapid-public-key="{VAPID_PUBLIC}"' in html
+    assert 'data-policy-version="v1"' in html
+    assert 'name="csrf-token"' in html
+    # Marketing topics are offered; transactional ones are only described.
+    assert 'id="topic-weekly-digest"' in html
+    assert 'id="topic-offers"' in html
+    assert 'id="topic-security-alerts"' not in html
+    assert "Security Alerts" in html
+    assert not re.search(r"<script(?![^>]*\bsrc=)[^>]*>", html)
+    assert " style=" not in html
+    assert "<style" not in html
+    assert " on" + "click=" not in html
