@@ -30,6 +30,12 @@ from portal.retention.models import RetentionCounter
 from portal.subscriptions.models import EndReason, PushSubscription, Subscriber, SubscriptionState
 
 _t = PushSubscription.__table__
+# Batches that append consent events hold the chain lock, which every subscribe, consent
+# change and erasure also needs, from their first row to their commit. At 50 a subscribe
+# waited at most ~120 ms for it on a busy 2-core machine (200: ~190 ms; 1000 rows with a
+# round trip per statement per row: seconds), for ~1,000 expiries a second
+# (bench/sweeps.py, docs/BENCHMARKS.md).
+EVENT_BATCH_SIZE = 50
 _TOMBSTONE_EMPTIES = {
     "endpoint": None,
     "p256dh": None,
@@ -133,20 +139,24 @@ def sweep(
     )
 
     def to_expired(session: Session, rows: list[Any]) -> int:
-        changed = 0
-        for row in rows:
-            result = session.execute(
-                sa.update(_t)
-                .where(_t.c.id == row.id, _t.c.state.in_(["pending", "active", "stale"]))
-                .values(
-                    state=SubscriptionState.EXPIRED.value,
-                    end_reason=EndReason.EXPIRED.value,
-                    ended_at=now,
-                )
+        # One UPDATE and one bulk append per batch. The candidate query locked these rows
+        # (or, on SQLite, the whole database), so the states it read are still theirs.
+        states = {r.id: r for r in rows}
+        ended = session.execute(
+            sa.update(_t)
+            .where(_t.c.id.in_(list(states)), _t.c.state.in_(["pending", "active", "stale"]))
+            .values(
+                state=SubscriptionState.EXPIRED.value,
+                end_reason=EndReason.EXPIRED.value,
+                ended_at=now,
             )
-            if result.rowcount and row.subscriber_id is not None:
-                log.append(
-                    session,
+            .returning(_t.c.id)
+        ).all()
+        ended_ids = {r.id for r in ended}
+        log.append_many(
+            session,
+            [
+                log.NewEvent(
                     kind=EventKind.EXPIRED,
                     subscriber_id=row.subscriber_id,
                     subscription_id=row.id,
@@ -157,13 +167,18 @@ def sweep(
                     recorded_at=now,
                     context=log.Context(screen="sweep"),
                 )
-            changed += result.rowcount
-        return changed
+                # In id order, as the rows were claimed, so the log's order is stable.
+                for row in rows
+                if row.id in ended_ids and row.subscriber_id is not None
+            ],
+        )
+        return len(ended)
 
     _batches(
         app,
         overdue,
-        batch_size=retention.batch_size,
+        # Every subscribe waits for the chain lock this phase holds for a whole batch.
+        batch_size=min(retention.batch_size, EVENT_BATCH_SIZE),
         progress=progress,
         handle=to_expired,
         stop=stop,
