@@ -7,7 +7,6 @@ import re
 import pytest
 
 from tests.conftest import VAPID_PUBLIC
-from tests.consent.conftest import catalogue_ready  # noqa: F401  (a fixture)
 
 
 def test_the_service_worker_is_served_from_the_root_uncached(client):
