@@ -227,8 +227,10 @@ def _launch(form: CampaignForm, draft: CampaignDraft) -> Any:
         )
         db.session.commit()
     except IntegrityError:
-        # The same Launch pressed twice at once: the other request made it.
         db.session.rollback()
+        if chosen is None:
+            raise
+        # The same Launch pressed twice at once: the other request made it.
         flash("This campaign was launched already: here it is.")
         return redirect(url_for("staff.campaign_detail", campaign_id=chosen), 303)
     except ApiError as problem:  # a rule that changed since the review (a retired topic)

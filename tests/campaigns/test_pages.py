@@ -145,6 +145,16 @@ def test_launch_pressed_twice_makes_one_campaign(campaigner, catalogue_ready, en
     assert "launched already" in campaigner.get(again.location).text
 
 
+def test_launch_never_reuses_someone_elses_campaign_id(campaigner, catalogue_ready, clock):
+    theirs = make_campaign(catalogue_ready, clock, title="Theirs")
+    response = campaigner.post(
+        "/staff/campaigns/new", {**form_data(), "campaign_id": str(theirs), "action": "launch"}
+    )
+    assert response.status_code == 303
+    assert not response.location.endswith(str(theirs))
+    assert campaign(catalogue_ready, theirs).title == "Theirs"
+
+
 def test_launch_checks_the_rules_again(campaigner, catalogue_ready, engine):
     response = campaigner.post(
         "/staff/campaigns/new", {**form_data(url="http://plain.example"), "action": "launch"}
