@@ -2,7 +2,7 @@
 
 A full walk reads every event (about a million a minute on a busy two-core machine), so the
 dashboard shows the last recorded run rather than walking on every page view; the scheduler
-runs it daily and a compliance officer can start one from the dashboard.
+runs it daily, and soon after a compliance officer asks for one on the dashboard.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from portal.consent.log import Context
 from portal.consent.models import ConsentEvent, EventKind, Source, Topic
 from portal.consent.preferences import Reason, TopicView, topic_views
 from portal.db import is_postgres
-from portal.operations.models import JobRun
+from portal.operations.models import JobRun, JobState
 from portal.retention.services import ErasureReceipt, erase_subscriber
 from portal.staff import audit
 from portal.staff.models import StaffUser
@@ -40,14 +40,14 @@ class Action:
     HISTORY_VIEWED = "consent.history_viewed"
     EXPORTED = "consent.exported"
     ERASED = "subscriber.erased"
-    LOG_VERIFICATION = "consent.log_verification_started"
+    LOG_VERIFICATION = "consent.log_verification_requested"
 
 
 audit.register_action(Action.LOOKED_UP, "Consent look-up")
 audit.register_action(Action.HISTORY_VIEWED, "Consent history viewed")
 audit.register_action(Action.EXPORTED, "Consent history exported")
 audit.register_action(Action.ERASED, "Subscriber erased by staff")
-audit.register_action(Action.LOG_VERIFICATION, "Consent log verification started")
+audit.register_action(Action.LOG_VERIFICATION, "Consent log check requested")
 
 VERIFY_JOB = "verify-log"
 HISTORY_LIMIT = 2000
@@ -468,41 +468,62 @@ def weekly_decisions(session: Session, now: dt.datetime, weeks: int = WEEKS) -> 
     ]
 
 
-@dataclass(frozen=True)
-class ChainStatus:
-    last_run: JobRun | None
-    events: int
-
-    @property
-    def running(self) -> bool:
-        return self.last_run is not None and self.last_run.seconds is None
-
-    @property
-    def intact(self) -> bool | None:
-        """True or False after a finished run; None before any, or while one runs."""
-        if self.last_run is None or self.running:
-            return None
-        return self.last_run.error is None
-
-
-def chain_status(session: Session) -> ChainStatus:
-    last = session.scalars(
-        sa.select(JobRun)
-        .where(JobRun.name == VERIFY_JOB)
-        .order_by(JobRun.started_at.desc(), JobRun.id.desc())
-        .limit(1)
-    ).first()
-    events = session.execute(sa.select(sa.func.count()).select_from(ConsentEvent)).scalar_one()
-    return ChainStatus(last, int(events))
-
-
-# A run with no result after this long died with its process: another may start.
+# A run with no result after this long died with its process: it no longer counts.
 STUCK_AFTER = dt.timedelta(hours=1)
 
 
-def verification_running(status: ChainStatus, now: dt.datetime) -> bool:
-    last = status.last_run
-    return status.running and last is not None and now - last.started_at < STUCK_AFTER
+@dataclass(frozen=True)
+class ChainStatus:
+    last_result: JobRun | None  # the latest finished check
+    current: JobRun | None  # a check running now
+    events: int
+    queued: bool = False  # asked for, and no scheduler has started it yet
+
+    @property
+    def running(self) -> bool:
+        return self.current is not None
+
+    @property
+    def intact(self) -> bool | None:
+        """The latest finished check's verdict; None when there is none."""
+        return None if self.last_result is None else self.last_result.error is None
+
+
+def chain_status(session: Session, now: dt.datetime) -> ChainStatus:
+    runs = sa.select(JobRun).where(JobRun.name == VERIFY_JOB)
+    newest_first = (JobRun.started_at.desc(), JobRun.id.desc())
+    finished = session.scalars(
+        runs.where(JobRun.seconds.is_not(None)).order_by(*newest_first).limit(1)
+    ).first()
+    current = session.scalars(
+        runs.where(JobRun.seconds.is_(None), JobRun.started_at > now - STUCK_AFTER)
+        .order_by(*newest_first)
+        .limit(1)
+    ).first()
+    events = session.execute(sa.select(sa.func.count()).select_from(ConsentEvent)).scalar_one()
+    state = session.get(JobState, VERIFY_JOB)
+    queued = state is not None and state.next_run_at <= now and current is None
+    return ChainStatus(finished, current, int(events), queued)
+
+
+def request_verification(session: Session, *, actor: audit.Actor, now: dt.datetime) -> bool:
+    """Make the ``verify-log`` job due now; False when a check is running or queued already.
+
+    The next scheduler tick, in whichever process takes the job's lock, runs it: a walk of
+    the whole log can outlast a request, and work is coordinated through the database
+    rather than by threads of one web process.
+    """
+    status = chain_status(session, now)
+    if status.running or status.queued:
+        return False
+    state = session.get(JobState, VERIFY_JOB)
+    if state is None:
+        session.add(JobState(name=VERIFY_JOB, next_run_at=now))
+    else:
+        state.next_run_at = now
+    audit.record(session, actor, Action.LOG_VERIFICATION, "consent-log", at=now)
+    session.flush()
+    return True
 
 
 def pending_erasures(session: Session) -> int:

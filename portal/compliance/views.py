@@ -4,12 +4,10 @@ history, erasure on request, exports, the dashboard and the export signing key."
 from __future__ import annotations
 
 import datetime as dt
-import logging
-import threading
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from flask import Flask, Response, current_app, flash, redirect, render_template, request, url_for
+from flask import Response, current_app, flash, redirect, render_template, request, url_for
 
 from portal.compliance import services
 from portal.compliance.charts import weekly_chart
@@ -19,7 +17,6 @@ from portal.compliance.services import REASON_LABELS, LookupKind
 from portal.compliance.signing import SigningKey, SigningKeyMissing
 from portal.consent import catalogue
 from portal.db import db
-from portal.staff import audit
 from portal.staff.access import StaffPage, current_staff, register_page, staff_required
 from portal.staff.catalogue_forms import form_errors
 from portal.staff.forms import ConfirmForm
@@ -31,7 +28,6 @@ if TYPE_CHECKING:
     from portal import Portal
     from portal.staff.services import SignedIn
 
-log = logging.getLogger("portal.compliance")
 
 for _page in (
     StaffPage(
@@ -56,8 +52,6 @@ for _page in (
     ),
 ):
     register_page(_page)
-
-VERIFY_THREAD = "portal.compliance.verify_thread"
 
 
 def _portal() -> Portal:
@@ -257,7 +251,7 @@ def compliance_dashboard() -> Any:
         "staff/compliance/dashboard.html",
         topics=weeks,
         charts=[weekly_chart(item, index) for index, item in enumerate(weeks)],
-        chain=services.chain_status(session),
+        chain=services.chain_status(session, now),
         pending=services.pending_erasures(session),
         now=now,
         confirm=ConfirmForm(),
@@ -265,34 +259,16 @@ def compliance_dashboard() -> Any:
     )
 
 
-def _verify_in_background(app: Flask) -> threading.Thread:
-    from portal.operations.scheduler import JobBusy, run_recorded
-
-    def run() -> None:
-        try:
-            run_recorded(app, services.VERIFY_JOB, trigger="staff")
-        except JobBusy:
-            log.info("verify-log is running in another process already")
-        except Exception:
-            log.exception("verify-log failed")
-
-    thread = threading.Thread(target=run, name="verify-log", daemon=True)
-    thread.start()
-    app.extensions[VERIFY_THREAD] = thread
-    return thread
-
-
 @bp.post("/compliance/verify-log")
 @staff_required(Role.COMPLIANCE)
 def compliance_verify_log() -> Any:
-    """Start a full walk of the chain in the background (it reads every event, which can
-    take longer than a request may), and come back to the dashboard for the result."""
-    session = db.session
-    if services.verification_running(services.chain_status(session), _portal().clock.now()):
-        flash("A verification is running already: its result will show here.")
-        return redirect(url_for("staff.compliance_dashboard"), 303)
-    audit.record(session, _staff(), services.Action.LOG_VERIFICATION, "consent-log")
-    session.commit()
-    _verify_in_background(current_app._get_current_object())  # type: ignore[attr-defined]
-    flash("Verification started. Reload this page for the result.")
+    """Ask for a full check of the chain now; the scheduler runs it in the background."""
+    requested = services.request_verification(db.session, actor=_staff(), now=_portal().clock.now())
+    db.session.commit()
+    flash(
+        "Check requested: the scheduler starts it within half a minute. "
+        "Reload this page for the result."
+        if requested
+        else "A check is already under way: its result will show here."
+    )
     return redirect(url_for("staff.compliance_dashboard"), 303)

@@ -6,16 +6,14 @@ import datetime as dt
 import re
 import uuid
 
-import sqlalchemy as sa
-
 from portal.compliance import services
 from portal.compliance.charts import _nice_step, weekly_chart
-from portal.compliance.views import VERIFY_THREAD
 from portal.consent import catalogue, log
 from portal.consent.models import EventKind
 from portal.db import db
 from portal.jobs import run_job
-from portal.operations.models import JobRun
+from portal.operations.models import JobRun, JobState
+from portal.operations.scheduler import run_recorded
 from portal.subscriptions.models import Subscriber
 from tests.helpers import all_rows
 
@@ -113,21 +111,32 @@ def test_chain_status_before_and_after_a_check(app, engine, clock, officer, pers
     page = officer.get("/staff/compliance/").text
     assert "<strong>Not checked yet.</strong>" in page
     assert "The log holds 6 events now." in page
+    # Nothing is due until someone asks.
+    with app.app_context():
+        assert db.session.get(JobState, "verify-log") is None
     response = officer.post("/staff/compliance/verify-log")
     assert response.status_code == 303
-    app.extensions[VERIFY_THREAD].join(timeout=30)
     page = officer.get(response.location).text
+    assert "Check requested: the scheduler starts it within half a minute." in page
+    assert "<strong>Check requested</strong>" in page
+    assert "Check the whole log now" not in page  # no second request while one is queued
+    again = officer.post("/staff/compliance/verify-log")
+    assert "A check is already under way" in officer.get(again.location).text
+    # The next scheduler tick in any process runs it.
+    report = run_recorded(app, "verify-log", trigger="scheduler", only_if_due=True)
+    assert report is not None
+    assert report.processed == 6
+    page = officer.get("/staff/compliance/").text
     assert "<strong>Intact</strong>" in page
     assert "6 events checked on 2026-01-01 00:20:00 UTC" in page
-    with engine.connect() as conn:
-        run = conn.execute(sa.text("SELECT trigger, processed, error FROM job_run")).one()
-    assert (run.trigger, run.processed, run.error) == ("staff", 6, None)
+    assert "<strong>Check requested</strong>" not in page
     (row,) = [
         r
         for r in all_rows(engine, "staff_audit")
         if r["action"] == services.Action.LOG_VERIFICATION
     ]
     assert row["actor_email"] == "officer@example.test"
+    assert row["target"] == "consent-log"
 
 
 def test_a_broken_chain_and_a_running_check_are_shown(app, clock, officer, catalogue_ready):
@@ -152,7 +161,7 @@ def test_a_broken_chain_and_a_running_check_are_shown(app, clock, officer, catal
         session.add(
             JobRun(
                 name="verify-log",
-                trigger="staff",
+                trigger="scheduler",
                 host="h",
                 started_at=clock.now(),
                 processed=0,
@@ -160,10 +169,16 @@ def test_a_broken_chain_and_a_running_check_are_shown(app, clock, officer, catal
             )
         )
     page = officer.get("/staff/compliance/").text
-    assert "<strong>Checking now</strong>" in page
+    assert "<strong>Checking now</strong>: started 2026-01-01 00:01:00 UTC" in page
+    assert "<strong>Broken</strong>" in page  # the last verdict stays until the new one
     again = officer.post("/staff/compliance/verify-log")
-    assert "A verification is running already" in officer.get(again.location).text
-    assert VERIFY_THREAD not in app.extensions
+    assert "A check is already under way" in officer.get(again.location).text
+    # A run that never finished (its process died) stops counting after an hour.
+    clock.advance(minutes=61)
+    officer.sign_in("officer@example.test")
+    page = officer.get("/staff/compliance/").text
+    assert "Checking now" not in page
+    assert "Check the whole log now" in page
 
 
 def test_the_verify_log_job(app, person):
