@@ -10,6 +10,7 @@ filters, cited policy versions).
 
 from __future__ import annotations
 
+import abc
 import csv
 import datetime as dt
 import hashlib
@@ -71,9 +72,12 @@ class BundleError(Exception):
     """Not a bundle at all (no such folder or zip, or no manifest in it)."""
 
 
-class _Bundle:
+class _Bundle(abc.ABC):
+    """A bundle's files, wherever they are: a folder or a zip."""
+
+    @abc.abstractmethod
     def open(self, name: str) -> IO[bytes] | None:
-        raise NotImplementedError
+        """The named file for reading, or None when the bundle has no such file."""
 
 
 class _Folder(_Bundle):
