@@ -225,6 +225,21 @@ def marketing_off() -> Any:
     return redirect(url_for("preferences.centre"), code=303)
 
 
+def _stop(sub: PushSubscription, message: str) -> Any:
+    """Unsubscribe one of the person's devices, logged, and say so on the next page."""
+    session = db.session
+    subscription_services.unsubscribe(
+        session,
+        clock=_portal().clock,
+        subscription_id=sub.id,
+        source=Source.PREFERENCE_CENTRE.value,
+        context=_context("preference-centre:stop-device"),
+    )
+    session.commit()
+    flash(message, "success")
+    return redirect(url_for("preferences.centre"), code=303)
+
+
 @bp.post("/preferences/stop-device")
 def stop_device() -> Any:
     subscriber = _current_subscriber()
@@ -244,16 +259,7 @@ def stop_device() -> Any:
             ],
             status=400,
         )
-    subscription_services.unsubscribe(
-        session,
-        clock=_portal().clock,
-        subscription_id=sub.id,
-        source=Source.PREFERENCE_CENTRE.value,
-        context=_context("preference-centre:stop-device"),
-    )
-    session.commit()
-    flash("Notifications are stopped on this device.", "success")
-    return redirect(url_for("preferences.centre"), code=303)
+    return _stop(sub, "Notifications are stopped on this device.")
 
 
 @bp.post("/preferences/devices/<uuid:subscription_id>/stop")
@@ -265,16 +271,7 @@ def stop_other_device(subscription_id: uuid.UUID) -> Any:
     sub = session.get(PushSubscription, subscription_id)
     if sub is None or sub.subscriber_id != subscriber.id:
         abort(404)
-    subscription_services.unsubscribe(
-        session,
-        clock=_portal().clock,
-        subscription_id=sub.id,
-        source=Source.PREFERENCE_CENTRE.value,
-        context=_context("preference-centre:stop-device"),
-    )
-    session.commit()
-    flash("Notifications are stopped on that device.", "success")
-    return redirect(url_for("preferences.centre"), code=303)
+    return _stop(sub, "Notifications are stopped on that device.")
 
 
 @bp.get("/policy/<version>")
