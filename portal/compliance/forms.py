@@ -13,10 +13,7 @@ from wtforms.validators import DataRequired, Length, ValidationError
 
 from portal.compliance.services import LOOKUP_LABELS, LookupKind
 from portal.staff.catalogue_forms import RadioChoice
-
-
-def _strip(value: Any) -> Any:
-    return value.strip() if isinstance(value, str) else value
+from portal.staff.forms import DateRangeChecks, parse_date, strip
 
 
 def parse_uuid(text: str | None) -> uuid.UUID | None:
@@ -34,7 +31,7 @@ class LookupForm(FlaskForm):
     )
     value = StringField(
         "Value to look up",
-        filters=[_strip],
+        filters=[strip],
         validators=[
             DataRequired("Enter the value to look up"),
             Length(max=4096, message="The value is at most 4096 characters"),
@@ -57,26 +54,16 @@ class EraseForm(FlaskForm):
     )
     reference = StringField(
         "Request reference (optional)",
-        filters=[_strip],
+        filters=[strip],
         validators=[Length(max=100, message="The reference is at most 100 characters")],
     )
 
 
-def _date(field: Field, label: str) -> dt.date | None:
-    text = (field.data or "").strip()
-    if not text:
-        return None
-    try:
-        return dt.date.fromisoformat(text)
-    except ValueError:
-        raise ValidationError(f"{label} must be a real date, like 2026-03-27") from None
-
-
-class ExportForm(FlaskForm):
+class ExportForm(DateRangeChecks, FlaskForm):
     date_from = StringField(
-        "From", filters=[_strip], validators=[DataRequired("Enter the first day")]
+        "From", filters=[strip], validators=[DataRequired("Enter the first day")]
     )
-    date_to = StringField("To", filters=[_strip], validators=[DataRequired("Enter the last day")])
+    date_to = StringField("To", filters=[strip], validators=[DataRequired("Enter the last day")])
     data_format = RadioChoice(
         "Data format",
         [
@@ -85,24 +72,12 @@ class ExportForm(FlaskForm):
         ],
         message="Choose CSV or NDJSON",
     )
-    topic = StringField("Topic", filters=[_strip])  # rendered as a <select>
-    subscriber = StringField("Subscriber ID (optional)", filters=[_strip])
+    topic = StringField("Topic", filters=[strip])  # rendered as a <select>
+    subscriber = StringField("Subscriber ID (optional)", filters=[strip])
 
     def __init__(self, *args: Any, topics: list[tuple[str, str]] | None = None, **kw: Any) -> None:
         super().__init__(*args, **kw)
         self.topic_choices = [("", "Every topic"), *(topics or [])]
-
-    def validate_date_from(self, field: Field) -> None:
-        _date(field, "From")
-
-    def validate_date_to(self, field: Field) -> None:
-        end = _date(field, "To")
-        try:
-            start = _date(self.date_from, "From")
-        except ValidationError:
-            return
-        if start and end and end < start:
-            raise ValidationError("To must be the same as or after From")
 
     def validate_topic(self, field: Field) -> None:
         if field.data and field.data not in {value for value, _ in self.topic_choices}:
@@ -113,7 +88,7 @@ class ExportForm(FlaskForm):
             raise ValidationError("A subscriber ID looks like 0190d1c0-5b6a-7c3e-9f00-1a2b3c4d5e6f")
 
     def dates(self) -> tuple[dt.date, dt.date]:
-        start, end = _date(self.date_from, "From"), _date(self.date_to, "To")
+        start, end = parse_date(self.date_from, "From"), parse_date(self.date_to, "To")
         assert start is not None
         assert end is not None
         return start, end

@@ -17,10 +17,7 @@ from wtforms.validators import (
 
 from portal.consent.catalogue import CATEGORY_MAX, LABEL_MAX, SLUG, VERSION
 from portal.staff.catalogue import normalise_text
-
-
-def _strip(value: Any) -> Any:
-    return value.strip() if isinstance(value, str) else value
+from portal.staff.forms import strip
 
 
 def _text(value: Any) -> Any:
@@ -66,7 +63,7 @@ DEFAULT_CHOICES = [("opt_out", "Off until the person turns it on"), ("opt_in", "
 class TopicForm(FlaskForm):
     slug = StringField(
         "Slug",
-        filters=[_strip],
+        filters=[strip],
         validators=[
             DataRequired("Enter a slug"),
             Length(max=64, message="The slug must be 64 characters or fewer"),
@@ -75,7 +72,7 @@ class TopicForm(FlaskForm):
     )
     category = StringField(
         "Category",
-        filters=[_strip],
+        filters=[strip],
         validators=[
             DataRequired("Enter a category"),
             Length(max=CATEGORY_MAX, message=f"The category is at most {CATEGORY_MAX} characters"),
@@ -83,7 +80,7 @@ class TopicForm(FlaskForm):
     )
     label = StringField(
         "Label",
-        filters=[_strip],
+        filters=[strip],
         validators=[
             DataRequired("Enter a label"),
             Length(max=LABEL_MAX, message=f"The label is at most {LABEL_MAX} characters"),
@@ -91,7 +88,7 @@ class TopicForm(FlaskForm):
     )
     description = TextAreaField(
         "Description",
-        filters=[_strip, _text],
+        filters=[strip, _text],
         validators=[
             Optional(),
             Length(max=2000, message="The description is at most 2000 characters"),
@@ -113,7 +110,7 @@ class TopicEditForm(FlaskForm):
 class PolicyForm(FlaskForm):
     version = StringField(
         "Version",
-        filters=[_strip],
+        filters=[strip],
         validators=[
             DataRequired("Enter a version"),
             Regexp(
@@ -132,7 +129,7 @@ class PolicyForm(FlaskForm):
         ],
     )
     # The SHA-256 of the text the admin previewed: publishing needs it to match.
-    previewed = StringField("Previewed", filters=[_strip])
+    previewed = StringField("Previewed", filters=[strip])
 
     def validate_text(self, field: Field) -> None:
         if not (field.data or "").strip():

@@ -25,7 +25,8 @@ ROLE_CHOICES = [
 ]
 
 
-def _strip(value: Any) -> Any:
+def strip(value: Any) -> Any:
+    """A form filter: surrounding white space never matters in these fields."""
     return value.strip() if isinstance(value, str) else value
 
 
@@ -44,7 +45,7 @@ def _new_password(_form: FlaskForm, field: Field) -> None:
 class SignInForm(FlaskForm):
     email = StringField(
         "Email address",
-        filters=[_strip],
+        filters=[strip],
         validators=[InputRequired("Enter your email address"), _valid_email],
     )
     # Long passwords are fine; absurd ones are refused before they reach the hasher.
@@ -84,7 +85,7 @@ class RolesField(Field):
 class CreateStaffForm(FlaskForm):
     email = StringField(
         "Email address",
-        filters=[_strip],
+        filters=[strip],
         validators=[InputRequired("Enter the email address"), _valid_email],
     )
     roles = RolesField()
@@ -118,7 +119,7 @@ class PasswordForm(FlaskForm):
             raise ValidationError("The new passwords do not match")
 
 
-def _date(field: Field, label: str) -> dt.date | None:
+def parse_date(field: Field, label: str) -> dt.date | None:
     text = (field.data or "").strip()
     if not text:
         return None
@@ -128,16 +129,34 @@ def _date(field: Field, label: str) -> dt.date | None:
         raise ValidationError(f"{label} must be a real date, like 2026-03-27") from None
 
 
-class AuditFilterForm(FlaskForm):
+class DateRangeChecks:
+    """The From/To checks shared by every form with a ``date_from`` and ``date_to``."""
+
+    date_from: Field
+
+    def validate_date_from(self, field: Field) -> None:
+        parse_date(field, "From")
+
+    def validate_date_to(self, field: Field) -> None:
+        end = parse_date(field, "To")
+        try:
+            start = parse_date(self.date_from, "From")
+        except ValidationError:
+            return
+        if start and end and end < start:
+            raise ValidationError("To must be the same as or after From")
+
+
+class AuditFilterForm(DateRangeChecks, FlaskForm):
     """Filters in the query string: reading changes nothing, so no CSRF token."""
 
     class Meta:
         csrf = False
 
-    action = StringField("Action", filters=[_strip])  # rendered as a <select>
-    actor = StringField("Staff email", filters=[_strip])
-    date_from = StringField("From", filters=[_strip])
-    date_to = StringField("To", filters=[_strip])
+    action = StringField("Action", filters=[strip])  # rendered as a <select>
+    actor = StringField("Staff email", filters=[strip])
+    date_from = StringField("From", filters=[strip])
+    date_to = StringField("To", filters=[strip])
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -151,20 +170,8 @@ class AuditFilterForm(FlaskForm):
         if len(field.data or "") > 254:
             raise ValidationError("Staff email must be 254 characters or fewer")
 
-    def validate_date_from(self, field: Field) -> None:
-        _date(field, "From")
-
-    def validate_date_to(self, field: Field) -> None:
-        end = _date(field, "To")
-        try:
-            start = _date(self.date_from, "From")
-        except ValidationError:
-            return
-        if start and end and end < start:
-            raise ValidationError("To must be the same as or after From")
-
     def dates(self) -> tuple[dt.date | None, dt.date | None]:
-        return _date(self.date_from, "From"), _date(self.date_to, "To")
+        return parse_date(self.date_from, "From"), parse_date(self.date_to, "To")
 
 
 # Where each field's error links to: the first checkbox of a group, else the field.
