@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session
 from portal.campaigns import metrics
 from portal.campaigns.models import Campaign, CampaignStatus, CircuitState, Delivery, DeliveryStatus
 from portal.campaigns.services import live_subscription_query, materialise_batch, payload
+from portal.config import b64url_decode
 from portal.consent import log as consent_log
 from portal.consent.models import EventKind, Source
 from portal.consent.recipients import recipient_query
@@ -343,7 +344,7 @@ class Dispatcher:
                 request = PushRequest.encrypted(
                     sub.endpoint,
                     payload(campaign, item.delivery_id),
-                    p256dh=_b64url(sub.p256dh),
+                    p256dh=b64url_decode(sub.p256dh),
                     auth=secret,
                     ttl=campaign.ttl,
                     urgency=Urgency(campaign.urgency),
@@ -550,9 +551,3 @@ def _skip_reason(sub: Any) -> str:
     if sub.state not in ("pending", "active"):
         return f"subscription_{sub.state}"
     return "consent_withdrawn"
-
-
-def _b64url(text: str) -> bytes:
-    import base64
-
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
