@@ -345,14 +345,21 @@ PAGES = [
 ]
 
 
+def _settled(page: Page) -> Page:
+    # A state is reached once its element shows, which can be before the deferred
+    # scripts (focus.js among them) have run; "load" fires only after they have.
+    page.wait_for_load_state("load")
+    return page
+
+
 @pytest.fixture(params=PAGES, ids=str)
 def page_state(request, new_context, server) -> Page:
-    return request.param.reach(new_context, server)
+    return _settled(request.param.reach(new_context, server))
 
 
 @pytest.fixture(params=[state for state in PAGES if state.error_summary], ids=str)
 def error_state(request, new_context, server) -> Page:
-    return request.param.reach(new_context, server)
+    return _settled(request.param.reach(new_context, server))
 
 
 def test_axe_finds_no_violations(page_state: Page):
