@@ -139,8 +139,8 @@ class Settings:
     last_seen_throttle_seconds: int = 3600
     failures_before_stale: int = 3
     retry: RetrySettings = field(default_factory=RetrySettings)
-    # How long a claimed delivery belongs to its process; past it (the process died
-    # mid-send) another process may send it again.
+    # How long a claimed delivery belongs to its process unless renewed (the sender
+    # renews it while sending); past it (the process died) another may send it again.
     dispatch_lease_seconds: float = 60.0
     reseal_batch_size: int = 500
     staff: StaffAuthSettings = field(default_factory=StaffAuthSettings)
