@@ -138,7 +138,7 @@ class Dispatching:
     def output(self) -> str:
         return self.log.read_text(errors="replace")
 
-    def wait_ready(self, timeout: float = 60) -> None:
+    def wait_ready(self, timeout: float = 120) -> None:
         wait_for(lambda: "scheduler running" in self.output(), timeout, self)
 
     def kill(self) -> None:
@@ -221,16 +221,35 @@ def messages_by_token(received: list[Received]) -> dict[str, list[dict]]:
     return found
 
 
-def dispatch_work(app: Flask) -> dict[int, int]:
-    """Deliveries claimed per process id, from the runs each process recorded itself."""
+def dispatch_runs(app: Flask) -> dict[int, list[tuple[int, dt.datetime, dt.datetime]]]:
+    """Process id → its dispatch runs (deliveries claimed, start, end), as each process
+    recorded them itself."""
     with db.begin(app) as session:
         rows = session.execute(
-            sa.select(JobRun.host, JobRun.processed).where(JobRun.name == "dispatch")
+            sa.select(JobRun.host, JobRun.processed, JobRun.started_at, JobRun.seconds).where(
+                JobRun.name == "dispatch"
+            )
         ).all()
-    work: Counter[int] = Counter()
-    for host, processed in rows:
-        work[int(host.rpartition(":")[2])] += processed
-    return dict(work)
+    runs: defaultdict[int, list[tuple[int, dt.datetime, dt.datetime]]] = defaultdict(list)
+    for host, processed, started, seconds in rows:
+        end = started + dt.timedelta(seconds=seconds or 0)
+        runs[int(host.rpartition(":")[2])].append((processed, started, end))
+    return dict(runs)
+
+
+def most_at_once(runs: dict[int, list[tuple[int, dt.datetime, dt.datetime]]]) -> int:
+    """The most processes that were dispatching at the same instant."""
+    edges = sorted(
+        (instant, step)
+        for each in runs.values()
+        for _, start, end in each
+        for instant, step in ((start, 1), (end, -1))
+    )
+    busy = peak = 0
+    for _, step in edges:  # at a tie, an end (-1) sorts before a start
+        busy += step
+        peak = max(peak, busy)
+    return peak
 
 
 # --- the tests -------------------------------------------------------------------------
@@ -251,7 +270,7 @@ def test_three_processes_dispatching_one_campaign_send_each_recipient_exactly_on
             process.wait_ready()
         started = time.monotonic()
         campaign_id = launch(app)
-        wait_for(lambda: status_of(app, campaign_id) == "completed", 90, *processes)
+        wait_for(lambda: status_of(app, campaign_id) == "completed", 240, *processes)
         seconds = time.monotonic() - started
         for process in processes:
             process.stop()
@@ -272,23 +291,31 @@ def test_three_processes_dispatching_one_campaign_send_each_recipient_exactly_on
         assert message["campaignId"] == str(campaign_id)
     assert not {token_of(b) for b in excluded} & set(by_token)
 
-    # The concurrency really happened: the work is split between the processes, as each
-    # recorded it, and adds up to the audience with nothing claimed twice.
-    work = dispatch_work(app)
-    log.info("5000 sends in %.1f s; claimed per process: %s", seconds, sorted(work.values()))
-    assert set(work) <= {p.pid for p in processes}
-    assert sum(work.values()) == 5000
-    assert len([pid for pid, claimed in work.items() if claimed > 0]) >= 2
+    # The concurrency really happened: every process claimed a share, as each recorded it,
+    # the shares add up to the audience (nothing claimed twice), and the processes were
+    # sending at the same time.
+    runs = dispatch_runs(app)
+    claimed = {pid: sum(n for n, _, _ in each) for pid, each in runs.items()}
+    log.info(
+        "5000 sends in %.1f s; claimed per process: %s; at most %d at once",
+        seconds,
+        sorted(claimed.values()),
+        most_at_once(runs),
+    )
+    assert set(claimed) <= {p.pid for p in processes}
+    assert sum(claimed.values()) == 5000
+    assert len([pid for pid, n in claimed.items() if n > 0]) >= 2
+    assert most_at_once(runs) >= 2
 
 
 def test_a_dispatcher_killed_mid_send_and_replaced_repeats_only_what_was_in_flight(
     catalogue_ready, settings, dispatching, tmp_path
 ):
-    app = catalogue_ready
+    app, audience = catalogue_ready, 2000
     # Answers take 0.2 s: a batch of 500 takes over 1.5 s, time to kill the process mid-
     # batch. A 5 s lease lets its successor take the killed process's claims soon after.
     with FakePushProcess(default_answer=Answer.slow(0.2)) as push:
-        eligible = populate(app, push, 3000, region="US")
+        eligible = populate(app, push, audience, region="US")
         env = environ(settings, push, tmp_path, DISPATCH_LEASE_SECONDS="5")
         campaign_id = launch(app)
         first = dispatching(env, tmp_path / "first.log")
@@ -300,12 +327,12 @@ def test_a_dispatcher_killed_mid_send_and_replaced_repeats_only_what_was_in_flig
             taken = push.stats()["accepted"]
             return counts["accepted"] > 0 and counts["sending"] > 0 and taken > counts["accepted"]
 
-        wait_for(mid_send, 60, first)
+        wait_for(mid_send, 120, first)
         first.kill()
         at_kill = deliveries(app, campaign_id)
         in_flight = {d for d, status, _ in at_kill.values() if status == "sending"}
         accepted = {d for d, status, _ in at_kill.values() if status == "accepted"}
-        assert 0 < len(accepted) < 3000
+        assert 0 < len(accepted) < audience
         assert in_flight
         # Whatever the service took from the dead process is recorded once its (slow)
         # answer comes due: wait for every message it took to be on the record.
@@ -314,14 +341,14 @@ def test_a_dispatcher_killed_mid_send_and_replaced_repeats_only_what_was_in_flig
         before = push.received()
 
         second = dispatching(env, tmp_path / "second.log")
-        wait_for(lambda: status_of(app, campaign_id) == "completed", 90, second)
+        wait_for(lambda: status_of(app, campaign_id) == "completed", 240, second)
         second.stop()
         received = push.received()
 
     # Every eligible browser is reached, and nothing is left queued or sending.
     rows = deliveries(app, campaign_id)
     assert set(rows) == {b.endpoint for b in eligible}
-    assert Counter(status for _, status, _ in rows.values()) == {"accepted": 3000}
+    assert Counter(status for _, status, _ in rows.values()) == {"accepted": audience}
     by_token = messages_by_token(received)
     assert set(by_token) == {token_of(b) for b in eligible}
 
@@ -352,4 +379,4 @@ def test_a_dispatcher_killed_mid_send_and_replaced_repeats_only_what_was_in_flig
     attempts = {d: a for d, _, a in rows.values()}
     assert {attempts[d] for d in in_flight} == {2}
     assert {a for d, a in attempts.items() if d not in in_flight} == {1}
-    assert len(received) == 3000 + len(repeated)
+    assert len(received) == audience + len(repeated)
