@@ -299,15 +299,16 @@ class Dispatcher:
         now = self.clock.now()
         with self._keeping_leases([c.delivery_id for c in claimed]):
             skipped, answered, subs = self._encrypt_and_send(claimed)
-        self._apply(skipped, answered, subs, now, report)
+            self._apply(skipped, answered, subs, now, report)
 
     @contextlib.contextmanager
     def _keeping_leases(self, delivery_ids: list[int]) -> Iterator[None]:
-        """Renew the batch's lease every third of it while the batch is being sent.
+        """Renew the batch's lease every third of it until its answers are recorded.
 
         A slow push service can hold a batch longer than one lease (each request may wait
-        out the transport's time-out); without renewal another process would take the
-        batch and send it a second time while this one is still sending. A process that
+        out the transport's time-out), and recording the answers can wait for another
+        process's (they take the consent log's lock in turn); without renewal another
+        process would take the batch and send it a second time meanwhile. A process that
         dies stops renewing, so its batch is claimable again one lease later.
         """
         seconds = self.settings.lease_seconds
@@ -317,12 +318,17 @@ class Dispatcher:
             while not done.wait(seconds / 3):
                 try:
                     with db.begin(self.app) as session:
+                        mine = sa.select(_d.c.id).where(
+                            _d.c.id.in_(delivery_ids),
+                            _d.c.status == DeliveryStatus.SENDING.value,
+                        )
+                        if is_postgres(session):
+                            # Rows the answers are being written to are passed over, never
+                            # waited for: renewal must not deadlock with recording.
+                            mine = mine.with_for_update(skip_locked=True)
                         session.execute(
                             sa.update(_d)
-                            .where(
-                                _d.c.id.in_(delivery_ids),
-                                _d.c.status == DeliveryStatus.SENDING.value,
-                            )
+                            .where(_d.c.id.in_(mine), _d.c.status == DeliveryStatus.SENDING.value)
                             .values(
                                 lease_expires_at=self.clock.now() + dt.timedelta(seconds=seconds)
                             )
