@@ -259,12 +259,13 @@ def test_three_processes_dispatching_one_campaign_send_each_recipient_exactly_on
     catalogue_ready, settings, dispatching, tmp_path
 ):
     app = catalogue_ready
-    # Answers take 0.1 s: a batch of 500 takes a process most of a second even on an idle
-    # machine, so all three are still sending when the last one joins.
-    with FakePushProcess(default_answer=Answer.slow(0.1)) as push:
+    # Answers take 0.5 s: a batch of 500 at 64 requests at a time takes at least 4 s, so
+    # all three are still sending when the last one joins, and every batch outlasts its
+    # 3 s lease: only the lease's renewal keeps the other two from sending it again.
+    with FakePushProcess(default_answer=Answer.slow(0.5)) as push:
         eligible = populate(app, push, 5000, region="US")
         excluded = populate(app, push, 100, region="EU")  # no marketing default there
-        env = environ(settings, push, tmp_path)
+        env = environ(settings, push, tmp_path, DISPATCH_LEASE_SECONDS="3")
         processes = [dispatching(env, tmp_path / f"dispatch-{n}.log") for n in range(3)]
         for process in processes:
             process.wait_ready()
