@@ -139,6 +139,9 @@ class Settings:
     last_seen_throttle_seconds: int = 3600
     failures_before_stale: int = 3
     retry: RetrySettings = field(default_factory=RetrySettings)
+    # How long a claimed delivery belongs to its process unless renewed (the sender
+    # renews it while sending); past it (the process died) another may send it again.
+    dispatch_lease_seconds: float = 60.0
     reseal_batch_size: int = 500
     staff: StaffAuthSettings = field(default_factory=StaffAuthSettings)
     auto_migrate: bool = False
@@ -242,6 +245,7 @@ class Settings:
                 backoff_factor=_float(environ, "RETRY_BACKOFF_FACTOR", 2.0),
                 jitter=_float(environ, "RETRY_JITTER", 0.3),
             ),
+            dispatch_lease_seconds=_lease(environ),
             reseal_batch_size=_int(environ, "RESEAL_BATCH_SIZE", 500),
             staff=StaffAuthSettings(
                 lockout_attempts=_positive(environ, "STAFF_LOCKOUT_ATTEMPTS", 5),
@@ -404,6 +408,14 @@ def _positive(environ: Mapping[str, str], name: str, default: int) -> int:
     if number == 0:
         raise ConfigError(f"{name} must be at least 1")
     return number
+
+
+def _lease(environ: Mapping[str, str]) -> float:
+    # A zero lease would let every process take every other's claims: duplicates.
+    seconds = _float(environ, "DISPATCH_LEASE_SECONDS", 60.0)
+    if seconds <= 0:
+        raise ConfigError("DISPATCH_LEASE_SECONDS must be more than 0")
+    return seconds
 
 
 def _float(environ: Mapping[str, str], name: str, default: float) -> float:

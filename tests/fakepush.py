@@ -771,6 +771,8 @@ def _serve_in_child(conn: multiprocessing.connection.Connection, options: dict[s
                 conn.send(None)
             elif command == "stats":
                 conn.send(service.stats.as_dict())
+            elif command == "received":
+                conn.send(service.received())
             elif command == "stop":
                 break
     finally:
@@ -783,6 +785,7 @@ class FakePushProcess:
 
     For benchmarks: with the server in its own interpreter, the sender under test has a
     core (and the interpreter lock) to itself, as it would against a real push service.
+    For tests with several sending processes: one service records what all of them sent.
     """
 
     def __init__(self, **options: Any) -> None:
@@ -833,6 +836,12 @@ class FakePushProcess:
     def stats(self) -> dict[str, int]:
         assert self._pipe is not None
         self._pipe.send(("stats", None))
+        return self._pipe.recv()
+
+    def received(self) -> list[Received]:
+        """Every answered request so far, oldest first (with ``record`` on)."""
+        assert self._pipe is not None
+        self._pipe.send(("received", None))
         return self._pipe.recv()
 
     def stop(self) -> None:

@@ -89,6 +89,15 @@ def test_allowed_hosts_and_numbers_from_the_environment(tmp_path):
         Settings.from_env({"RETRY_MAX_ATTEMPTS": "lots"}, str(tmp_path))
 
 
+def test_the_dispatch_lease_comes_from_the_environment_and_is_never_zero(tmp_path):
+    assert Settings.from_env({}, str(tmp_path)).dispatch_lease_seconds == 60.0
+    settings = Settings.from_env({"DISPATCH_LEASE_SECONDS": "2.5"}, str(tmp_path))
+    assert settings.dispatch_lease_seconds == 2.5
+    for value in ("0", "-1", "soon"):
+        with pytest.raises(ConfigError, match="DISPATCH_LEASE_SECONDS must"):
+            Settings.from_env({"DISPATCH_LEASE_SECONDS": value}, str(tmp_path))
+
+
 def test_production_start_fails_with_one_line_naming_the_variable(tmp_path):
     environ = {
         k: v

@@ -2,13 +2,15 @@
 
 Any number of processes run it at once. Work is claimed in the database — ``FOR UPDATE
 SKIP LOCKED`` with a lease on PostgreSQL, the write lock on SQLite — so a delivery is
-sent by one process at a time; a lease that runs out (the process died mid-send) makes
-its deliveries claimable again, so after a crash only the sends that were in flight can
-repeat, and they carry the same delivery id for the service worker to drop.
+sent by one process at a time. The sender renews its lease while the batch is out; a
+lease that runs out (the process died mid-send) makes its deliveries claimable again,
+so after a crash only the sends that were in flight can repeat, and they carry the same
+delivery id for the service worker to drop.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 import random
@@ -16,7 +18,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -295,6 +297,58 @@ class Dispatcher:
     def _send(self, claimed: list[_Claimed], report: TickReport) -> None:
         report.claimed += len(claimed)
         now = self.clock.now()
+        with self._keeping_leases([c.delivery_id for c in claimed]):
+            skipped, answered, subs = self._encrypt_and_send(claimed)
+            self._apply(skipped, answered, subs, now, report)
+
+    @contextlib.contextmanager
+    def _keeping_leases(self, delivery_ids: list[int]) -> Iterator[None]:
+        """Renew the batch's lease every third of it until its answers are recorded.
+
+        A slow push service can hold a batch longer than one lease (each request may wait
+        out the transport's time-out), and recording the answers can wait for another
+        process's (they take the consent log's lock in turn); without renewal another
+        process would take the batch and send it a second time meanwhile. A process that
+        dies stops renewing, so its batch is claimable again one lease later.
+        """
+        seconds = self.settings.lease_seconds
+        done = threading.Event()
+
+        def renew() -> None:
+            while not done.wait(seconds / 3):
+                try:
+                    with db.begin(self.app) as session:
+                        mine = sa.select(_d.c.id).where(
+                            _d.c.id.in_(delivery_ids),
+                            _d.c.status == DeliveryStatus.SENDING.value,
+                        )
+                        if is_postgres(session):
+                            # Rows the answers are being written to are passed over, never
+                            # waited for: renewal must not deadlock with recording.
+                            mine = mine.with_for_update(skip_locked=True)
+                        session.execute(
+                            sa.update(_d)
+                            .where(_d.c.id.in_(mine), _d.c.status == DeliveryStatus.SENDING.value)
+                            .values(
+                                lease_expires_at=self.clock.now() + dt.timedelta(seconds=seconds)
+                            )
+                        )
+                except sa.exc.SQLAlchemyError:
+                    # Tried again at the next third; meanwhile the lease may run out, as
+                    # it would for a process that died.
+                    log.warning("could not renew the lease of a batch", exc_info=True)
+
+        renewer = threading.Thread(target=renew, name="dispatch-lease", daemon=True)
+        renewer.start()
+        try:
+            yield
+        finally:
+            done.set()
+            renewer.join()
+
+    def _encrypt_and_send(
+        self, claimed: list[_Claimed]
+    ) -> tuple[list[tuple[int, str]], list[tuple[_Claimed, PushResponse]], dict[uuid.UUID, Any]]:
         by_subscription = {c.subscription_id: c for c in claimed}
         campaign_ids = {c.campaign_id for c in claimed}
         with db.begin(self.app) as session:
@@ -363,9 +417,7 @@ class Dispatcher:
         elapsed = time.perf_counter() - started
         for (item, _), response in zip(to_send, responses, strict=True):
             metrics.observe_send(item.push_service, response, elapsed / max(len(to_send), 1))
-        self._apply(
-            skipped, list(zip([i for i, _ in to_send], responses, strict=True)), subs, now, report
-        )
+        return skipped, list(zip([i for i, _ in to_send], responses, strict=True)), subs
 
     def _apply(
         self,

@@ -6,7 +6,7 @@ import threading
 
 from flask import Flask
 
-from portal.campaigns.engine import Dispatcher
+from portal.campaigns.engine import Dispatcher, EngineSettings
 from portal.jobs import JobReport, Progress, job
 
 _lock = threading.Lock()
@@ -30,7 +30,9 @@ def dispatcher_for(app: Flask) -> Dispatcher:
             on_lookup=lambda hit: metrics.vapid_cache.labels("hit" if hit else "miss").inc(),
         )
         dispatcher = Dispatcher(
-            app, HttpsPushTransport.from_settings(portal.settings, signer=signer)
+            app,
+            HttpsPushTransport.from_settings(portal.settings, signer=signer),
+            settings=EngineSettings(lease_seconds=portal.settings.dispatch_lease_seconds),
         )
         app.extensions["portal.dispatcher"] = dispatcher
         return dispatcher

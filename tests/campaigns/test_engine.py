@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import time
 
 import pytest
 import sqlalchemy as sa
 
 from portal.campaigns import services as campaigns
+from portal.campaigns.engine import Dispatcher, EngineSettings
 from portal.campaigns.models import Campaign, Delivery
 from portal.campaigns.services import CampaignDraft
 from portal.db import db
@@ -320,3 +322,52 @@ def test_run_job_dispatch_uses_the_process_dispatcher(push_app, dispatcher, fake
     report = run_job(push_app, "dispatch")
     assert (report.processed, report.changed) == (1, 1)
     assert len(fake_push.received()) == 1
+
+
+class _SlowService:
+    """A transport whose batch takes longer than its lease: ``hold`` runs before sending."""
+
+    def __init__(self, inner, hold):
+        self.inner, self.hold = inner, hold
+
+    def send(self, request):
+        return self.inner.send(request)
+
+    def send_batch(self, requests):
+        requests = list(requests)
+        self.hold()
+        return self.inner.send_batch(requests)
+
+
+def test_a_batch_sent_for_longer_than_its_lease_is_not_taken_by_another_process(
+    push_app, dispatcher, fake_push, clock
+):
+    subs = [_subscribe(push_app, fake_push, topics=["weekly-digest"]) for _ in range(3)]
+    _launch(push_app, clock)
+    short = EngineSettings(batch_size=50, lease_seconds=0.3)
+    other = Dispatcher(push_app, dispatcher.transport, settings=short, rand=lambda: 0.0)
+    taken = []
+
+    def hold():
+        # The push service is slow: the batch's first lease has run out meanwhile.
+        clock.advance(seconds=1)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # the sender renews its lease as it goes
+            with db.begin(push_app) as session:
+                leases = session.scalars(
+                    sa.select(Delivery.lease_expires_at).where(Delivery.status == "sending")
+                ).all()
+            if all(lease > clock.now() for lease in leases):
+                break
+            time.sleep(0.05)
+        taken.extend(other.claim())  # a second process looking for work meanwhile
+
+    sender = Dispatcher(
+        push_app, _SlowService(dispatcher.transport, hold), settings=short, rand=lambda: 0.0
+    )
+    report = sender.tick()
+    assert taken == []
+    assert report.accepted == 3
+    for sub in subs:
+        assert len(fake_push.received(sub)) == 1
+    assert {d["status"] for d in _rows(push_app, Delivery)} == {"accepted"}
