@@ -70,7 +70,10 @@ def uuid7() -> uuid.UUID:
     return uuid.UUID(int=value)
 
 
-def create_engine(url: str, **kwargs: Any) -> Engine:
+def create_engine(url: str, *, connect_timeout: int = 5, **kwargs: Any) -> Engine:
+    """An engine for ``url``. On PostgreSQL a connection attempt gives up after
+    ``connect_timeout`` seconds and dead connections are found by keepalives and a ping at
+    checkout, so a database outage fails requests quickly instead of hanging them."""
     if url.startswith("sqlite"):
         engine = sa.create_engine(
             url, connect_args={"timeout": 30, "check_same_thread": False}, **kwargs
@@ -78,6 +81,15 @@ def create_engine(url: str, **kwargs: Any) -> Engine:
         _configure_sqlite(engine)
         return engine
     kwargs.setdefault("pool_pre_ping", True)
+    connect_args = {
+        "connect_timeout": connect_timeout,
+        "keepalives": 1,
+        "keepalives_idle": 30,
+        "keepalives_interval": 10,
+        "keepalives_count": 3,
+    }
+    connect_args.update(kwargs.pop("connect_args", {}))
+    kwargs["connect_args"] = connect_args
     if "poolclass" not in kwargs:
         kwargs.setdefault("pool_size", 10)
         kwargs.setdefault("max_overflow", 20)
@@ -129,7 +141,9 @@ class Database:
 
     def init_app(self, app: Flask) -> None:
         settings = app.extensions["portal.settings"]
-        engine = create_engine(settings.database_url)
+        engine = create_engine(
+            settings.database_url, connect_timeout=settings.database_connect_timeout
+        )
         app.extensions["portal.db"] = _State(engine, sessionmaker(engine, expire_on_commit=False))
         app.teardown_appcontext(self._teardown)
 
@@ -158,6 +172,15 @@ class Database:
 
     def session_factory(self, app: Flask | None = None) -> sessionmaker[Session]:
         return self._state(app).session_factory
+
+    @staticmethod
+    def discard_session() -> None:
+        """Drop the current context's session after a database failure: its connections
+        are invalidated rather than returned to the pool, so the next checkout makes a new
+        one, and whatever it had not committed is gone with them."""
+        session = g.pop("_portal_session", None)
+        if session is not None:
+            session.invalidate()
 
     @staticmethod
     def _teardown(_exc: BaseException | None) -> None:
