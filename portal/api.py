@@ -8,26 +8,14 @@ import re
 from typing import Any
 from urllib.parse import urlsplit
 
-import psycopg
-import sqlalchemy.exc
 from flask import Flask, Response, current_app, jsonify, render_template, request
 from werkzeug.exceptions import HTTPException
 
-from portal.db import db
+from portal.db import DATABASE_UNAVAILABLE, db
 from portal.errors import ApiError
 
 log = logging.getLogger("portal")
 RETRY_AFTER_SECONDS = 30
-# What a database that is down, restarting or unreachable raises (SQLAlchemy wraps the
-# driver's errors; the driver's own escape when it is called directly). A pool with no
-# free connection left is the same condition seen from this process.
-DATABASE_UNAVAILABLE: tuple[type[Exception], ...] = (
-    sqlalchemy.exc.OperationalError,
-    sqlalchemy.exc.InterfaceError,
-    sqlalchemy.exc.TimeoutError,
-    psycopg.OperationalError,
-    psycopg.InterfaceError,
-)
 
 _LOCALE = re.compile(r"^[A-Za-z]{2,3}(-[A-Za-z0-9]{1,8}){0,3}$")
 
@@ -103,7 +91,7 @@ def _database_unavailable(error: Exception) -> tuple[Any, int, dict[str, str]]:
     headers = {"Retry-After": str(RETRY_AFTER_SECONDS)}
     if request.path.startswith("/api/"):
         body = ApiError(
-            "service_unavailable",
+            "unavailable",
             "the service is briefly unavailable; try again shortly",
             status=503,
         ).to_json()

@@ -3,17 +3,33 @@
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
 import sqlalchemy as sa
+import sqlalchemy.exc
 from flask import Flask, current_app, g
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
+
+log = logging.getLogger("portal")
+
+# What a database that is down, restarting or unreachable raises (SQLAlchemy wraps the
+# driver's errors; the driver's own escape when it is called directly). A pool with no
+# free connection left is the same condition seen from this process.
+DATABASE_UNAVAILABLE: tuple[type[Exception], ...] = (
+    sqlalchemy.exc.OperationalError,
+    sqlalchemy.exc.InterfaceError,
+    sqlalchemy.exc.TimeoutError,
+    psycopg.OperationalError,
+    psycopg.InterfaceError,
+)
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
@@ -185,8 +201,16 @@ class Database:
     @staticmethod
     def _teardown(_exc: BaseException | None) -> None:
         session = g.pop("_portal_session", None)
-        if session is not None:
+        if session is None:
+            return
+        try:
             session.close()
+        except DATABASE_UNAVAILABLE as error:
+            # The database went away after the view's work was done (and committed, if it
+            # wrote): closing rolls back what the server has rolled back already. The answer
+            # stands; the connection must not go back to the pool.
+            session.invalidate()
+            log.warning("database unavailable while closing a session (%s)", type(error).__name__)
 
     def dispose(self, app: Flask) -> None:
         self._state(app).engine.dispose()

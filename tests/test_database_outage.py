@@ -61,7 +61,7 @@ def test_api_answers_503_in_its_error_shape(unreachable, caplog):
     assert answer.headers["Retry-After"] == "30"
     assert answer.json == {
         "error": {
-            "code": "service_unavailable",
+            "code": "unavailable",
             "message": "the service is briefly unavailable; try again shortly",
         }
     }

@@ -119,7 +119,7 @@ def _check_503(kind: str, answer: requests.Response) -> str | None:
             body = answer.json()
         except ValueError:
             return "API 503 is not JSON"
-        if set(body) != {"error"} or body["error"].get("code") != "service_unavailable":
+        if set(body) != {"error"} or body["error"].get("code") != "unavailable":
             return f"API 503 body {body!r}"
         return None
     if "briefly unavailable" not in answer.text:
@@ -337,11 +337,12 @@ def test_postgres_restart_under_load(served, private_postgres: PrivatePostgres, 
         assert any(down_at <= o.started < up_at for o in mine), kind
     # Nothing but success or the clean 503: no 500, no dropped connection, no hang.
     bad = [o for o in outcomes if not o.ok and (o.status != 503 or o.problem)]
-    # Flask logs what it answered 500 for ("Exception on …"), with the traceback.
+    # What was answered 500 is logged with its traceback: by Flask ("Exception on …"), or
+    # by the server when it escaped the app (a failing teardown).
     failures = [
         logging.Formatter().format(r)
         for r in caplog.records
-        if r.name == "portal" and r.levelno >= logging.ERROR
+        if r.name in ("portal", "werkzeug") and r.levelno >= logging.ERROR
     ]
     assert not bad, (bad[:10], failures[:3])
     assert not failures, failures[:3]
