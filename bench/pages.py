@@ -441,7 +441,7 @@ def figures(results: list[Result], hello: Result | None) -> list[Figure]:
                 None if r is hello or hello is None else round(hello.rps, 1),
                 "" if r is hello or hello is None else "Flask hello-world, same gunicorn",
                 None if ratio is None else round(ratio, 3),
-                f"≥ {TARGET:.0%}" if has_target else "",
+                f"≥ {TARGET:g}× ({TARGET:.0%} of hello-world)" if has_target else "",
                 (ratio >= TARGET and r.errors == 0) if has_target and ratio is not None else None,
             )
         )
