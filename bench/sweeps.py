@@ -46,6 +46,7 @@ sys.path.insert(0, str(ROOT))
 import psycopg  # noqa: E402
 import sqlalchemy as sa  # noqa: E402
 
+from bench.contract import Figure, add_arguments, write  # noqa: E402
 from portal.config import RetentionSettings, normalise_database_url  # noqa: E402
 from portal.db import create_engine  # noqa: E402
 from portal.migrate import upgrade  # noqa: E402
@@ -361,6 +362,41 @@ def table(phases: list[Phase], samples: list[Sample], warm_start: float) -> str:
     return "\n".join(lines)
 
 
+def figures(phases: list[Phase], samples: list[Sample], warm_start: float) -> list[Figure]:
+    first = phases[0].started
+    idle = [s[1] for s in samples if warm_start <= s[0] < first]
+    during = [s for s in samples if first <= s[0] < phases[-1].ended]
+    p99 = _pct([s[1] for s in during], 0.99)
+    idle_p99 = _pct(idle, 0.99) if idle else None
+    worst = max((s[1] for s in during), default=0.0)
+    lock = max((s[2] for s in during), default=0.0)
+    limit = TARGET_MS / 1000
+    return [
+        Figure(
+            "longest chain-lock wait of a subscribe during the jobs",
+            round(lock, 4),
+            "s",
+            target=f"< {limit:g} s",
+            passed=lock < limit,
+        ),
+        Figure(
+            "longest subscribe during the jobs",
+            round(worst, 4),
+            "s",
+            target=f"< {limit:g} s",
+            passed=worst < limit,
+        ),
+        Figure(
+            "subscribe p99 during the jobs",
+            round(p99, 4),
+            "s",
+            None if idle_p99 is None else round(idle_p99, 4),
+            "subscribe p99 with no job running",
+            None if not idle_p99 else round(p99 / idle_p99, 2),
+        ),
+    ]
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -380,7 +416,12 @@ def main() -> int:
     parser.add_argument(
         "--reuse", action="store_true", help="skip population: clone the copy --keep kept"
     )
+    add_arguments(parser)
     args = parser.parse_args()
+    if args.quick:
+        args.subscriptions = min(args.subscriptions, 20_000)
+        if args.database == "portal_bench_sweeps":
+            args.database = "portal_bench_sweeps_quick"  # never the copy --keep kept
 
     admin = _psycopg(normalise_database_url(args.admin_url))
     url = _url_for(args.admin_url, args.database)
@@ -447,6 +488,21 @@ def main() -> int:
     if outcome["failures"]:
         print(f"subscribe failures (not 201): {outcome['failures']}")
     print(f"load average: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    write(
+        args.json,
+        benchmark="sweeps",
+        title="Sweeps",
+        figures=figures(phases, samples, warm_start),
+        details_markdown="\n\n".join(
+            [
+                f"{args.subscriptions:,} subscriptions; sweep then tombstone (batch size "
+                f"{retention.batch_size}) while a second process keeps subscribing. Target: a "
+                f"subscribe waits < {TARGET_MS:.0f} ms.",
+                table(phases, samples, warm_start),
+                f"Subscribe failures (not 201): {outcome['failures'] or 'none'}.",
+            ]
+        ),
+    )
 
     if not args.keep:
         with psycopg.connect(admin, autocommit=True) as conn:

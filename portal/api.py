@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 from typing import Any
 from urllib.parse import urlsplit
 
-from flask import Flask, Response, current_app, jsonify, request
+from flask import Flask, Response, current_app, jsonify, render_template, request
 from werkzeug.exceptions import HTTPException
 
+from portal.db import DATABASE_UNAVAILABLE, db
 from portal.errors import ApiError
+
+log = logging.getLogger("portal")
+RETRY_AFTER_SECONDS = 30
 
 _LOCALE = re.compile(r"^[A-Za-z]{2,3}(-[A-Za-z0-9]{1,8}){0,3}$")
 
@@ -71,3 +76,24 @@ def register_error_handlers(app: Flask) -> None:
         return error_response(
             ApiError(code, error.description or error.name, status=error.code or 500)
         )
+
+    for kind in DATABASE_UNAVAILABLE:
+        app.register_error_handler(kind, _database_unavailable)
+
+
+def _database_unavailable(error: Exception) -> tuple[Any, int, dict[str, str]]:
+    """503 with Retry-After while the database cannot be reached: the request changed
+    nothing (its transaction is gone with its connection), and the caller may retry."""
+    db.discard_session()
+    cause = getattr(error, "orig", None) or error
+    # The class only: the message can carry the statement and its parameters.
+    log.warning("database unavailable (%s): %s answered 503", type(cause).__name__, request.path)
+    headers = {"Retry-After": str(RETRY_AFTER_SECONDS)}
+    if request.path.startswith("/api/"):
+        body = ApiError(
+            "unavailable",
+            "the service is briefly unavailable; try again shortly",
+            status=503,
+        ).to_json()
+        return jsonify(body), 503, headers
+    return render_template("unavailable.html", retry_after=RETRY_AFTER_SECONDS), 503, headers

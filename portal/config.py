@@ -118,6 +118,7 @@ class Settings:
     env: str = "development"
     instance_path: str = "instance"
     database_url: str = ""
+    database_connect_timeout: int = 5
     secret_key: str = ""
     vapid_private_key: str = ""
     vapid_public_key: str = ""
@@ -216,6 +217,7 @@ class Settings:
             env=env,
             instance_path=instance_path,
             database_url=normalise_database_url(database_url),
+            database_connect_timeout=_positive(environ, "DATABASE_CONNECT_TIMEOUT_SECONDS", 5),
             secret_key=secret_key,
             vapid_private_key=vapid_private,
             vapid_public_key=vapid_public,

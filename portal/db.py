@@ -3,17 +3,33 @@
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
 import sqlalchemy as sa
+import sqlalchemy.exc
 from flask import Flask, current_app, g
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
+
+log = logging.getLogger("portal")
+
+# What a database that is down, restarting or unreachable raises (SQLAlchemy wraps the
+# driver's errors; the driver's own escape when it is called directly). A pool with no
+# free connection left is the same condition seen from this process.
+DATABASE_UNAVAILABLE: tuple[type[Exception], ...] = (
+    sqlalchemy.exc.OperationalError,
+    sqlalchemy.exc.InterfaceError,
+    sqlalchemy.exc.TimeoutError,
+    psycopg.OperationalError,
+    psycopg.InterfaceError,
+)
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
@@ -70,7 +86,10 @@ def uuid7() -> uuid.UUID:
     return uuid.UUID(int=value)
 
 
-def create_engine(url: str, **kwargs: Any) -> Engine:
+def create_engine(url: str, *, connect_timeout: int = 5, **kwargs: Any) -> Engine:
+    """An engine for ``url``. On PostgreSQL a connection attempt gives up after
+    ``connect_timeout`` seconds and dead connections are found by keepalives and a ping at
+    checkout, so a database outage fails requests quickly instead of hanging them."""
     if url.startswith("sqlite"):
         engine = sa.create_engine(
             url, connect_args={"timeout": 30, "check_same_thread": False}, **kwargs
@@ -78,6 +97,15 @@ def create_engine(url: str, **kwargs: Any) -> Engine:
         _configure_sqlite(engine)
         return engine
     kwargs.setdefault("pool_pre_ping", True)
+    connect_args = {
+        "connect_timeout": connect_timeout,
+        "keepalives": 1,
+        "keepalives_idle": 30,
+        "keepalives_interval": 10,
+        "keepalives_count": 3,
+    }
+    connect_args.update(kwargs.pop("connect_args", {}))
+    kwargs["connect_args"] = connect_args
     if "poolclass" not in kwargs:
         kwargs.setdefault("pool_size", 10)
         kwargs.setdefault("max_overflow", 20)
@@ -129,7 +157,9 @@ class Database:
 
     def init_app(self, app: Flask) -> None:
         settings = app.extensions["portal.settings"]
-        engine = create_engine(settings.database_url)
+        engine = create_engine(
+            settings.database_url, connect_timeout=settings.database_connect_timeout
+        )
         app.extensions["portal.db"] = _State(engine, sessionmaker(engine, expire_on_commit=False))
         app.teardown_appcontext(self._teardown)
 
@@ -160,10 +190,27 @@ class Database:
         return self._state(app).session_factory
 
     @staticmethod
-    def _teardown(_exc: BaseException | None) -> None:
+    def discard_session() -> None:
+        """Drop the current context's session after a database failure: its connections
+        are invalidated rather than returned to the pool, so the next checkout makes a new
+        one, and whatever it had not committed is gone with them."""
         session = g.pop("_portal_session", None)
         if session is not None:
+            session.invalidate()
+
+    @staticmethod
+    def _teardown(_exc: BaseException | None) -> None:
+        session = g.pop("_portal_session", None)
+        if session is None:
+            return
+        try:
             session.close()
+        except DATABASE_UNAVAILABLE as error:
+            # The database went away after the view's work was done (and committed, if it
+            # wrote): closing rolls back what the server has rolled back already. The answer
+            # stands; the connection must not go back to the pool.
+            session.invalidate()
+            log.warning("database unavailable while closing a session (%s)", type(error).__name__)
 
     def dispose(self, app: Flask) -> None:
         self._state(app).engine.dispose()

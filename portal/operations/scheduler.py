@@ -214,8 +214,15 @@ class PortalScheduler:
                     record_run(self.app, report, trigger="scheduler")
                 return
             run_recorded(self.app, name, trigger="scheduler", only_if_due=True)
-        except Exception:
-            log.warning("job %s will be retried at its next tick", name)
+        except Exception as problem:
+            # Never let a failure (the database down or restarting, most often) end the
+            # tick loop: the job is tried again at its next tick, on fresh connections.
+            cause = getattr(problem, "orig", None) or problem
+            log.warning(
+                "job %s failed (%s); it will be retried at its next tick",
+                name,
+                type(cause).__name__,
+            )
 
     def start(self) -> None:
         with self._lock:

@@ -1,0 +1,612 @@
+"""Pages benchmark (SPEC §6): the preference centre under gunicorn against a hello-world.
+
+> The preference centre under gunicorn serves at least 40% of the requests per second of
+> a Flask hello-world under the same server.
+
+One run, one machine, one server configuration for both sides: gunicorn with the
+project's ``gunicorn.conf.py`` (gthread workers), ``--workers`` processes (default twice
+the CPUs) of ``--threads`` threads. In turn, for ``--duration`` seconds each at
+``--connections`` concurrent keep-alive connections (after a short warm-up that is not
+counted), ``wrk`` drives:
+
+- ``hello``: ``GET /`` of ``bench/hello.py``, Flask's hello-world (the baseline);
+- ``preferences-get``: ``GET /preferences``, the preference centre of a subscriber known
+  by their signed cookie (as after following a notification's link);
+- ``preferences-post``: the preference centre's form, saved with a valid CSRF token,
+  toggling two marketing topics each time (two consent events and two preference rows
+  written per save, under the consent log's lock);
+- ``subscribe``: ``POST /api/push/subscribe``, a new endpoint on an allowed push host
+  every request, with real P-256 keys.
+
+The portal runs in production mode against a fresh PostgreSQL database (created, migrated,
+populated with ``bench/audience.py``'s catalogue and subscribers, and dropped). The
+credentials are made the way a browser gets them: a signed preference link token,
+``GET /preferences?token=…`` for the subscriber cookie, then the page for the session
+cookie and its CSRF token.
+
+wrk must be installed (Debian: ``apt-get install wrk``). The load generator runs on the
+same machine and competes with gunicorn and PostgreSQL for the same CPUs: on a 2-core
+machine every figure is lower than on a dedicated server, the hello-world most of all.
+
+    .venv/bin/python bench/pages.py                            # 50 connections, 60 s each
+    .venv/bin/python bench/pages.py --connections 20 --duration 20 --env RATE_LIMIT_ENABLED=off
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlencode
+
+import psycopg
+import requests
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from flask import Flask
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.audience import (  # noqa: E402
+    TOPICS,
+    create_database,
+    database_urls,
+    drop_database,
+    populate,
+)
+from bench.contract import Figure, add_arguments, write  # noqa: E402
+from portal.config import b64url_encode, generate_signing_key, generate_vapid_keys  # noqa: E402
+from portal.identity import preference_link_token  # noqa: E402
+
+ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/test"
+TARGET = 0.40
+SCENARIOS = ("hello", "preferences-get", "preferences-post", "subscribe")
+EXPECTED = {"hello": 200, "preferences-get": 200, "preferences-post": 303, "subscribe": 201}
+MARKETING = [slug for slug, _, tx, _, retired, *_ in TOPICS if not tx and not retired]
+TOGGLED = MARKETING[1:3]  # two marketing topics flipped by every save
+_CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
+_CHECKBOX = re.compile(r'name="topics" value="([^"]+)"\s*(checked)?')
+_VISIBLE = re.compile(r'name="visible" value="([^"]+)"')
+_POLICY = re.compile(r'name="policy_version" value="([^"]*)"')
+
+
+@dataclass
+class Result:
+    scenario: str
+    requests: int
+    seconds: float
+    p50_ms: float
+    p99_ms: float
+    mean_ms: float
+    socket_errors: int
+    unexpected: int  # answers other than the scenario's expected status
+
+    @property
+    def rps(self) -> float:
+        return self.requests / self.seconds if self.seconds else 0.0
+
+    @property
+    def errors(self) -> int:
+        return self.socket_errors + self.unexpected
+
+
+@dataclass
+class Credential:
+    cookie: str  # the Cookie header: subscriber cookie and session (CSRF secret)
+    form_a: str  # the form as the page showed it
+    form_b: str  # the same with two marketing topics flipped
+
+
+# ---------------------------------------------------------------------------- servers
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def portal_environ(url: str, instance: Path) -> dict[str, str]:
+    """Production settings with every secret set, as an operator would run it."""
+    private, public = generate_vapid_keys()
+    return {
+        "PORTAL_ENV": "production",
+        "DATABASE_URL": url,
+        "PORTAL_INSTANCE_PATH": str(instance),
+        "SECRET_KEY": secrets.token_urlsafe(48),
+        "VAPID_PRIVATE_KEY": private,
+        "VAPID_PUBLIC_KEY": public,
+        "VAPID_SUBJECT": "mailto:bench@example.test",
+        "SUBSCRIPTION_AUTH_KEY_V1": base64.b64encode(os.urandom(32)).decode(),
+        "EXPORT_SIGNING_KEY": generate_signing_key(),
+        # Jobs would compete for the CPUs being measured; they run elsewhere here.
+        "PORTAL_SCHEDULER": "off",
+        "PORTAL_AUTO_MIGRATE": "off",
+        "PORTAL_DEMO_DATA": "off",
+    }
+
+
+@contextlib.contextmanager
+def gunicorn(
+    app_spec: str, environ: dict[str, str], *, workers: int, threads: int, health: str, log: Path
+) -> Iterator[str]:
+    port = free_port()
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PORTAL_", "DATABASE_URL", "SECRET_KEY", "PROMETHEUS_", "VAPID_"))
+    }
+    metrics = tempfile.mkdtemp(prefix="bench-pages-metrics-")
+    clean.update(environ)
+    clean.update(
+        PORTAL_BIND=f"127.0.0.1:{port}",
+        WEB_CONCURRENCY=str(workers),
+        PORTAL_THREADS=str(threads),
+        PROMETHEUS_MULTIPROC_DIR=metrics,
+    )
+    with log.open("ab") as errors:
+        process = subprocess.Popen(
+            [str(Path(sys.executable).parent / "gunicorn"), "-c", "gunicorn.conf.py", app_spec],
+            cwd=ROOT,
+            env=clean,
+            stdout=subprocess.DEVNULL,  # the access log: written, not kept
+            stderr=errors,
+            start_new_session=True,
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if process.poll() is not None:
+                raise SystemExit(f"gunicorn exited with {process.returncode}; see {log}")
+            with contextlib.suppress(requests.RequestException):
+                if requests.get(base + health, timeout=2).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise SystemExit(f"gunicorn did not answer {health}; see {log}")
+            time.sleep(0.3)
+        time.sleep(1.0)  # the master answers before every worker has booted
+        yield base
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        shutil.rmtree(metrics, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------- data
+
+
+def subscriber_ids(pg_url: str, count: int) -> list[uuid.UUID]:
+    """Subscribers with a live subscription, spread over the table."""
+    with psycopg.connect(pg_url) as conn:
+        rows = conn.execute(
+            "SELECT s.id FROM subscriber AS s WHERE s.erased_at IS NULL AND EXISTS ("
+            " SELECT 1 FROM push_subscription AS p WHERE p.subscriber_id = s.id"
+            " AND p.deleted_at IS NULL AND p.state = 'active') "
+            "ORDER BY md5(s.id::text) LIMIT %s",
+            (count,),
+        ).fetchall()
+    if len(rows) < count:
+        raise SystemExit(f"only {len(rows)} live subscribers; populate more")
+    return [row[0] for row in rows]
+
+
+def credential(base: str, token: str) -> Credential:
+    """What a browser holds after following a notification's link to the centre."""
+    with requests.Session() as browser:
+        link = browser.get(
+            f"{base}/preferences", params={"token": token}, allow_redirects=False, timeout=30
+        )
+        if link.status_code != 303 or "portal_subscriber" not in link.cookies:
+            raise SystemExit(f"the preference link was refused ({link.status_code})")
+        subscriber = link.cookies["portal_subscriber"]
+        # Production cookies are Secure: send them by hand over plain HTTP on loopback.
+        page = requests.get(
+            f"{base}/preferences",
+            headers={"Cookie": f"portal_subscriber={subscriber}"},
+            timeout=30,
+        )
+    if page.status_code != 200 or "session" not in page.cookies:
+        raise SystemExit(f"the preference centre did not answer ({page.status_code})")
+    csrf = _CSRF.search(page.text)
+    policy = _POLICY.search(page.text)
+    if csrf is None or policy is None:
+        raise SystemExit("the preference centre has no form")
+    visible = _VISIBLE.findall(page.text)
+    checked = {slug for slug, on in _CHECKBOX.findall(page.text) if on}
+    flipped = checked ^ set(TOGGLED)
+
+    def form(topics: set[str]) -> str:
+        return urlencode(
+            {
+                "csrf_token": csrf.group(1),
+                "policy_version": policy.group(1),
+                "visible": visible,
+                "topics": sorted(topics),
+            },
+            doseq=True,
+        )
+
+    return Credential(
+        cookie=f"portal_subscriber={subscriber}; session={page.cookies['session']}",
+        form_a=form(checked),
+        form_b=form(flipped),
+    )
+
+
+def browser_keys(count: int) -> list[tuple[str, str]]:
+    """(p256dh, auth) pairs as browsers send them: real P-256 points, 16-byte secrets."""
+    keys = []
+    for _ in range(count):
+        point = (
+            ec.generate_private_key(ec.SECP256R1())
+            .public_key()
+            .public_bytes(serialization.Encoding.X962, serialization.PublicFormat.UncompressedPoint)
+        )
+        keys.append((b64url_encode(point), b64url_encode(os.urandom(16))))
+    return keys
+
+
+# ---------------------------------------------------------------------------- wrk
+
+LUA_COMMON = r"""
+local threads = {}
+local next_id = 0
+unexpected = 0
+counter = 0
+
+function setup(thread)
+  thread:set("id", next_id)
+  next_id = next_id + 1
+  table.insert(threads, thread)
+end
+
+function response(status, headers, body)
+  if status ~= EXPECTED then unexpected = unexpected + 1 end
+end
+
+function done(summary, latency, requests)
+  local bad = 0
+  for _, thread in ipairs(threads) do bad = bad + thread:get("unexpected") end
+  local e = summary.errors
+  io.write(string.format(
+    'WRKJSON {"requests": %d, "duration_us": %d, "socket_errors": %d, "unexpected": %d, '
+    .. '"p50_us": %d, "p99_us": %d, "mean_us": %f}\n',
+    summary.requests, summary.duration, e.connect + e.read + e.write + e.timeout, bad,
+    latency:percentile(50), latency:percentile(99), latency.mean))
+end
+"""
+
+LUA_PER_THREAD = r"""
+function init(args)
+  mine = {}
+  for i, item in ipairs(ALL) do
+    if (i - 1) % NTHREADS == id then table.insert(mine, item) end
+  end
+end
+"""
+
+
+def _lua(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def script(scenario: str, threads: int, credentials: list[Credential], keys, phase: str) -> str:
+    head = f"EXPECTED = {EXPECTED[scenario]}\nNTHREADS = {threads}\n" + LUA_COMMON
+    if scenario == "hello":
+        return head + 'wrk.method = "GET"\nwrk.path = "/"\n'
+    if scenario == "preferences-get":
+        items = ",\n".join(_lua(c.cookie) for c in credentials)
+        return (
+            head
+            + f"ALL = {{\n{items}\n}}\n"
+            + LUA_PER_THREAD
+            + r"""
+request = function()
+  counter = counter + 1
+  return wrk.format("GET", "/preferences", {["Cookie"] = mine[(counter % #mine) + 1]})
+end
+"""
+        )
+    if scenario == "preferences-post":
+        items = ",\n".join(
+            f"{{cookie = {_lua(c.cookie)}, a = {_lua(c.form_a)}, b = {_lua(c.form_b)}, n = 0}}"
+            for c in credentials
+        )
+        return (
+            head
+            + f"ALL = {{\n{items}\n}}\n"
+            + LUA_PER_THREAD
+            + r"""
+request = function()
+  counter = counter + 1
+  local c = mine[(counter % #mine) + 1]
+  c.n = c.n + 1
+  local body = (c.n % 2 == 1) and c.b or c.a
+  return wrk.format("POST", "/preferences", {
+    ["Cookie"] = c.cookie,
+    ["Content-Type"] = "application/x-www-form-urlencoded"}, body)
+end
+"""
+        )
+    items = ",\n".join(f"{{p = {_lua(p)}, a = {_lua(a)}}}" for p, a in keys)
+    # An FCM-sized endpoint, unique per run, phase, thread and request.
+    padding = secrets.token_urlsafe(96)
+    return (
+        head
+        + f"ALL = {{\n{items}\n}}\nPREFIX = {_lua(f'https://fcm.googleapis.com/fcm/send/{phase}-{padding}')}\n"
+        + LUA_PER_THREAD
+        + r"""
+request = function()
+  counter = counter + 1
+  local k = mine[(counter % #mine) + 1]
+  local body = string.format(
+    '{"subscription": {"endpoint": "%s-%d-%d", "expirationTime": null, '
+    .. '"keys": {"p256dh": "%s", "auth": "%s"}}}', PREFIX, id, counter, k.p, k.a)
+  return wrk.format("POST", "/api/push/subscribe", {["Content-Type"] = "application/json"}, body)
+end
+"""
+    )
+
+
+def run_wrk(
+    base: str, lua: str, *, scenario: str, connections: int, seconds: int, threads: int
+) -> Result:
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as handle:
+        handle.write(lua)
+    try:
+        out = subprocess.run(
+            [
+                "wrk",
+                f"-t{threads}",
+                f"-c{connections}",
+                f"-d{seconds}s",
+                "--timeout",
+                "30s",
+                "-s",
+                handle.name,
+                base,
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    finally:
+        Path(handle.name).unlink()
+    line = next((x for x in out.splitlines() if x.startswith("WRKJSON ")), None)
+    if line is None:
+        raise SystemExit(f"wrk gave no summary:\n{out}")
+    data = json.loads(line.removeprefix("WRKJSON "))
+    return Result(
+        scenario,
+        data["requests"],
+        data["duration_us"] / 1e6,
+        data["p50_us"] / 1000,
+        data["p99_us"] / 1000,
+        data["mean_us"] / 1000,
+        data["socket_errors"],
+        data["unexpected"],
+    )
+
+
+# ---------------------------------------------------------------------------- report
+
+
+def table(results: list[Result], hello: Result | None) -> str:
+    lines = [
+        "| scenario | requests | req/s | p50 ms | p99 ms | errors | vs hello-world | target |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in results:
+        ratio = f"{r.rps / hello.rps:.0%}" if hello and r is not hello and hello.rps else ""
+        target = f"≥ {TARGET:.0%}" if r.scenario.startswith("preferences") else ""
+        lines.append(
+            f"| {r.scenario} | {r.requests:,} | {r.rps:,.1f} | {r.p50_ms:.1f} | {r.p99_ms:.1f} "
+            f"| {r.errors} | {ratio} | {target} |"
+        )
+    return "\n".join(lines)
+
+
+def figures(results: list[Result], hello: Result | None) -> list[Figure]:
+    found = []
+    for r in results:
+        ratio = r.rps / hello.rps if hello and hello.rps and r is not hello else None
+        has_target = r.scenario.startswith("preferences") and ratio is not None
+        found.append(
+            Figure(
+                f"{r.scenario} ({r.p50_ms:.0f} ms p50, {r.p99_ms:.0f} ms p99, {r.errors} errors)",
+                round(r.rps, 1),
+                "req/s",
+                None if r is hello or hello is None else round(hello.rps, 1),
+                "" if r is hello or hello is None else "Flask hello-world, same gunicorn",
+                None if ratio is None else round(ratio, 3),
+                f"≥ {TARGET:g}× ({TARGET:.0%} of hello-world)" if has_target else "",
+                (ratio >= TARGET and r.errors == 0) if has_target and ratio is not None else None,
+            )
+        )
+    return found
+
+
+# ---------------------------------------------------------------------------- main
+
+
+def main() -> int:
+    cpus = os.cpu_count() or 1
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--admin-url", default=ADMIN_URL)
+    parser.add_argument("--connections", type=int, default=50)
+    parser.add_argument("--duration", type=int, default=60, help="seconds per scenario")
+    parser.add_argument("--warmup", type=int, default=5, help="uncounted seconds first")
+    parser.add_argument("--workers", type=int, default=2 * cpus, help="gunicorn workers")
+    parser.add_argument("--threads", type=int, default=4, help="threads per gunicorn worker")
+    parser.add_argument("--wrk-threads", type=int, default=min(2, cpus))
+    parser.add_argument("--subscribers", type=int, default=100_000)
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS))
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="extra environment for the portal's gunicorn (repeatable), e.g. rate limits",
+    )
+    parser.add_argument("--keep", action="store_true", help="leave the database in place")
+    add_arguments(parser)
+    args = parser.parse_args()
+    if args.quick:
+        args.connections = min(args.connections, 10)
+        args.duration, args.warmup = min(args.duration, 5), 1
+        args.subscribers = min(args.subscribers, 5_000)
+    if shutil.which("wrk") is None:
+        raise SystemExit("bench/pages.py needs wrk: apt-get install wrk (Debian/Ubuntu)")
+    extra = {}
+    for item in args.env:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise SystemExit(f"--env takes NAME=VALUE, not {item!r}")
+        extra[name] = value
+    scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
+    unknown = set(scenarios) - set(SCENARIOS)
+    if unknown:
+        raise SystemExit(f"unknown scenarios {sorted(unknown)}; choose from {SCENARIOS}")
+    pool = max(2 * args.connections, 2 * args.wrk_threads)
+
+    load_before = os.getloadavg()
+    name = f"bench_pages_{uuid.uuid4().hex[:10]}"
+    pg_url, sa_url = database_urls(args.admin_url, name)
+    create_database(args.admin_url, name)
+    results: list[Result] = []
+    try:
+        populate(sa_url, args.subscribers)
+        with psycopg.connect(pg_url) as conn:
+            version = conn.execute("SHOW server_version").fetchone()[0].split()[0]
+        with tempfile.TemporaryDirectory(prefix="bench-pages-") as folder:
+            log = Path(folder) / "gunicorn.log"
+            environ = portal_environ(sa_url, Path(folder) / "instance") | extra
+            signer = Flask("bench")
+            signer.config["SECRET_KEY"] = environ["SECRET_KEY"]
+            portal_scenarios = [s for s in scenarios if s != "hello"]
+            if portal_scenarios:
+                with gunicorn(
+                    "app:app",
+                    environ,
+                    workers=args.workers,
+                    threads=args.threads,
+                    health="/healthz",
+                    log=log,
+                ) as base:
+                    print(f"making {pool} subscribers' credentials ...", flush=True)
+                    creds = [
+                        credential(base, preference_link_token(s, signer))
+                        for s in subscriber_ids(pg_url, pool)
+                    ]
+                    keys = browser_keys(64)
+                    for scenario in portal_scenarios:
+                        results.append(measure(base, scenario, args, creds, keys))
+            if "hello" in scenarios:
+                with gunicorn(
+                    "bench.hello:app",
+                    {},
+                    workers=args.workers,
+                    threads=args.threads,
+                    health="/",
+                    log=log,
+                ) as base:
+                    results.insert(0, measure(base, "hello", args, [], []))
+            problems = log.read_text(errors="replace") if log.exists() else ""
+    finally:
+        if not args.keep:
+            drop_database(args.admin_url, name)
+    load_after = os.getloadavg()
+
+    hello = next((r for r in results if r.scenario == "hello"), None)
+    print()
+    print(table(results, hello))
+    tracebacks = problems.count("Traceback")
+    setup = (
+        f"gunicorn `-c gunicorn.conf.py` (gthread), {args.workers} workers × {args.threads} "
+        f"threads, for the portal (production mode, scheduler off) and the hello-world alike; "
+        f"wrk {args.wrk_threads} threads, {args.connections} keep-alive connections, "
+        f"{args.duration} s per scenario after {args.warmup} s of warm-up; PostgreSQL "
+        f"{version}, {args.subscribers:,} subscribers ({len(TOPICS)} topics, "
+        f"bench/audience.py's data); {pool} subscribers' credentials. {cpus} CPUs shared by "
+        f"wrk, gunicorn and PostgreSQL; load average {load_before[0]:.1f} before, "
+        f"{load_after[0]:.1f} after."
+    )
+    if extra:
+        setup += " Extra environment: " + ", ".join(f"`{k}={v}`" for k, v in extra.items()) + "."
+    details = "\n\n".join(
+        [
+            "> The preference centre under gunicorn serves at least 40% of the requests per "
+            "second of a Flask hello-world under the same server. (SPEC §6)",
+            setup,
+            table(results, hello),
+            "errors: socket errors and timeouts (30 s) plus answers other than the expected "
+            "status (200; 303 for the form; 201 for a new subscription). "
+            f"Tracebacks in gunicorn's error log: {tracebacks}. The load generator runs on "
+            "the same CPUs as the servers: it takes a share of them from both sides, most "
+            "noticeably from the hello-world, whose requests cost the least.",
+        ]
+    )
+    print()
+    print(details)
+    write(
+        args.json,
+        benchmark="pages",
+        title="Pages (preference centre under gunicorn)",
+        figures=figures(results, hello),
+        details_markdown=details,
+    )
+    return 0
+
+
+def measure(
+    base: str, scenario: str, args: argparse.Namespace, creds: list[Credential], keys
+) -> Result:
+    if args.warmup:
+        run_wrk(
+            base,
+            script(scenario, args.wrk_threads, creds, keys, "warm"),
+            scenario=scenario,
+            connections=args.connections,
+            seconds=args.warmup,
+            threads=args.wrk_threads,
+        )
+    result = run_wrk(
+        base,
+        script(scenario, args.wrk_threads, creds, keys, "measured"),
+        scenario=scenario,
+        connections=args.connections,
+        seconds=args.duration,
+        threads=args.wrk_threads,
+    )
+    print(
+        f"  {scenario:<17} {result.rps:9,.1f} req/s  p50 {result.p50_ms:7.1f} ms  "
+        f"p99 {result.p99_ms:7.1f} ms  errors {result.errors}  load {os.getloadavg()[0]:.1f}",
+        flush=True,
+    )
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())
