@@ -445,18 +445,20 @@ class Dispatcher:
                     report.skipped += 1
                 transient: defaultdict[str, int] = defaultdict(int)
                 seen: defaultdict[str, int] = defaultdict(int)
+                accepted = _AcceptedRun(now)
                 for item, response in answered:
                     seen[item.push_service] += 1
                     report.by_service[item.push_service][
                         str(response.status or response.error)
                     ] += 1
                     outcome = self._apply_one(
-                        session, item, subs[item.subscription_id], response, now, report
+                        session, item, subs[item.subscription_id], response, now, report, accepted
                     )
                     if outcome == Outcome.REVOKED:
                         pruned.append(item)
                     elif outcome == Outcome.RETRY:
                         transient[item.push_service] += 1
+                accepted.flush(session)
                 for service, count in transient.items():
                     ratio = count / seen[service]
                     if count >= self.settings.circuit_min and ratio >= self.settings.circuit_ratio:
@@ -484,8 +486,13 @@ class Dispatcher:
         response: PushResponse,
         now: dt.datetime,
         report: TickReport,
+        accepted: _AcceptedRun,
     ) -> Outcome:
-        """One answer: the delivery's new status and the subscription's lifecycle."""
+        """One answer: the delivery's new status and the subscription's lifecycle.
+
+        An acceptance joins ``accepted``, written together with the acceptances next to
+        it; any other answer first writes those, so the writes keep the answers' order.
+        """
         step = apply_answer(
             Lifecycle(
                 SubscriptionState(sub.state),
@@ -495,32 +502,18 @@ class Dispatcher:
             response.answer(PushService(item.push_service)),
             failures_before_stale=self.failures_before_stale,
         )
+        if step.outcome == Outcome.ACCEPTED:
+            accepted.add(session, item, response.status)
+            report.accepted += 1
+            return step.outcome
+        accepted.flush(session)
         delivery: dict[str, Any] = {
             "last_status_code": response.status,
             "lease_expires_at": None,
             "updated_at": now,
         }
         subscription = _s.c.id == item.subscription_id
-        if step.outcome == Outcome.ACCEPTED:
-            delivery |= {"status": DeliveryStatus.ACCEPTED.value, "reason": None}
-            report.accepted += 1
-            session.execute(
-                sa.update(_s)
-                .where(subscription)
-                .values(
-                    state=sa.case(
-                        (_s.c.state.in_(["revoked", "expired"]), _s.c.state),
-                        else_=sa.cast(
-                            sa.literal(SubscriptionState.ACTIVE.value), subscription_state_type
-                        ),
-                    ),
-                    last_success_at=now,
-                    consecutive_failures=0,
-                    stale_at=None,
-                    last_status_code=response.status,
-                )
-            )
-        elif step.outcome == Outcome.REVOKED:
+        if step.outcome == Outcome.REVOKED:
             delivery |= {"status": DeliveryStatus.REVOKED.value, "reason": "gone"}
             report.revoked += 1
             self._revoke(session, item, sub, now)
@@ -593,6 +586,58 @@ class Dispatcher:
         else:
             existing.open_until, existing.reason, existing.opened_at = until, reason, now
         log.warning("push service %s slowed down until %s: %s", service, until.isoformat(), reason)
+
+
+@dataclass
+class _AcceptedRun:
+    """Consecutive acceptances with one status code, written in two statements: two
+    statements per delivery were most of the engine's time (docs/BENCHMARKS.md)."""
+
+    now: dt.datetime
+    status: int | None = None
+    deliveries: list[int] = field(default_factory=list)
+    subscriptions: list[uuid.UUID] = field(default_factory=list)
+
+    def add(self, session: Session, item: _Claimed, status: int | None) -> None:
+        if self.deliveries and status != self.status:
+            self.flush(session)
+        self.status = status
+        self.deliveries.append(item.delivery_id)
+        self.subscriptions.append(item.subscription_id)
+
+    def flush(self, session: Session) -> None:
+        if not self.deliveries:
+            return
+        session.execute(
+            sa.update(_s)
+            # A subscription can be in two campaigns of one batch: each id once.
+            .where(_s.c.id.in_(sorted(set(self.subscriptions))))
+            .values(
+                state=sa.case(
+                    (_s.c.state.in_(["revoked", "expired"]), _s.c.state),
+                    else_=sa.cast(
+                        sa.literal(SubscriptionState.ACTIVE.value), subscription_state_type
+                    ),
+                ),
+                last_success_at=self.now,
+                consecutive_failures=0,
+                stale_at=None,
+                last_status_code=self.status,
+            )
+        )
+        session.execute(
+            sa.update(_d)
+            .where(_d.c.id.in_(self.deliveries))
+            .values(
+                status=DeliveryStatus.ACCEPTED.value,
+                reason=None,
+                last_status_code=self.status,
+                lease_expires_at=None,
+                updated_at=self.now,
+            )
+        )
+        self.deliveries.clear()
+        self.subscriptions.clear()
 
 
 def _skip_reason(sub: Any) -> str:

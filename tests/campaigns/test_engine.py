@@ -371,3 +371,44 @@ def test_a_batch_sent_for_longer_than_its_lease_is_not_taken_by_another_process(
     for sub in subs:
         assert len(fake_push.received(sub)) == 1
     assert {d["status"] for d in _rows(push_app, Delivery)} == {"accepted"}
+
+
+def test_one_batch_of_mixed_answers_records_each_answer(
+    push_app, dispatcher, fake_push, clock, engine
+):
+    subs = [_subscribe(push_app, fake_push, topics=["weekly-digest"]) for _ in range(6)]
+    with engine.begin() as conn:  # two failures behind it: an acceptance clears them
+        conn.execute(
+            sa.text("UPDATE push_subscription SET consecutive_failures = 2 WHERE endpoint = :e"),
+            {"e": subs[1].endpoint},
+        )
+    fake_push.script(subs[2], Answer(200))
+    fake_push.script(subs[3], 410)
+    fake_push.script(subs[5], 404)
+    _launch(push_app, clock)
+
+    report = dispatcher.tick()  # one claim: the batch holds all six
+
+    assert (report.claimed, report.accepted, report.revoked, report.failed) == (6, 4, 1, 1)
+    by_id = {r["id"]: r for r in _rows(push_app, PushSubscription)}
+    deliveries = {by_id[d["subscription_id"]]["endpoint"]: d for d in _rows(push_app, Delivery)}
+    expected = [
+        ("accepted", 201, "active", 0, True),
+        ("accepted", 201, "active", 0, True),
+        ("accepted", 200, "active", 0, True),
+        ("revoked", 410, "revoked", 0, False),
+        ("accepted", 201, "active", 0, True),
+        ("failed", 404, "pending", 1, False),
+    ]
+    for sub, (status, code, state, failures, succeeded) in zip(subs, expected, strict=True):
+        delivery = deliveries[sub.endpoint]
+        row = next(r for r in by_id.values() if r["endpoint"] == sub.endpoint)
+        assert (delivery["status"], delivery["last_status_code"]) == (status, code)
+        assert delivery["lease_expires_at"] is None
+        assert (row["state"], row["last_status_code"], row["consecutive_failures"]) == (
+            state,
+            code,
+            failures,
+        )
+        assert (row["last_success_at"] == clock.now()) is succeeded
+    assert {len(fake_push.received(sub)) for sub in subs} == {1}

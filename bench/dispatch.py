@@ -1,0 +1,836 @@
+"""Dispatch benchmark (SPEC §6): a launched campaign sent end to end, against pywebpush.
+
+    .venv/bin/python bench/dispatch.py                       # 20,000 recipients, memory 100k + 1M
+    .venv/bin/python bench/dispatch.py --quick               # a smoke run: 2,000 and 20,000
+    .venv/bin/python bench/dispatch.py --json results.json   # also machine-readable results
+
+Run by hand, never by the test suite. Every way sends to the same recipients on the fake
+push service (tests/fakepush.py) in a child process, over HTTPS on loopback with a
+throwaway CA; the service verifies every VAPID header and decrypts every body with the
+recipient's private key, so a message a browser could not read is not counted.
+
+Throughput, in one run on one machine (ratios hold; absolute rates drift with the load):
+
+  (a)  pywebpush.webpush() per recipient with its defaults: a new TLS connection and a
+       new VAPID signature every time. Slow, so by default it sends to a sample of
+       --baseline-sample recipients and its rate is extrapolated to the audience.
+  (b)  pywebpush.webpush(..., requests_session=session) per recipient: one shared
+       requests.Session (connections reused), a VAPID signature per message as
+       webpush() makes one.
+  (b') pywebpush.WebPusher(...).send(..., requests_session=session) per recipient, with
+       the VAPID header signed once and reused: the kindest way to run pywebpush. The
+       faster of (b) and (b') is the baseline the target is checked against.
+  (c)  the portal's engine end to end: a fresh PostgreSQL database (created, migrated
+       with the project's migrations, subscriptions inserted set-based), a campaign
+       launched through portal.campaigns.services.create_campaign, then the "dispatch"
+       job (portal.jobs.run_job → dispatcher_for(app).tick()) run until every delivery
+       is accepted. Timed from launch to the last acceptance: materialisation, consent
+       re-check, encryption, sending and recording every answer.
+
+requests, and so pywebpush, takes its CA from REQUESTS_CA_BUNDLE before anything else
+(a Session's verify= included), and webpush() has no other way in: this script sets
+REQUESTS_CA_BUNDLE to the fake service's CA for the pywebpush ways. The engine trusts
+only what its settings say (PUSH_CA_BUNDLE, given the same CA file).
+
+Memory: for each of --memory-sizes (audience sizes) a child process launches a campaign
+to that many recipients in a second fresh database and runs the dispatch job until the
+campaign completes (or --memory-seconds runs out, which the output then says), with the
+fake service not decrypting (it still checks every request). The child reports its
+resident memory before the campaign and its peak (VmHWM) at the end: flat means the peak
+does not follow the audience size.
+
+Both databases are created on the server behind --admin-url and dropped at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import psycopg  # noqa: E402
+import requests  # noqa: E402
+import sqlalchemy as sa  # noqa: E402
+from pywebpush import Vapid, WebPusher, webpush  # noqa: E402
+from sqlalchemy.engine import URL, make_url  # noqa: E402
+
+from portal import create_app  # noqa: E402
+from portal.campaigns.models import Campaign, Delivery  # noqa: E402
+from portal.campaigns.services import CampaignDraft, create_campaign, payload  # noqa: E402
+from portal.config import Settings, generate_vapid_keys, normalise_database_url  # noqa: E402
+from portal.db import create_engine, db  # noqa: E402
+from portal.jobs import run_job  # noqa: E402
+from portal.migrate import upgrade  # noqa: E402
+from portal.subscriptions.sealing import KeyRing  # noqa: E402
+from tests.factories import BrowserSubscription, SubscriptionFactory  # noqa: E402
+from tests.fakepush import FakePushProcess, token_of  # noqa: E402
+
+DEFAULT_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/test"
+DEFAULT_DATABASE = "portal_bench_dispatch"
+SUBJECT = "mailto:bench@example.test"
+TARGET_VS_SESSION = 5.0
+TARGET_VS_WEBPUSH = 50.0
+TARGET_PEAK_MB = 300.0
+FLAT_SLACK_MB = 16.0
+KEY_POOL = 1000  # distinct browser keys shared round-robin by the memory runs' recipients
+CHUNK = 100_000
+DRAFT = CampaignDraft(
+    topic="security-alerts",
+    title="New sign-in to your account",
+    body="Someone signed in from a new device. If that was not you, change your password.",
+    url="/account/security",
+)
+TTL = DRAFT.ttl
+
+# Keys the subscriptions are made from: one row per distinct browser key pair.
+KEYS_TABLE = """
+CREATE SCHEMA IF NOT EXISTS bench;
+CREATE TABLE bench.keys (k integer PRIMARY KEY, token text, p256dh text NOT NULL,
+                         auth_sealed bytea NOT NULL)
+"""
+
+# Subscriber i and its one active subscription, made from key row (i - 1) % keys; the
+# endpoint is the key row's token on the fake service, or a token of its own when the
+# keys are shared. Version 7 layout UUIDs in insertion order, as the portal makes them.
+SUBSCRIBERS = """
+INSERT INTO subscriber (id, region_code, locale, created_at)
+SELECT (lpad(to_hex(:ms + i), 12, '0') || '7' || substr(md5('s' || i), 1, 3) || '8'
+        || substr(md5('s' || i), 4, 15))::uuid, 'US', 'en-US', :now
+FROM generate_series(CAST(:lo AS bigint), CAST(:hi AS bigint)) AS i
+"""
+SUBSCRIPTIONS = """
+INSERT INTO push_subscription (
+    id, endpoint, endpoint_hash, push_service, p256dh, auth_sealed, auth_key_version,
+    subscriber_id, origin, state, created_at, last_seen_at, grant_event_seq)
+SELECT (lpad(to_hex(:ms + i), 12, '0') || '7' || substr(md5('p' || i), 1, 3) || '8'
+        || substr(md5('p' || i), 4, 15))::uuid,
+       endpoint, sha256(convert_to(endpoint, 'UTF8')), 'other', p256dh, auth_sealed, 1,
+       (lpad(to_hex(:ms + i), 12, '0') || '7' || substr(md5('s' || i), 1, 3) || '8'
+        || substr(md5('s' || i), 4, 15))::uuid,
+       'https://shop.example.com', 'active', :now, :now, i
+FROM (SELECT i, k.p256dh, k.auth_sealed,
+             :base || coalesce(k.token, 'r' || i || '-' || md5('e' || i)) AS endpoint
+      FROM generate_series(CAST(:lo AS bigint), CAST(:hi AS bigint)) AS i
+      JOIN bench.keys AS k ON k.k = (i - 1) % :keys) AS g
+"""
+# Explicit opt-ins of the first :n subscribers to a marketing topic (opt_out by default).
+OPT_INS = """
+INSERT INTO topic_preference (subscriber_id, topic_id, state, source, policy_version,
+                              decided_at, recorded_at, event_seq)
+SELECT (lpad(to_hex(:ms + i), 12, '0') || '7' || substr(md5('s' || i), 1, 3) || '8'
+        || substr(md5('s' || i), 4, 15))::uuid,
+       :topic_id, 'opt_in', 'preference-centre', 'v1', :now, :now, :seq_base + i
+FROM generate_series(1, CAST(:n AS bigint)) AS i
+"""
+
+
+# -- databases -------------------------------------------------------------------------
+
+
+def database_urls(admin_url: str, name: str) -> tuple[str, str]:
+    """(libpq URL, SQLAlchemy URL for the portal) of database ``name``."""
+    url: URL = make_url(admin_url).set(database=name)
+    plain = url.set(drivername="postgresql").render_as_string(hide_password=False)
+    return plain, normalise_database_url(plain)
+
+
+def drop_database(admin_url: str, name: str) -> None:
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def create_database(admin_url: str, name: str) -> None:
+    drop_database(admin_url, name)
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+
+
+def check_no_event_fk(conn: sa.Connection) -> None:
+    """grant_event_seq and event_seq hold synthetic numbers: acceptable only while no
+    foreign key makes them point at a real consent_event."""
+    found = conn.execute(
+        sa.text(
+            "SELECT conname FROM pg_constraint WHERE contype = 'f' "
+            "AND confrelid = 'consent_event'::regclass"
+        )
+    ).all()
+    if found:
+        raise SystemExit(f"consent_event is now referenced by {[r[0] for r in found]}")
+
+
+def populate(
+    sa_url: str,
+    *,
+    n: int,
+    keys: list[tuple[str | None, str, bytes]],
+    endpoint_base: str,
+    opt_in_topics: list[int],
+) -> None:
+    """Migrate, then insert n subscribers with one active subscription each (keys
+    (token, p256dh, sealed auth) used round-robin), the transactional topic the throughput
+    campaign goes to (opt_in by default: everyone), and a marketing topic per size in
+    ``opt_in_topics`` with explicit opt-ins of that many subscribers."""
+    engine = create_engine(sa_url, poolclass=sa.pool.NullPool)
+    started = time.perf_counter()
+    upgrade(engine)
+    now = dt.datetime.now(dt.UTC)
+    ms = int(now.timestamp() * 1000) - 10 * n
+    with engine.connect() as conn:
+        check_no_event_fk(conn)
+        conn.execute(sa.text("SET synchronous_commit = off"))  # a throwaway database
+        conn.execute(sa.text(KEYS_TABLE))
+        raw = conn.connection.driver_connection
+        with raw.cursor().copy("COPY bench.keys (k, token, p256dh, auth_sealed) FROM STDIN") as cp:
+            for k, (token, p256dh, sealed) in enumerate(keys):
+                cp.write_row((k, token, p256dh, sealed))
+        conn.execute(
+            sa.text(
+                "INSERT INTO policy_version (version, published_at, text, text_sha256) "
+                "VALUES ('v1', :now, 'We send what you choose.', "
+                "encode(sha256('We send what you choose.'), 'hex'))"
+            ),
+            {"now": now},
+        )
+        topics = [(DRAFT.topic, True, "opt_in")] + [
+            (f"offers-{size}", False, "opt_out") for size in opt_in_topics
+        ]
+        for position, (slug, transactional, default) in enumerate(topics):
+            conn.execute(
+                sa.text(
+                    "INSERT INTO topic (slug, category, label, description, is_transactional, "
+                    "default_state, position, created_at) VALUES (:slug, 'Bench', :slug, "
+                    "'Benchmark topic.', :tx, :default, :pos, :now)"
+                ),
+                {"slug": slug, "tx": transactional, "default": default, "pos": position,
+                 "now": now},
+            )  # fmt: skip
+        conn.commit()
+        for lo in range(1, n + 1, CHUNK):
+            hi = min(lo + CHUNK - 1, n)
+            common = {"lo": lo, "hi": hi, "ms": ms, "now": now}
+            conn.execute(sa.text(SUBSCRIBERS), common)
+            conn.execute(
+                sa.text(SUBSCRIPTIONS), {**common, "base": endpoint_base, "keys": len(keys)}
+            )
+            conn.commit()
+            if n > CHUNK:
+                print(f"  {hi:>10,} / {n:,} subscriptions", flush=True)
+        ids = dict(conn.execute(sa.text("SELECT slug, id FROM topic")).all())
+        for k, size in enumerate(opt_in_topics, start=1):
+            conn.execute(
+                sa.text(OPT_INS),
+                {"ms": ms, "now": now, "n": size, "topic_id": ids[f"offers-{size}"],
+                 "seq_base": 10 * k * n},
+            )  # fmt: skip
+            conn.commit()
+        conn.execute(sa.text("DROP SCHEMA bench CASCADE"))
+        conn.commit()
+        conn.execution_options(isolation_level="AUTOCOMMIT").execute(sa.text("VACUUM ANALYZE"))
+    engine.dispose()
+    print(f"  populated {n:,} subscriptions in {time.perf_counter() - started:.1f}s", flush=True)
+
+
+# -- measuring -------------------------------------------------------------------------
+
+
+def _process_cpu(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _status_kb(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def load() -> float:
+    return os.getloadavg()[0]
+
+
+@dataclass
+class Way:
+    key: str
+    name: str
+    messages: int
+    seconds: float
+    sender_cpu: float
+    service_cpu: float
+    load: float
+    audience: int
+
+    @property
+    def rate(self) -> float:
+        return self.messages / self.seconds
+
+    @property
+    def sampled(self) -> bool:
+        return self.messages < self.audience
+
+
+def measure(
+    key: str, name: str, service: FakePushProcess, count: int, audience: int, run: Callable[[], int]
+) -> Way:
+    before = service.stats()
+    sender0, service0 = time.process_time(), _process_cpu(service.pid)
+    started = time.perf_counter()
+    answered = run()
+    seconds = time.perf_counter() - started
+    sender = time.process_time() - sender0
+    served = _process_cpu(service.pid) - service0
+    after = service.stats()
+    accepted = after["accepted"] - before["accepted"]
+    decrypted = after["decrypted"] - before["decrypted"]
+    if answered != count or accepted != count or decrypted != count:
+        raise SystemExit(
+            f"{name}: {answered} answered 201, the service accepted {accepted} and decrypted "
+            f"{decrypted}, of {count}"
+        )
+    way = Way(key, name, count, seconds, sender, served, load(), audience)
+    print(
+        f"  {name:<52} {count:>7,} msgs {seconds:7.2f}s {way.rate:8.0f} msg/s  load {way.load:.1f}",
+        flush=True,
+    )
+    return way
+
+
+def way_a(infos: list[dict[str, Any]], text: str, private_key: str) -> int:
+    ok = 0
+    for info in infos:
+        response = webpush(
+            info, data=text, vapid_private_key=private_key, vapid_claims={"sub": SUBJECT},
+            ttl=TTL, timeout=10,
+        )  # fmt: skip
+        ok += response.status_code == 201  # type: ignore[union-attr]
+    return ok
+
+
+def way_b(infos: list[dict[str, Any]], text: str, private_key: str) -> int:
+    vapid = Vapid.from_string(private_key)
+    ok = 0
+    with requests.Session() as session:
+        for info in infos:
+            response = webpush(
+                info, data=text, vapid_private_key=vapid, vapid_claims={"sub": SUBJECT},
+                ttl=TTL, timeout=10, requests_session=session,
+            )  # fmt: skip
+            ok += response.status_code == 201  # type: ignore[union-attr]
+    return ok
+
+
+def way_b_kind(infos: list[dict[str, Any]], text: str, private_key: str, origin: str) -> int:
+    headers = Vapid.from_string(private_key).sign(
+        {"sub": SUBJECT, "aud": origin, "exp": int(time.time()) + 12 * 3600}
+    )
+    ok = 0
+    with requests.Session() as session:
+        for info in infos:
+            response = WebPusher(info, requests_session=session).send(
+                text, dict(headers), ttl=TTL, timeout=10
+            )
+            ok += response.status_code == 201  # type: ignore[union-attr]
+    return ok
+
+
+def portal_settings(
+    sa_url: str, instance: str, *, ca_bundle: str, origin: str, keys: KeyRing, auth_key: bytes
+) -> Settings:
+    private, public = generate_vapid_keys()
+    return Settings(
+        env="development",
+        instance_path=instance,
+        database_url=sa_url,
+        secret_key=os.urandom(24).hex(),
+        vapid_private_key=private,
+        vapid_public_key=public,
+        vapid_subject=SUBJECT,
+        auth_keys={1: auth_key},
+        auth_key_version=keys.current_version,
+        push_allowed_hosts=(urlsplit(origin).netloc,),
+        push_ca_bundle=ca_bundle,
+        scheduler=False,
+        auto_migrate=False,
+    )
+
+
+@dataclass
+class CampaignRun:
+    campaign_id: uuid.UUID
+    seconds: float
+    deliveries: dict[str, int]
+    status: str
+    ticks: int
+    materialised: int
+    complete: bool
+
+
+def run_campaign(app: Any, topic: str, *, deadline: float | None = None) -> CampaignRun:
+    """Launch a campaign to ``topic`` and run the dispatch job until it completes."""
+    clock = app.extensions["portal"].clock
+    with db.begin(app) as session:
+        campaign = create_campaign(
+            session, CampaignDraft(**{**DRAFT.__dict__, "topic": topic}),
+            created_by="bench@example.test", now=clock.now(),
+        )  # fmt: skip
+        campaign_id = campaign.id
+    # The job stops between batches when the process is asked to stop: how a time limit
+    # ends a campaign part-way.
+    stop = threading.Event()
+    app.extensions["portal.stop"] = stop
+    timer = None
+    started = time.perf_counter()
+    if deadline is not None:
+        timer = threading.Timer(max(deadline - started, 0.0), stop.set)
+        timer.start()
+    ticks = 0
+    status = "scheduled"
+    while True:
+        run_job(app, "dispatch")
+        ticks += 1
+        with db.begin(app) as session:
+            status = session.scalars(
+                sa.select(Campaign.status).where(Campaign.id == campaign_id)
+            ).one()
+        if status not in ("sending", "scheduled") or stop.is_set():
+            break
+    seconds = time.perf_counter() - started
+    if timer is not None:
+        timer.cancel()
+    d = Delivery.__table__
+    with db.begin(app) as session:
+        counts = dict(
+            session.execute(
+                sa.select(d.c.status, sa.func.count())
+                .where(d.c.campaign_id == campaign_id)
+                .group_by(d.c.status)
+            ).all()
+        )
+        materialised = session.scalars(
+            sa.select(Campaign.materialised_at).where(Campaign.id == campaign_id)
+        ).one()
+    return CampaignRun(
+        campaign_id, seconds, counts, status, ticks, sum(counts.values()),
+        materialised is not None and status == "completed",
+    )  # fmt: skip
+
+
+def throughput(args: argparse.Namespace) -> tuple[list[Way], dict[str, Any]]:
+    n, sample = args.recipients, min(args.baseline_sample, args.recipients)
+    pg_url, sa_url = database_urls(args.admin_url, args.database)
+    private_key, _ = generate_vapid_keys()
+    auth_key = os.urandom(32)
+    keys = KeyRing({1: auth_key}, 1)
+    notes: dict[str, Any] = {}
+    with FakePushProcess(decrypt=True, record=False) as service:
+        print(f"fake push service {service.origin} (pid {service.pid}), decrypting", flush=True)
+        factory = SubscriptionFactory()
+        subs: list[BrowserSubscription] = [factory(base=service.endpoint_base) for _ in range(n)]
+        service.register_many(subs)
+        infos = [s.to_json() for s in subs]
+        create_database(args.admin_url, args.database)
+        try:
+            print(f"database {args.database}: migrate and populate {n:,} subscriptions")
+            populate(
+                sa_url, n=n, endpoint_base=service.endpoint_base, opt_in_topics=[],
+                keys=[(token_of(s), s.p256dh, keys.seal(s.auth).sealed) for s in subs],
+            )  # fmt: skip
+            with tempfile.TemporaryDirectory(prefix="bench-dispatch-") as instance:
+                settings = portal_settings(
+                    sa_url, instance, ca_bundle=service.ca_bundle, origin=service.origin,
+                    keys=keys, auth_key=auth_key,
+                )  # fmt: skip
+                app = create_app(settings)
+                # The same message the engine sends, for the pywebpush ways too.
+                probe = Campaign(id=uuid.uuid4(), title=DRAFT.title, body=DRAFT.body,
+                                 url=DRAFT.url, icon=None)  # fmt: skip
+                text = payload(probe, 10 * n).decode()
+                notes["payload_bytes"] = len(text.encode())
+                # requests ignores a Session's verify= when REQUESTS_CA_BUNDLE is set, and
+                # webpush() takes no CA: the environment is the only way to trust the fake CA.
+                os.environ["REQUESTS_CA_BUNDLE"] = service.ca_bundle
+                print(f"{len(text)}-byte payloads; {os.cpu_count()} CPUs; load {load():.1f}")
+                ways = [
+                    measure("a", "(a) pywebpush webpush() per recipient", service, sample, n,
+                            lambda: way_a(infos[:sample], text, private_key)),
+                    measure("b", "(b) pywebpush webpush(requests_session=shared)", service,
+                            n, n, lambda: way_b(infos, text, private_key)),
+                    measure("b'", "(b') pywebpush WebPusher.send(), shared Session + VAPID",
+                            service, n, n,
+                            lambda: way_b_kind(infos, text, private_key, service.origin)),
+                ]  # fmt: skip
+                before = service.stats()
+                sender0, service0 = time.process_time(), _process_cpu(service.pid)
+                run = run_campaign(app, DRAFT.topic)
+                sender = time.process_time() - sender0
+                served = _process_cpu(service.pid) - service0
+                after = service.stats()
+                received = after["requests"] - before["requests"]
+                accepted = after["accepted"] - before["accepted"]
+                decrypted = after["decrypted"] - before["decrypted"]
+                problems = []
+                if run.status != "completed":
+                    problems.append(f"campaign is {run.status}, not completed")
+                if run.deliveries != {"accepted": n}:
+                    problems.append(f"deliveries {run.deliveries}, not {n:,} accepted")
+                if not received == accepted == decrypted == n:
+                    problems.append(
+                        f"service received {received}, accepted {accepted}, decrypted "
+                        f"{decrypted}, not {n} each"
+                    )
+                if problems:
+                    raise SystemExit("(c) engine: " + "; ".join(problems))
+                c = Way("c", "(c) portal engine: launched campaign, dispatch job", n,
+                        run.seconds, sender, served, load(), n)  # fmt: skip
+                print(
+                    f"  {c.name:<52} {n:>7,} msgs {c.seconds:7.2f}s {c.rate:8.0f} msg/s  "
+                    f"load {c.load:.1f}  ({run.ticks} dispatch job runs)",
+                    flush=True,
+                )
+                ways.append(c)
+                notes["service_totals"] = after
+                notes["verified"] = (
+                    f"(c): the service received exactly {received:,} requests for the campaign, "
+                    f"accepted and decrypted all {decrypted:,}; the campaign is completed with "
+                    f"{run.deliveries.get('accepted', 0):,} of {n:,} deliveries accepted"
+                )
+                app.extensions["portal.db"].engine.dispose()
+                dispatcher = app.extensions.get("portal.dispatcher")
+                if dispatcher is not None:
+                    dispatcher.transport.close()
+        finally:
+            drop_database(args.admin_url, args.database)
+            print(f"dropped {args.database}", flush=True)
+    del pg_url
+    return ways, notes
+
+
+# -- memory ----------------------------------------------------------------------------
+
+
+def memory_child(spec: dict[str, Any]) -> None:
+    """One campaign of ``spec['size']`` recipients in this fresh process; prints JSON."""
+    keys = KeyRing({1: bytes.fromhex(spec["auth_key"])}, 1)
+    with tempfile.TemporaryDirectory(prefix="bench-dispatch-") as instance:
+        settings = portal_settings(
+            spec["sa_url"], instance, ca_bundle=spec["ca_bundle"], origin=spec["origin"],
+            keys=keys, auth_key=bytes.fromhex(spec["auth_key"]),
+        )  # fmt: skip
+        app = create_app(settings)
+        # Warm: connect and import everything the dispatch job uses, so "before" is the
+        # process as it sits idle between campaigns.
+        run_job(app, "dispatch")
+        rss_before = _status_kb("VmRSS")
+        cpu0 = time.process_time()
+        limit = spec.get("seconds")
+        deadline = time.perf_counter() + limit if limit else None
+        run = run_campaign(app, spec["topic"], deadline=deadline)
+        cpu = time.process_time() - cpu0
+        result = {
+            "size": spec["size"],
+            "seconds": run.seconds,
+            "cpu_seconds": cpu,
+            "deliveries": run.deliveries,
+            "status": run.status,
+            "complete": run.complete,
+            "ticks": run.ticks,
+            "rss_before_kb": rss_before,
+            "rss_peak_kb": _status_kb("VmHWM"),
+        }
+        app.extensions["portal.db"].engine.dispose()
+    print(json.dumps(result))
+
+
+def memory(args: argparse.Namespace) -> list[dict[str, Any]]:
+    sizes = sorted(args.memory_sizes)
+    largest = sizes[-1]
+    pg_url, sa_url = database_urls(args.admin_url, args.database + "_memory")
+    auth_key = os.urandom(32)
+    keys = KeyRing({1: auth_key}, 1)
+    factory = SubscriptionFactory()
+    pool = [factory() for _ in range(min(KEY_POOL, largest))]
+    results = []
+    # No decryption: memory is the question here, and the service's CPU is better left to
+    # the sender. It still checks every request's headers and VAPID token.
+    with FakePushProcess(decrypt=False, record=False) as service:
+        name = args.database + "_memory"
+        create_database(args.admin_url, name)
+        try:
+            print(f"database {name}: migrate and populate {largest:,} subscriptions")
+            populate(
+                sa_url, n=largest, endpoint_base=service.endpoint_base,
+                keys=[(None, s.p256dh, keys.seal(s.auth).sealed) for s in pool],
+                opt_in_topics=sizes[:-1],
+            )  # fmt: skip
+            for size in sizes:
+                topic = DRAFT.topic if size == largest else f"offers-{size}"
+                spec = {
+                    "size": size, "topic": topic, "sa_url": sa_url,
+                    "ca_bundle": service.ca_bundle, "origin": service.origin,
+                    "auth_key": auth_key.hex(), "seconds": args.memory_seconds,
+                }  # fmt: skip
+                before = service.stats()
+                out = subprocess.run(
+                    [sys.executable, __file__, "--memory-child", json.dumps(spec)],
+                    check=True, capture_output=True, text=True,
+                )  # fmt: skip
+                result = json.loads(out.stdout.strip().splitlines()[-1])
+                after = service.stats()
+                result["service_accepted"] = after["accepted"] - before["accepted"]
+                result["load"] = load()
+                accepted = result["deliveries"].get("accepted", 0)
+                if result["complete"] and not (
+                    accepted == size == result["service_accepted"]
+                    and result["deliveries"] == {"accepted": size}
+                ):
+                    raise SystemExit(f"memory {size:,}: {result}")
+                results.append(result)
+                print(
+                    f"  {size:>10,} recipients: {accepted:,} accepted in "
+                    f"{result['seconds']:.1f}s ({accepted / result['seconds']:.0f} msg/s), "
+                    f"RSS before {result['rss_before_kb'] / 1024:.1f} MiB, peak "
+                    f"{result['rss_peak_kb'] / 1024:.1f} MiB"
+                    f"{'' if result['complete'] else ' — NOT COMPLETE (time limit)'}, "
+                    f"load {result['load']:.1f}",
+                    flush=True,
+                )
+        finally:
+            drop_database(args.admin_url, name)
+            print(f"dropped {name}", flush=True)
+    del pg_url
+    return results
+
+
+# -- report ----------------------------------------------------------------------------
+
+
+def machine() -> str:
+    mem_kb = 0
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            mem_kb = int(line.split()[1])
+    return f"{os.cpu_count()} CPUs, {mem_kb / 1024 / 1024:.0f} GiB RAM"
+
+
+def throughput_table(ways: list[Way]) -> str:
+    by = {w.key: w for w in ways}
+    c = by["c"]
+    lines = [
+        "| way | messages | seconds | msg/s | sender CPU µs/msg | service CPU µs/msg "
+        "| load | (c) × this |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for w in ways:
+        sampled = f" (sample of {w.messages:,} of {w.audience:,})" if w.sampled else ""
+        lines.append(
+            f"| {w.name}{sampled} | {w.messages:,} | {w.seconds:.2f} | {w.rate:,.0f} "
+            f"| {w.sender_cpu / w.messages * 1e6:,.0f} | {w.service_cpu / w.messages * 1e6:,.0f} "
+            f"| {w.load:.1f} | {c.rate / w.rate:.1f}× |"
+        )
+    return "\n".join(lines)
+
+
+def figures(ways: list[Way], mem: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    by = {w.key: w for w in ways}
+    c, a = by["c"], by["a"]
+    b = max(by["b"], by["b'"], key=lambda w: w.rate)
+    out = [
+        {
+            "figure": "Engine end to end vs pywebpush with a shared requests.Session",
+            "value": round(c.rate, 1), "unit": "msg/s", "baseline": round(b.rate, 1),
+            "baseline_name": b.name.split(" ", 1)[1], "ratio": round(c.rate / b.rate, 2),
+            "target": f"≥ {TARGET_VS_SESSION:.0f}×", "passed": c.rate >= TARGET_VS_SESSION * b.rate,
+        },
+        {
+            "figure": "Engine end to end vs pywebpush webpush() per recipient",
+            "value": round(c.rate, 1), "unit": "msg/s", "baseline": round(a.rate, 1),
+            "baseline_name": a.name.split(" ", 1)[1] + (" (sampled)" if a.sampled else ""),
+            "ratio": round(c.rate / a.rate, 2),
+            "target": f"≥ {TARGET_VS_WEBPUSH:.0f}×", "passed": c.rate >= TARGET_VS_WEBPUSH * a.rate,
+        },
+    ]  # fmt: skip
+    if mem:
+        small, large = mem[0], mem[-1]
+        peak = large["rss_peak_kb"] / 1024
+        growth = (large["rss_peak_kb"] - small["rss_peak_kb"]) / 1024
+        out.append({
+            "figure": f"Engine peak RSS, {large['size']:,}-recipient campaign" + (
+                "" if large["complete"] else
+                f" (its first {large['seconds']:.0f} s: "
+                f"{large['deliveries'].get('accepted', 0):,} accepted)"
+            ),
+            "value": round(peak, 1), "unit": "MiB",
+            "baseline": round(small["rss_peak_kb"] / 1024, 1),
+            "baseline_name": f"peak RSS, {small['size']:,}-recipient campaign",
+            "ratio": round(large["rss_peak_kb"] / small["rss_peak_kb"], 2),
+            "target": f"< {TARGET_PEAK_MB:.0f} MB, flat",
+            "passed": peak * 1.048576 < TARGET_PEAK_MB and growth <= FLAT_SLACK_MB,
+        })  # fmt: skip
+    return out
+
+
+def memory_table(mem: list[dict[str, Any]]) -> str:
+    lines = [
+        "| recipients | accepted | complete | seconds | msg/s | CPU s | RSS before MiB "
+        "| peak RSS MiB | load |",
+        "|---:|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for m in mem:
+        accepted = m["deliveries"].get("accepted", 0)
+        lines.append(
+            f"| {m['size']:,} | {accepted:,} | {'yes' if m['complete'] else 'NO'} "
+            f"| {m['seconds']:.1f} | {accepted / m['seconds']:,.0f} | {m['cpu_seconds']:.1f} "
+            f"| {m['rss_before_kb'] / 1024:.1f} | {m['rss_peak_kb'] / 1024:.1f} "
+            f"| {m['load']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def figures_table(figs: list[dict[str, Any]]) -> str:
+    lines = [
+        "| figure | value | baseline | ratio | target | result |",
+        "|---|---:|---:|---:|---|---|",
+    ]
+    for f in figs:
+        lines.append(
+            f"| {f['figure']} | {f['value']:,} {f['unit']} "
+            f"| {f['baseline']:,} ({f['baseline_name']}) | {f['ratio']}× | {f['target']} "
+            f"| {'pass' if f['passed'] else 'MISS'} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--recipients", type=int, default=20_000)
+    parser.add_argument(
+        "--baseline-sample", type=int, default=2_000,
+        help="recipients (a) sends to; its rate is extrapolated to --recipients",
+    )  # fmt: skip
+    parser.add_argument(
+        "--memory-sizes", default="100000,1000000",
+        help="comma-separated audience sizes for the memory runs ('' skips them)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--memory-seconds", type=float,
+        help="stop each memory run after this long (default: send the whole campaign)",
+    )  # fmt: skip
+    parser.add_argument("--admin-url", default=DEFAULT_ADMIN_URL, help="a database to connect to")
+    parser.add_argument("--database", default=DEFAULT_DATABASE, help="the database to create")
+    parser.add_argument("--json", metavar="PATH", help="write machine-readable results here")
+    parser.add_argument(
+        "--quick", action="store_true",
+        help="smoke run: 2,000 recipients (sample 500), memory at 5,000 and 20,000",
+    )  # fmt: skip
+    parser.add_argument("--memory-child", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    if args.memory_child:
+        memory_child(json.loads(args.memory_child))
+        return 0
+    if args.quick:
+        args.recipients, args.baseline_sample, args.memory_sizes = 2_000, 500, "5000,20000"
+    args.memory_sizes = [int(s) for s in args.memory_sizes.split(",") if s.strip()]
+    if args.recipients < 1 or args.baseline_sample < 1 or any(s < 1 for s in args.memory_sizes):
+        parser.error("sizes must be positive")
+
+    # Stopped from outside: still drop the databases (the finally blocks).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
+    command = shlex.join(["python", "bench/dispatch.py", *(sys.argv[1:] if argv is None else argv)])
+    started = time.perf_counter()
+    with psycopg.connect(args.admin_url) as conn:
+        version = conn.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
+    load_start = load()
+    print(f"machine: {machine()}, PostgreSQL {version}, load {load_start:.1f}", flush=True)
+    ways, notes = throughput(args)
+    mem = memory(args) if args.memory_sizes else []
+    load_end = load()
+    figs = figures(ways, mem)
+
+    a = next(w for w in ways if w.key == "a")
+    b = max((w for w in ways if w.key in ("b", "b'")), key=lambda w: w.rate)
+    parts = [
+        f"Machine: {machine()}, PostgreSQL {version}; load average (1 min) {load_start:.1f} "
+        f"at the start, {load_end:.1f} at the end.",
+        "",
+        figures_table(figs),
+        "",
+        f"Throughput, {ways[-1].messages:,} recipients, {notes['payload_bytes']}-byte "
+        "payloads, the fake service decrypting every message:",
+        "",
+        throughput_table(ways),
+        "",
+        notes["verified"] + ".",
+    ]
+    if a.sampled:
+        parts += [
+            "",
+            f"(a) sent to a sample of {a.messages:,} of the {a.audience:,} recipients; its "
+            "messages per second are extrapolated to the whole audience (it sends one at a "
+            "time, so its rate does not depend on the audience size).",
+        ]
+    parts += [
+        "",
+        f"The first target is checked against the faster of (b) and (b'), here ({b.key}).",
+    ]
+    if mem:
+        parts += [
+            "",
+            "Memory, one child process per campaign (the fake service not decrypting). "
+            "RSS before: the child's VmRSS after the app started and one dispatch run found "
+            "nothing to do; peak: its VmHWM when the campaign ended (getrusage's ru_maxrss "
+            "is not used: on Linux it keeps the parent's high-water mark across fork and exec).",
+            "",
+            memory_table(mem),
+            "",
+            f"peak RSS {mem[0]['rss_peak_kb'] / 1024:.1f} MiB for {mem[0]['size']:,} recipients, "
+            f"{mem[-1]['rss_peak_kb'] / 1024:.1f} MiB for {mem[-1]['size']:,}: "
+            + (
+                "flat"
+                if mem[-1]["rss_peak_kb"] - mem[0]["rss_peak_kb"] <= FLAT_SLACK_MB * 1024
+                else "GROWS WITH THE AUDIENCE"
+            )
+            + ".",
+        ]
+        if not all(m["complete"] for m in mem):
+            parts += [
+                "",
+                f"Time-limited (--memory-seconds {args.memory_seconds:.0f}): a campaign still "
+                "sending by then stops after its current batch; the table says how many "
+                "deliveries were accepted by then.",
+            ]
+    details = "\n".join(parts)
+    print()
+    print(details)
+    print(f"\ntotal {time.perf_counter() - started:.0f}s")
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps(
+                {"benchmark": "dispatch", "title": "Dispatch", "command": command,
+                 "figures": figs, "details_markdown": details},
+                indent=2, ensure_ascii=False,
+            ) + "\n"
+        )  # fmt: skip
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
