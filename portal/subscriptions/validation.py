@@ -137,7 +137,10 @@ def validate_endpoint(
         raise ValidationError(
             "invalid_endpoint", f"{field} has characters a push endpoint never has", field
         )
-    parts = urlsplit(text)
+    try:
+        parts = urlsplit(text)
+    except ValueError:  # e.g. "https://[::1/x": an unclosed IPv6 bracket
+        raise ValidationError("invalid_endpoint", f"{field} is not a URL", field) from None
     if parts.scheme != "https":
         raise ValidationError("insecure_endpoint", f"{field} must be an https:// URL", field)
     if "@" in parts.netloc:
