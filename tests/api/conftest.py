@@ -60,6 +60,24 @@ class World:
     policy: str
 
 
+_FUZZ_REPORT: list[str] = []
+
+
+@pytest.fixture
+def fuzz_report() -> list[str]:
+    """Lines (requests, time, statuses per fuzz test) shown at the end of the run."""
+    return _FUZZ_REPORT
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _FUZZ_REPORT:
+        terminalreporter.section("API fuzzing")
+        for line in _FUZZ_REPORT:
+            terminalreporter.write_line(line)
+        total = sum(int(line.split(": ", 1)[1].split()[0]) for line in _FUZZ_REPORT)
+        terminalreporter.write_line(f"total: {total} requests")
+
+
 @pytest.fixture
 def api_settings(database_url: str, tmp_path: Path) -> Settings:
     return make_settings(database_url, str(tmp_path / "instance"), **API_TEST_OVERRIDES)
