@@ -209,12 +209,32 @@ source = field_of(
     )
 )
 
-subscribe = body_of(
-    {"subscription": subscription},
-    {"source": source, "topics": topics, "policyVersion": policy_version},
+valid_subscription = st.fixed_dictionaries(
+    {
+        "endpoint": st.builds(lambda t: ENDPOINT_BASE + t, endpoint_token),
+        "keys": st.fixed_dictionaries(
+            {"p256dh": st.sampled_from(P256DH_KEYS), "auth": st.just(AUTH)}
+        ),
+    },
+    optional={"expirationTime": st.one_of(st.none(), st.integers(0, 32503679999999))},
+)
+subscribe = st.one_of(
+    st.fixed_dictionaries(
+        {"subscription": valid_subscription},
+        optional={"topics": st.just(["offers"]), "policyVersion": st.just("v1")},
+    ),
+    body_of(
+        {"subscription": subscription},
+        {"source": source, "topics": topics, "policyVersion": policy_version},
+    ),
 )
 heartbeat = body_of({"endpoint": field_of(endpoint)})
-change = body_of({"oldEndpoint": field_of(endpoint), "subscription": subscription})
+change = st.one_of(
+    st.fixed_dictionaries(
+        {"oldEndpoint": st.sampled_from(SEEDED), "subscription": valid_subscription}
+    ),
+    body_of({"oldEndpoint": field_of(endpoint), "subscription": subscription}),
+)
 
 
 # --- consent ----------------------------------------------------------------------------
@@ -247,14 +267,37 @@ decision = field_of(
         }
     )
 )
-preferences = body_of(
+# Now and then a request that should be accepted, so refusals also meet rows it wrote.
+valid_preferences = st.fixed_dictionaries(
     {
-        "endpoint": field_of(endpoint),
-        "decisions": st.one_of(st.lists(decision, max_size=6), junk),
-        "policyVersion": policy_version,
-        "decidedAt": decided_at,
+        "endpoint": st.sampled_from(SEEDED),
+        "decisions": st.lists(
+            st.fixed_dictionaries(
+                {
+                    "slug": st.sampled_from(TOPICS),
+                    "state": st.sampled_from(["opt_in", "opt_out", "unset"]),
+                }
+            ),
+            min_size=1,
+            max_size=4,
+            unique_by=lambda d: d["slug"],
+        ),
+        "policyVersion": st.just("v1"),
+        "decidedAt": st.sampled_from(["2025-12-31T23:59:00Z", "2026-01-01T00:05:00+01:00"]),
     },
-    {"source": source},
+    optional={"source": st.sampled_from(["api", "preference-centre", "subscribe-page"])},
+)
+preferences = st.one_of(
+    valid_preferences,
+    body_of(
+        {
+            "endpoint": field_of(endpoint),
+            "decisions": st.one_of(st.lists(decision, max_size=6), junk),
+            "policyVersion": policy_version,
+            "decidedAt": decided_at,
+        },
+        {"source": source},
+    ),
 )
 
 
