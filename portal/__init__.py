@@ -81,7 +81,7 @@ def create_app(
 
 
 def _register_blueprints(app: Flask) -> None:
-    from portal import api, cli, health, metrics, pages
+    from portal import api, cli, health, metrics, openapi, pages
     from portal.campaigns import cli as campaign_cli
     from portal.campaigns import views as _campaign_views  # noqa: F401 - its staff pages
     from portal.compliance import cli as compliance_cli
@@ -106,6 +106,7 @@ def _register_blueprints(app: Flask) -> None:
     staff_views.register(app)
     app.register_blueprint(feedback_views.bp)
     app.register_blueprint(receipts.bp)
+    app.register_blueprint(openapi.bp)
     # The JSON API is same-origin and JSON-only (checked on every request), which a
     # cross-site form cannot forge; its callers include the service worker, which has
     # no page to read a CSRF token from.

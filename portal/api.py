@@ -44,8 +44,16 @@ def check_same_origin() -> None:
     if request.headers.get("Sec-Fetch-Site") == "cross-site":
         raise ApiError("cross_origin", "cross-site requests are not accepted", status=403)
     origin = request.headers.get("Origin")
-    if origin and origin != "null" and urlsplit(origin).netloc != request.host:
+    if origin and origin != "null" and _origin_host(origin) != request.host:
         raise ApiError("cross_origin", "cross-origin requests are not accepted", status=403)
+
+
+def _origin_host(origin: str) -> str | None:
+    """The host[:port] an Origin header names; None when it is not a URL at all."""
+    try:
+        return urlsplit(origin).netloc
+    except ValueError:  # e.g. "http://[::1": an unclosed IPv6 bracket
+        return None
 
 
 def request_origin() -> str:

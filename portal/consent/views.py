@@ -299,7 +299,12 @@ def _parse_decided_at(value: object, now: dt.datetime) -> dt.datetime:
         raise ValidationError("invalid_datetime", "decidedAt must include a time zone", "decidedAt")
     if when > now + dt.timedelta(minutes=10):
         raise ValidationError("invalid_datetime", "decidedAt is in the future", "decidedAt")
-    return when.astimezone(dt.UTC)
+    try:
+        return when.astimezone(dt.UTC)
+    except OverflowError:  # "0001-01-01T00:00:00+14:00" is before year 1 in UTC
+        raise ValidationError(
+            "invalid_datetime", "decidedAt is out of range", "decidedAt"
+        ) from None
 
 
 @api.post("/preferences")

@@ -137,7 +137,10 @@ def validate_endpoint(
         raise ValidationError(
             "invalid_endpoint", f"{field} has characters a push endpoint never has", field
         )
-    parts = urlsplit(text)
+    try:
+        parts = urlsplit(text)
+    except ValueError:  # e.g. "https://[::1/x": an unclosed IPv6 bracket
+        raise ValidationError("invalid_endpoint", f"{field} is not a URL", field) from None
     if parts.scheme != "https":
         raise ValidationError("insecure_endpoint", f"{field} must be an https:// URL", field)
     if "@" in parts.netloc:
@@ -235,4 +238,18 @@ def require_string(value: object, field: str) -> str:
         raise ValidationError("invalid_type", f"{field} must be a string", field, status=400)
     if not value:
         raise ValidationError("missing_field", f"{field} must not be empty", field, status=400)
+    if "\x00" in value or not _encodable(value):
+        # JSON can carry both ("\u0000", "\ud800"); neither is text a column can hold, and
+        # an unpaired surrogate cannot even be hashed.
+        raise ValidationError(
+            "invalid_text", f"{field} has a NUL or an unpaired surrogate character", field
+        )
     return value
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -117,6 +117,13 @@ BAD = [
     ("decided-at-garbage", lambda e: _body(e, decidedAt="yesterday"), 422, "decidedAt"),
     ("decided-at-naive", lambda e: _body(e, decidedAt="2026-01-01T00:00:00"), 422, "decidedAt"),
     ("decided-at-future", lambda e: _body(e, decidedAt="2027-01-01T00:00:00Z"), 422, "decidedAt"),
+    (
+        # Before year 1 once in UTC: out of range, not a crash.
+        "decided-at-before-year-one",
+        lambda e: _body(e, decidedAt="0001-01-01T00:00:00+14:00"),
+        422,
+        "decidedAt",
+    ),
     ("bad-source", lambda e: _body(e, source="import"), 422, "source"),
 ]
 

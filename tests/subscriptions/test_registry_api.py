@@ -137,3 +137,41 @@ def test_unsubscribe(client, engine, subscriptions):
     assert missing.json["error"]["code"] == "unknown_endpoint"
     # Subscribing again later brings it back to pending (never left revoked by mistake).
     assert client.post(SUBSCRIBE, json={"subscription": sub.to_json()}).json["state"] == "pending"
+
+
+def test_text_no_column_can_hold_is_refused_as_invalid_text(client, engine, catalogue_ready):
+    """JSON may carry "\\ud800" and "\\u0000"; both are refused, naming the field, and
+    nothing is written (an unpaired surrogate cannot even be hashed)."""
+    endpoint = "https://fcm.googleapis.com/fcm/send/a"
+    cases = [
+        ("/api/push/heartbeat", {"endpoint": endpoint + "\ud800"}, "endpoint"),
+        ("/api/push/unsubscribe", {"endpoint": endpoint + "\udfff"}, "endpoint"),
+        ("/api/push/unsubscribe", {"endpoint": endpoint + "\x00"}, "endpoint"),
+        (
+            "/api/push/receipt",
+            {"deliveryId": "d", "event": "shown", "endpoint": "\ud800"},
+            "endpoint",
+        ),
+        (
+            "/api/push/preferences",
+            {
+                "endpoint": endpoint,
+                "decisions": [{"slug": "offers", "state": "opt_in"}],
+                "policyVersion": "v1\x00",
+                "decidedAt": "2025-12-31T00:00:00Z",
+            },
+            "policyVersion",
+        ),
+    ]
+    before = {
+        t: all_rows(engine, t) for t in ("push_subscription", "consent_event", "delivery_receipt")
+    }
+    for url, body, field in cases:
+        response = client.post(url, json=body)
+        assert response.status_code == 422, (url, response.json)
+        assert response.json["error"] == {
+            "code": "invalid_text",
+            "message": f"{field} has a NUL or an unpaired surrogate character",
+            "field": field,
+        }
+    assert before == {t: all_rows(engine, t) for t in before}

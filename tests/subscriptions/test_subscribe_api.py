@@ -385,6 +385,8 @@ def test_cross_site_post_is_refused(client, engine, subscriptions):
     for headers in (
         {"Origin": "https://evil.example"},
         {"Sec-Fetch-Site": "cross-site"},
+        # Not a URL at all (urlsplit refuses the unclosed bracket): refused, not a 500.
+        {"Origin": "http://[::1"},
     ):
         response = client.post(URL, data=body, content_type="application/json", headers=headers)
         assert response.status_code == 403

@@ -90,3 +90,12 @@ def test_push_service_derivation():
     assert push_service_for("wns2-by3p.notify.windows.com") == "wns"
     assert push_service_for("127.0.0.1") == "other"
     assert push_service_for("evilgoogleapis.com") == "other"
+
+
+@pytest.mark.parametrize(
+    "text", ["https://[::1/push/x", "https://fcm.googleapis.com]/x", "https://[fe80::1%25/x"]
+)
+def test_endpoint_that_urlsplit_refuses_is_invalid_not_a_crash(text):
+    with pytest.raises(ValidationError) as caught:
+        validate_endpoint(text, allowed=DEFAULT, max_length=4096)
+    assert caught.value.code == "invalid_endpoint"

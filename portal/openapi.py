@@ -1,0 +1,523 @@
+"""The JSON API's OpenAPI 3.1 document, built from the settings it describes.
+
+Limits that come from configuration (body size, endpoint length, the signature header)
+are read from :class:`~portal.config.Settings`, so the document served is the contract
+of the running instance. ``tests/api`` keeps it true: every ``/api/`` route is described,
+and real answers validate against it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import Blueprint, Response, current_app, jsonify
+
+from portal.consent.models import PreferenceState, Source
+from portal.consent.preferences import Reason
+from portal.delivery.models import ReceiptEvent
+from portal.subscriptions.models import SubscriptionState
+
+bp = Blueprint("openapi", __name__, url_prefix="/api")
+
+JsonSchema = dict[str, Any]
+
+# Base64url without padding of 65 and 16 bytes: 87 and 22 characters.
+_P256DH = "^[A-Za-z0-9_-]{87}$"
+_AUTH = "^[A-Za-z0-9_-]{22}$"
+_MAX_EXPIRATION_MS = 32503680000000  # 3000-01-01, as portal.subscriptions.validation
+_FEEDBACK_ORGANIZATION_MAX = 128
+
+
+def _ref(name: str) -> JsonSchema:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(schema: JsonSchema) -> dict[str, Any]:
+    return {"application/json": {"schema": schema}}
+
+
+def _error(description: str) -> dict[str, Any]:
+    return {"description": description, "content": _json(_ref("Error"))}
+
+
+def _values(*members: Any) -> list[str]:
+    """The string values of an enum's members, or of the members given."""
+    if len(members) == 1 and isinstance(members[0], type):
+        members = tuple(members[0])
+    return [member.value for member in members]
+
+
+def _object(properties: dict[str, JsonSchema], required: list[str]) -> JsonSchema:
+    return {"type": "object", "properties": properties, "required": required}
+
+
+def _schemas(endpoint_max: int) -> dict[str, JsonSchema]:
+    endpoint = {"type": "string", "minLength": 1, "maxLength": endpoint_max}
+    states = _values(SubscriptionState)
+    return {
+        "Error": {
+            "type": "object",
+            "description": "Every refusal: a machine-readable code, a message, and the "
+            "field at fault when there is one.",
+            "properties": {
+                "error": {
+                    "type": "object",
+                    "properties": {
+                        "code": {"type": "string", "pattern": "^[a-z0-9_]+$"},
+                        "message": {"type": "string", "minLength": 1},
+                        "field": {"type": "string", "minLength": 1},
+                    },
+                    "required": ["code", "message"],
+                    "additionalProperties": False,
+                }
+            },
+            "required": ["error"],
+            "additionalProperties": False,
+        },
+        "PushSubscription": {
+            "type": "object",
+            "description": "A browser PushSubscription's toJSON() form. The endpoint must "
+            "be an https:// URL on an allowed push service with a registration path.",
+            "properties": {
+                "endpoint": {**endpoint, "pattern": "^https://"},
+                "expirationTime": {
+                    "type": ["number", "null"],
+                    "minimum": 0,
+                    "exclusiveMaximum": _MAX_EXPIRATION_MS,
+                    "description": "Unix time in milliseconds, or null.",
+                },
+                "keys": {
+                    "type": "object",
+                    "properties": {
+                        "p256dh": {
+                            "type": "string",
+                            "pattern": _P256DH,
+                            "description": "Canonical base64url (no padding) of an "
+                            "uncompressed P-256 point (65 bytes, first byte 0x04).",
+                        },
+                        "auth": {
+                            "type": "string",
+                            "pattern": _AUTH,
+                            "description": "Canonical base64url (no padding) of 16 bytes.",
+                        },
+                    },
+                    "required": ["p256dh", "auth"],
+                },
+            },
+            "required": ["endpoint", "keys"],
+        },
+        "SubscribeRequest": _object(
+            {
+                "subscription": _ref("PushSubscription"),
+                "source": {
+                    "enum": _values(Source.API, Source.SUBSCRIBE_PAGE, Source.SERVICE_WORKER)
+                },
+                "topics": {
+                    "type": ["array", "null"],
+                    "items": {"type": "string"},
+                    "uniqueItems": True,
+                    "description": "Active topic slugs chosen on the subscribe page; "
+                    "needs policyVersion.",
+                },
+                "policyVersion": {"type": ["string", "null"], "minLength": 1},
+            },
+            ["subscription"],
+        ),
+        "Subscription": {
+            "type": "object",
+            "properties": {
+                "id": {"type": "string", "format": "uuid"},
+                "state": {"enum": states},
+                "inserted": {"type": "boolean"},
+            },
+            "required": ["id", "state", "inserted"],
+            "additionalProperties": False,
+        },
+        "EndpointRequest": _object({"endpoint": endpoint}, ["endpoint"]),
+        "Heartbeat": {
+            "type": "object",
+            "properties": {
+                "state": {"enum": ["unknown", *states]},
+                "action": {"enum": ["none", "resubscribe", "unsubscribe"]},
+            },
+            "required": ["state", "action"],
+            "additionalProperties": False,
+        },
+        "ChangeRequest": _object(
+            {"oldEndpoint": endpoint, "subscription": _ref("PushSubscription")},
+            ["oldEndpoint", "subscription"],
+        ),
+        "Change": {
+            "type": "object",
+            "properties": {
+                "id": {"type": "string", "format": "uuid"},
+                "state": {"enum": states},
+                "inserted": {"type": "boolean"},
+                "moved": {"type": "boolean"},
+            },
+            "required": ["id", "state", "inserted", "moved"],
+            "additionalProperties": False,
+        },
+        "Unsubscribed": {
+            "type": "object",
+            "properties": {
+                "id": {"type": "string", "format": "uuid"},
+                "state": {"enum": states},
+            },
+            "required": ["id", "state"],
+            "additionalProperties": False,
+        },
+        "PreferencesRequest": _object(
+            {
+                "endpoint": {"type": "string", "minLength": 1},
+                "decisions": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": _object(
+                        {
+                            "slug": {"type": "string", "minLength": 1},
+                            "state": {"enum": _values(PreferenceState)},
+                        },
+                        ["slug", "state"],
+                    ),
+                    "description": "Active topic slugs, each at most once.",
+                },
+                "policyVersion": {"type": "string", "minLength": 1},
+                "decidedAt": {
+                    "type": "string",
+                    "format": "date-time",
+                    "description": "ISO 8601 with a time zone, at most 10 minutes ahead.",
+                },
+                "source": {
+                    "enum": _values(Source.API, Source.PREFERENCE_CENTRE, Source.SUBSCRIBE_PAGE)
+                },
+            },
+            ["endpoint", "decisions", "policyVersion", "decidedAt"],
+        ),
+        "Preferences": {
+            "type": "object",
+            "properties": {
+                "preferences": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "properties": {
+                            "slug": {"type": "string"},
+                            "state": {"enum": _values(PreferenceState)},
+                            "effective": {"enum": ["on", "off"]},
+                            "reason": {"enum": _values(Reason)},
+                            "decidedAt": {"type": ["string", "null"], "format": "date-time"},
+                            "policyVersion": {"type": ["string", "null"]},
+                        },
+                        "required": [
+                            "slug",
+                            "state",
+                            "effective",
+                            "reason",
+                            "decidedAt",
+                            "policyVersion",
+                        ],
+                        "additionalProperties": False,
+                    },
+                }
+            },
+            "required": ["preferences"],
+            "additionalProperties": False,
+        },
+        "ReceiptRequest": _object(
+            {
+                "deliveryId": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
+                "event": {"enum": _values(ReceiptEvent)},
+                "endpoint": {"type": ["string", "null"], "minLength": 1, "maxLength": endpoint_max},
+            },
+            ["deliveryId", "event"],
+        ),
+        "Receipt": {
+            "type": "object",
+            "properties": {
+                "deliveryId": {"type": "string"},
+                "event": {"enum": _values(ReceiptEvent)},
+                "recorded": {"type": "boolean"},
+            },
+            "required": ["deliveryId", "event", "recorded"],
+            "additionalProperties": False,
+        },
+        "FeedbackDigest": _object(
+            {
+                "organization": {
+                    "type": "string",
+                    "minLength": 1,
+                    "maxLength": _FEEDBACK_ORGANIZATION_MAX,
+                },
+                "events": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "description": "Only reason INVALID_TARGET events are applied; they "
+                        "need provider, token or endpoint, and deliveryId or an integer at.",
+                    },
+                },
+                "truncated": {"type": "boolean"},
+                "eventsOmitted": {
+                    "type": ["integer", "null"],
+                    "minimum": 0,
+                    "maximum": 2**31 - 1,
+                },
+            },
+            ["organization", "events"],
+        ),
+        "FeedbackReport": {
+            "type": "object",
+            "properties": {
+                "id": {"type": "string", "format": "uuid"},
+                "organization": {"type": "string"},
+                "events": {"type": "integer", "minimum": 0},
+                "applied": {"type": "integer", "minimum": 0},
+                "revoked": {"type": "integer", "minimum": 0},
+                "duplicates": {"type": "integer", "minimum": 0},
+                "ignored": {"type": "integer", "minimum": 0},
+                "truncated": {"type": "boolean"},
+                "eventsOmitted": {"type": ["integer", "null"]},
+            },
+            "required": [
+                "id",
+                "organization",
+                "events",
+                "applied",
+                "revoked",
+                "duplicates",
+                "ignored",
+                "truncated",
+                "eventsOmitted",
+            ],
+            "additionalProperties": False,
+        },
+        "VapidPublicKey": {
+            "type": "object",
+            "properties": {"publicKey": {"type": "string"}},
+            "required": ["publicKey"],
+            "additionalProperties": False,
+        },
+        "Health": {
+            "type": "object",
+            "properties": {
+                "status": {"enum": ["ok", "unavailable"]},
+                "database": {"enum": ["ok", "unreachable"]},
+            },
+            "required": ["status", "database"],
+            "additionalProperties": False,
+        },
+    }
+
+
+_SAME_ORIGIN_PARAMETERS = [
+    {"$ref": "#/components/parameters/SecFetchSite"},
+    {"$ref": "#/components/parameters/Origin"},
+]
+
+
+def _json_post(
+    summary: str,
+    request: str,
+    answers: dict[str, dict[str, Any]],
+    *,
+    max_body: int,
+    not_found: str | None = None,
+) -> dict[str, Any]:
+    """A browser-facing JSON POST: same-origin, application/json, size-limited."""
+    responses: dict[str, Any] = dict(answers)
+    responses["400"] = _error("Not a JSON object, or a field missing or of the wrong type.")
+    responses["403"] = _error("A cross-site or cross-origin request (cross_origin).")
+    if not_found is not None:
+        responses["404"] = _error(not_found)
+    responses["413"] = _error(f"The body is over {max_body} bytes.")
+    responses["415"] = _error("The body is not sent as application/json.")
+    responses["422"] = _error("Well-formed but not acceptable; the field names the culprit.")
+    return {
+        "summary": summary,
+        "parameters": _SAME_ORIGIN_PARAMETERS,
+        "requestBody": {"required": True, "content": _json(_ref(request))},
+        "responses": dict(sorted(responses.items())),
+    }
+
+
+def _ok(description: str, schema: str, *, cookies: bool = False) -> dict[str, Any]:
+    answer: dict[str, Any] = {"description": description, "content": _json(_ref(schema))}
+    if cookies:
+        answer["headers"] = {
+            "Set-Cookie": {
+                "description": "The signed, HttpOnly subscriber (and, on subscribe, device) "
+                "cookie.",
+                "schema": {"type": "string"},
+            }
+        }
+    return answer
+
+
+def build(settings: Any) -> dict[str, Any]:
+    """The OpenAPI document for an instance configured by ``settings``."""
+    max_body = settings.api_max_body_bytes
+    signature_header = settings.feedback_signature_header
+    paths: dict[str, Any] = {
+        "/healthz": {
+            "get": {
+                "summary": "Liveness for load balancers.",
+                "responses": {
+                    "200": _ok("The database answers.", "Health"),
+                    "503": _ok("The database does not answer.", "Health"),
+                },
+            }
+        },
+        "/api/openapi.json": {
+            "get": {
+                "summary": "This document.",
+                "responses": {
+                    "200": {
+                        "description": "The OpenAPI document.",
+                        "content": _json({"type": "object"}),
+                    }
+                },
+            }
+        },
+        "/api/push/vapid-public-key": {
+            "get": {
+                "summary": "The application-server (VAPID) public key.",
+                "parameters": _SAME_ORIGIN_PARAMETERS,
+                "responses": {
+                    "200": _ok("The key, base64url.", "VapidPublicKey"),
+                    "403": _error("A cross-site or cross-origin request (cross_origin)."),
+                },
+            }
+        },
+        "/api/push/subscribe": {
+            "post": _json_post(
+                "Register (or refresh) a browser's push subscription.",
+                "SubscribeRequest",
+                {
+                    "200": _ok(
+                        "Already known; refreshed, never downgraded.", "Subscription", cookies=True
+                    ),
+                    "201": _ok("A new subscription.", "Subscription", cookies=True),
+                },
+                max_body=max_body,
+            )
+        },
+        "/api/push/heartbeat": {
+            "post": _json_post(
+                "The browser still holds this subscription; what should it do next?",
+                "EndpointRequest",
+                {"200": _ok("The subscription's state and the next action.", "Heartbeat")},
+                max_body=max_body,
+            )
+        },
+        "/api/push/change": {
+            "post": _json_post(
+                "pushsubscriptionchange: a new endpoint takes over the old one.",
+                "ChangeRequest",
+                {
+                    "200": _ok("The new subscription was already known.", "Change", cookies=True),
+                    "201": _ok("The new subscription.", "Change", cookies=True),
+                },
+                max_body=max_body,
+            )
+        },
+        "/api/push/unsubscribe": {
+            "post": _json_post(
+                "Stop notifications for one endpoint (revoked, logged).",
+                "EndpointRequest",
+                {"200": _ok("The subscription, now revoked.", "Unsubscribed")},
+                max_body=max_body,
+                not_found="No subscription has this endpoint (unknown_endpoint).",
+            )
+        },
+        "/api/push/preferences": {
+            "post": _json_post(
+                "Record topic decisions for the subscriber behind an endpoint.",
+                "PreferencesRequest",
+                {"200": _ok("The subscriber's effective preferences.", "Preferences")},
+                max_body=max_body,
+                not_found="No live subscriber has this endpoint (unknown_endpoint).",
+            )
+        },
+        "/api/push/receipt": {
+            "post": _json_post(
+                "The service worker showed a delivery, or the person clicked it.",
+                "ReceiptRequest",
+                {
+                    "200": _ok("Already recorded; nothing changed.", "Receipt"),
+                    "201": _ok("Recorded.", "Receipt"),
+                },
+                max_body=max_body,
+            )
+        },
+        "/api/push/feedback": {
+            "post": {
+                "summary": "The signed delivery-feedback digest (server to server).",
+                "description": "The HMAC-SHA256 signature over the raw body is verified "
+                "before anything is parsed. A signed digest that is refused is recorded "
+                "(reason and counts, never the body) for the operations page.",
+                "parameters": [
+                    {
+                        "name": signature_header,
+                        "in": "header",
+                        "required": True,
+                        "description": "t=<unix-millis>,v1=<hex HMAC-SHA256 of '<t>.<body>'>",
+                        "schema": {"type": "string"},
+                    }
+                ],
+                "requestBody": {"required": True, "content": _json(_ref("FeedbackDigest"))},
+                "responses": {
+                    "200": _ok("Applied and committed.", "FeedbackReport"),
+                    "400": _error("The signed body is not a JSON object."),
+                    "401": {
+                        "description": "Unsigned, badly signed, expired, or no secret set.",
+                        "headers": {
+                            "WWW-Authenticate": {
+                                "required": True,
+                                "schema": {"type": "string"},
+                            }
+                        },
+                        "content": _json(_ref("Error")),
+                    },
+                    "413": _error(f"The body is over {settings.feedback_max_body_bytes} bytes."),
+                    "422": _error("The digest is not valid; nothing of it was applied."),
+                    "503": _error("The database refused; send the digest again later."),
+                },
+            }
+        },
+    }
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "Push consent portal API",
+            "version": "1",
+            "description": "Same-origin JSON API of the push consent portal. Refusals "
+            'answer {"error": {"code", "message", "field"}} and change nothing.',
+        },
+        "paths": paths,
+        "components": {
+            "schemas": _schemas(settings.endpoint_max_length),
+            "parameters": {
+                "SecFetchSite": {
+                    "name": "Sec-Fetch-Site",
+                    "in": "header",
+                    "required": False,
+                    "description": "cross-site is refused (403).",
+                    "schema": {"enum": ["same-origin", "same-site", "none", "cross-site"]},
+                },
+                "Origin": {
+                    "name": "Origin",
+                    "in": "header",
+                    "required": False,
+                    "description": "When present (and not 'null'), its host must be this "
+                    "host, or the request is refused (403).",
+                    "schema": {"type": "string"},
+                },
+            },
+        },
+    }
+
+
+@bp.get("/openapi.json")
+def document() -> Response:
+    return jsonify(build(current_app.extensions["portal.settings"]))

@@ -1,0 +1,126 @@
+"""The app the API tests and the fuzzing run against, and the data they start from.
+
+One fixture, ``api_settings``, builds the settings: per-address request limits or any
+other setting the fuzzing must lift go in ``API_TEST_OVERRIDES``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from flask import Flask
+
+from portal import create_app
+from portal.clock import FrozenClock
+from portal.config import Settings, b64url_encode
+from portal.consent import catalogue
+from portal.db import db
+from tests.conftest import TOPICS, make_settings
+
+# Settings the fuzzing needs beyond the test defaults (none yet).
+API_TEST_OVERRIDES: dict[str, Any] = {}
+NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+POLICY = "v1"
+ENDPOINT_BASE = "https://fcm.googleapis.com/fcm/send/"
+
+
+def p256dh_of(secret: int) -> str:
+    """A real P-256 public key, the same every run."""
+    key = ec.derive_private_key(secret, ec.SECP256R1()).public_key()
+    return b64url_encode(
+        key.public_bytes(serialization.Encoding.X962, serialization.PublicFormat.UncompressedPoint)
+    )
+
+
+P256DH_KEYS = [p256dh_of(n) for n in (11, 12, 13)]
+AUTH = b64url_encode(b"\x07" * 16)
+
+
+def subscription(token: str, *, key: int = 0, expiration: float | None = None) -> dict[str, Any]:
+    return {
+        "endpoint": ENDPOINT_BASE + token,
+        "expirationTime": expiration,
+        "keys": {"p256dh": P256DH_KEYS[key % len(P256DH_KEYS)], "auth": AUTH},
+    }
+
+
+@dataclass(frozen=True)
+class World:
+    """What exists before the first fuzzed request: topics, a policy, subscriptions."""
+
+    endpoints: tuple[str, ...]
+    topics: tuple[str, ...]
+    policy: str
+
+
+_FUZZ_REPORT: list[str] = []
+
+
+@pytest.fixture
+def fuzz_report() -> list[str]:
+    """Lines (requests, time, statuses per fuzz test) shown at the end of the run."""
+    return _FUZZ_REPORT
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _FUZZ_REPORT:
+        terminalreporter.section("API fuzzing")
+        for line in _FUZZ_REPORT:
+            terminalreporter.write_line(line)
+        total = sum(int(line.split(": ", 1)[1].split()[0]) for line in _FUZZ_REPORT)
+        terminalreporter.write_line(f"total: {total} requests")
+
+
+@pytest.fixture
+def api_settings(database_url: str, tmp_path: Path) -> Settings:
+    return make_settings(database_url, str(tmp_path / "instance"), **API_TEST_OVERRIDES)
+
+
+@pytest.fixture
+def api_clock() -> FrozenClock:
+    return FrozenClock(NOW)
+
+
+@pytest.fixture
+def api_app(api_settings: Settings, api_clock: FrozenClock) -> Iterator[Flask]:
+    application = create_app(api_settings, clock=api_clock)
+    application.config["TESTING"] = True
+    yield application
+    application.extensions["portal.db"].engine.dispose()
+
+
+@pytest.fixture
+def world(api_app: Flask) -> World:
+    """Four topics, policy v1, and three subscriptions (one revoked) made through the API."""
+    with db.begin(api_app) as session:
+        catalogue.publish_policy(session, version=POLICY, text="We send what you choose.", now=NOW)
+        for slug, category, transactional, default in TOPICS:
+            catalogue.add_topic(
+                session,
+                slug=slug,
+                category=category,
+                label=slug.replace("-", " ").title(),
+                description=f"About {slug}.",
+                transactional=transactional,
+                default_state=default,
+                now=NOW,
+            )
+    client = api_app.test_client()
+    endpoints = []
+    for index, token in enumerate(("seed-one", "seed-two", "seed-three")):
+        sub = subscription(token, key=index)
+        answer = client.post(
+            "/api/push/subscribe",
+            json={"subscription": sub, "topics": ["offers"], "policyVersion": POLICY},
+        )
+        assert answer.status_code == 201, answer.json
+        endpoints.append(sub["endpoint"])
+    assert client.post("/api/push/unsubscribe", json={"endpoint": endpoints[2]}).status_code == 200
+    return World(tuple(endpoints), tuple(t[0] for t in TOPICS), POLICY)

@@ -1,0 +1,200 @@
+"""The OpenAPI document at /api/openapi.json: complete, valid, and true to real answers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import schemathesis
+from openapi_spec_validator import validate
+from schemathesis.checks import (
+    content_type_conformance,
+    not_a_server_error,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from portal.feedback.signature import header_value
+from tests.api.conftest import AUTH, ENDPOINT_BASE, NOW, POLICY, subscription
+
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_schema_conformance,
+]
+AUTOMATIC = {"HEAD", "OPTIONS"}
+
+
+def test_the_document_is_valid_openapi(api_app):
+    document = api_app.test_client().get("/api/openapi.json").json
+    validate(document)
+    assert document["openapi"] == "3.1.0"
+
+
+def test_every_api_route_is_documented_and_nothing_else(api_app):
+    document = api_app.test_client().get("/api/openapi.json").json
+    served = {
+        (rule.rule, method.lower())
+        for rule in api_app.url_map.iter_rules()
+        if rule.rule.startswith("/api/")
+        for method in (rule.methods or set()) - AUTOMATIC
+    }
+    documented = {(path, method) for path, item in document["paths"].items() for method in item}
+    assert {p for p in documented if p[0].startswith("/api/")} == served
+    # The few documented routes outside /api/ exist too.
+    every_route = {
+        (rule.rule, method.lower())
+        for rule in api_app.url_map.iter_rules()
+        for method in (rule.methods or set()) - AUTOMATIC
+    }
+    assert documented <= every_route
+
+
+def test_limits_in_the_document_follow_the_settings(database_url, tmp_path, api_clock):
+    from portal import create_app
+    from tests.conftest import make_settings
+
+    settings = make_settings(
+        database_url, str(tmp_path), endpoint_max_length=300, feedback_signature_header="X-Sig"
+    )
+    app = create_app(settings, clock=api_clock)
+    document = app.test_client().get("/api/openapi.json").json
+    app.extensions["portal.db"].engine.dispose()
+    schemas = document["components"]["schemas"]
+    assert schemas["EndpointRequest"]["properties"]["endpoint"]["maxLength"] == 300
+    parameters = document["paths"]["/api/push/feedback"]["post"]["parameters"]
+    assert [p["name"] for p in parameters] == ["X-Sig"]
+
+
+@pytest.fixture
+def api_schema(api_app, world):
+    return schemathesis.openapi.from_wsgi("/api/openapi.json", api_app)
+
+
+def _signed(body: bytes) -> dict[str, str]:
+    stamp = int(NOW.timestamp() * 1000)
+    return {"X-CN1-Signature": header_value("feedback-secret-one", stamp, body)}
+
+
+def _conforms(schema, path: str, method: str, expected: int, **case: Any) -> Any:
+    operation = schema[path][method]
+    made = operation.Case(**case)
+    response = made.call()
+    assert response.status_code == expected, response.text
+    made.validate_response(response, checks=CHECKS)
+    return response
+
+
+def test_happy_answers_match_the_document(api_schema, world):
+    new = subscription("fresh-one")
+    _conforms(api_schema, "/healthz", "GET", 200)
+    _conforms(api_schema, "/api/openapi.json", "GET", 200)
+    _conforms(api_schema, "/api/push/vapid-public-key", "GET", 200)
+    _conforms(
+        api_schema,
+        "/api/push/subscribe",
+        "POST",
+        201,
+        body={"subscription": new, "topics": ["weekly-digest"], "policyVersion": POLICY},
+    )
+    _conforms(api_schema, "/api/push/subscribe", "POST", 200, body={"subscription": new})
+    for endpoint in (new["endpoint"], world.endpoints[2], ENDPOINT_BASE + "never-seen"):
+        _conforms(api_schema, "/api/push/heartbeat", "POST", 200, body={"endpoint": endpoint})
+    _conforms(
+        api_schema,
+        "/api/push/preferences",
+        "POST",
+        200,
+        body={
+            "endpoint": new["endpoint"],
+            "decisions": [{"slug": "offers", "state": "opt_in"}],
+            "policyVersion": POLICY,
+            "decidedAt": "2025-12-31T23:59:00Z",
+        },
+    )
+    _conforms(
+        api_schema,
+        "/api/push/change",
+        "POST",
+        201,
+        body={"oldEndpoint": new["endpoint"], "subscription": subscription("fresh-two", key=1)},
+    )
+    _conforms(
+        api_schema,
+        "/api/push/unsubscribe",
+        "POST",
+        200,
+        body={"endpoint": ENDPOINT_BASE + "fresh-two"},
+    )
+    receipt = {"deliveryId": "d-1", "event": "shown", "endpoint": new["endpoint"]}
+    _conforms(api_schema, "/api/push/receipt", "POST", 201, body=receipt)
+    _conforms(api_schema, "/api/push/receipt", "POST", 200, body=receipt)
+    digest = b'{"organization": "acme", "events": [], "truncated": false}'
+    _conforms(
+        api_schema,
+        "/api/push/feedback",
+        "POST",
+        200,
+        body=digest,
+        media_type="application/json",
+        headers=_signed(digest),
+    )
+
+
+def test_error_answers_match_the_document(api_schema, world):
+    bad_auth = subscription("bad")
+    bad_auth["keys"]["auth"] = AUTH + "A"
+    cases = [
+        ("/api/push/vapid-public-key", "GET", 403, {"headers": {"Sec-Fetch-Site": "cross-site"}}),
+        ("/api/push/subscribe", "POST", 400, {"body": {"subscription": "x"}}),
+        ("/api/push/subscribe", "POST", 422, {"body": {"subscription": bad_auth}}),
+        (
+            "/api/push/subscribe",
+            "POST",
+            403,
+            {"body": {}, "headers": {"Origin": "https://elsewhere.example"}},
+        ),
+        ("/api/push/subscribe", "POST", 413, {"body": {"subscription": "x" * 20000}}),
+        (
+            "/api/push/heartbeat",
+            "POST",
+            415,
+            {"body": "endpoint=x", "media_type": "application/x-www-form-urlencoded"},
+        ),
+        ("/api/push/heartbeat", "POST", 422, {"body": {"endpoint": "e" * 5000}}),
+        ("/api/push/unsubscribe", "POST", 404, {"body": {"endpoint": ENDPOINT_BASE + "nobody"}}),
+        ("/api/push/change", "POST", 400, {"body": {"subscription": {}}}),
+        (
+            "/api/push/preferences",
+            "POST",
+            404,
+            {
+                "body": {
+                    "endpoint": ENDPOINT_BASE + "nobody",
+                    "decisions": [{"slug": "offers", "state": "opt_out"}],
+                    "policyVersion": POLICY,
+                    "decidedAt": "2025-12-31T23:59:00+00:00",
+                }
+            },
+        ),
+        ("/api/push/receipt", "POST", 422, {"body": {"deliveryId": "d 1", "event": "shown"}}),
+        (
+            "/api/push/feedback",
+            "POST",
+            401,
+            {"body": {"organization": "acme", "events": []}, "headers": {"X-CN1-Signature": "t=1"}},
+        ),
+    ]
+    for path, method, status, case in cases:
+        _conforms(api_schema, path, method, status, **case)
+    signed_bad = b'{"organization": "acme", "events": 3}'
+    _conforms(
+        api_schema,
+        "/api/push/feedback",
+        "POST",
+        422,
+        body=signed_bad,
+        media_type="application/json",
+        headers=_signed(signed_bad),
+    )
