@@ -71,6 +71,9 @@ def uuid7() -> uuid.UUID:
 
 
 def create_engine(url: str, **kwargs: Any) -> Engine:
+    # Statement parameters carry stored data (keys, endpoints, hashes): never in logs or
+    # in the text of database errors, whatever logging an operator turns on.
+    kwargs.setdefault("hide_parameters", True)
     if url.startswith("sqlite"):
         engine = sa.create_engine(
             url, connect_args={"timeout": 30, "check_same_thread": False}, **kwargs
