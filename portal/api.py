@@ -60,6 +60,7 @@ ERROR_PAGES = {
     403: ("Access denied", "You do not have permission to open this page."),
     404: ("Page not found", "There is no page at this address. Check the address or start again."),
     405: ("Method not allowed", "This page cannot be used that way. Go back and try again."),
+    409: ("Not possible right now", "This cannot be done at the moment. Try again later."),
     413: ("Request too large", "What you sent is larger than this site accepts."),
     429: ("Too many requests", "You have sent too many requests. Wait a moment and try again."),
     500: ("Something went wrong", "The problem is ours, not yours. Try again in a few minutes."),

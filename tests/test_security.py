@@ -10,6 +10,7 @@ import pytest
 from flask import Flask
 
 from portal import create_app
+from portal.api import ERROR_PAGES, error_page
 from portal.clock import FrozenClock
 from portal.security import CONTENT_SECURITY_POLICY, HSTS, security_headers
 from portal.staff.models import Role
@@ -264,6 +265,16 @@ def test_error_pages_are_the_portal_s_own(production: Flask, method, path, statu
     _shows_nothing_inside(response.text, production)
     if status == 405:
         assert "GET" in response.headers["Allow"]
+
+
+def test_statuses_without_their_own_page_keep_their_code(production: Flask):
+    with production.test_request_context():
+        gone = error_page(410)
+        unavailable = error_page(503)
+    assert gone.status_code == 410
+    assert f"<h1>{ERROR_PAGES[400][0]}</h1>" in gone.get_data(as_text=True)
+    assert unavailable.status_code == 503
+    assert f"<h1>{ERROR_PAGES[500][0]}</h1>" in unavailable.get_data(as_text=True)
 
 
 def test_api_errors_stay_json(client):
