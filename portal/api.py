@@ -67,8 +67,38 @@ def request_locale() -> str | None:
     return None
 
 
+# What an error page says, by status: our own words, never the exception's.
+ERROR_PAGES = {
+    400: ("Bad request", "The request could not be understood. Go back and try again."),
+    403: ("Access denied", "You do not have permission to open this page."),
+    404: ("Page not found", "There is no page at this address. Check the address or start again."),
+    405: ("Method not allowed", "This page cannot be used that way. Go back and try again."),
+    409: ("Not possible right now", "This cannot be done at the moment. Try again later."),
+    413: ("Request too large", "What you sent is larger than this site accepts."),
+    429: ("Too many requests", "You have sent too many requests. Wait a moment and try again."),
+    500: ("Something went wrong", "The problem is ours, not yours. Try again in a few minutes."),
+}
+
+
+_KEPT_HEADERS = frozenset({"Allow", "Retry-After", "WWW-Authenticate"})
+
+
 def error_response(error: ApiError) -> tuple[Response, int]:
-    return jsonify(error.to_json()), error.status
+    response = jsonify(error.to_json())
+    response.headers.update(error.headers)
+    return response, error.status
+
+
+def error_page(status: int) -> Response:
+    """A plain HTML error page for people, without any detail of the failure."""
+    title, message = ERROR_PAGES.get(status, ERROR_PAGES[500 if status >= 500 else 400])
+    try:
+        body = render_template("errors/error.html", title=title, message=message)
+    except Exception:  # a broken template must not turn one error page into another
+        current_app.logger.exception("error page %d could not be rendered", status)
+        body = f"{title}. {message}"
+        return Response(body, status, mimetype="text/plain")
+    return Response(body, status)
 
 
 def register_error_handlers(app: Flask) -> None:
@@ -78,12 +108,21 @@ def register_error_handlers(app: Flask) -> None:
 
     @app.errorhandler(HTTPException)
     def _http_error(error: HTTPException) -> Any:
-        if not request.path.startswith("/api/"):
+        # Unhandled exceptions arrive here as a 500, after Flask has logged them.
+        if error.code is None or error.code < 400:
             return error
-        code = (error.name or "error").lower().replace(" ", "_")
-        return error_response(
-            ApiError(code, error.description or error.name, status=error.code or 500)
-        )
+        if request.path.startswith("/api/"):
+            code = (error.name or "error").lower().replace(" ", "_")
+            response, status = error_response(
+                ApiError(code, error.description or error.name, status=error.code)
+            )
+        else:
+            response, status = error_page(error.code), error.code
+        # Keep what the protocol needs: Allow on 405, Retry-After on 429 and 503.
+        for name, value in error.get_headers():
+            if name in _KEPT_HEADERS:
+                response.headers[name] = value
+        return response, status
 
     for kind in DATABASE_UNAVAILABLE:
         app.register_error_handler(kind, _database_unavailable)

@@ -100,6 +100,7 @@ class ScheduleSettings:
     purge: int = 86400
     reseal: int = 86400
     verify_log: int = 86400
+    rate_limit_prune: int = 600
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,20 @@ class StaffAuthSettings:
     attempts_per_minute: int = 10
     session_idle_minutes: int = 30
     session_max_hours: int = 12
+
+
+@dataclass(frozen=True)
+class RateLimitSettings:
+    """Requests to the JSON API per fixed window: per client address and endpoint, and
+    per push subscription endpoint. Zero turns that limit off (load tests)."""
+
+    window_seconds: int = 60
+    per_address: int = 300
+    per_endpoint: int = 60
+
+    @property
+    def enabled(self) -> bool:
+        return self.per_address > 0 or self.per_endpoint > 0
 
 
 @dataclass(frozen=True)
@@ -137,6 +152,9 @@ class Settings:
     export_signing_key: str = ""
     endpoint_max_length: int = 4096
     api_max_body_bytes: int = 16 * 1024
+    max_body_bytes: int = 1024 * 1024
+    trusted_proxies: int = 0
+    rate_limit: RateLimitSettings = field(default_factory=RateLimitSettings)
     last_seen_throttle_seconds: int = 3600
     failures_before_stale: int = 3
     retry: RetrySettings = field(default_factory=RetrySettings)
@@ -238,6 +256,13 @@ class Settings:
             export_signing_key=export_key,
             endpoint_max_length=_int(environ, "PUSH_ENDPOINT_MAX_LENGTH", 4096),
             api_max_body_bytes=_int(environ, "API_MAX_BODY_BYTES", 16 * 1024),
+            max_body_bytes=_positive(environ, "MAX_BODY_BYTES", 1024 * 1024),
+            trusted_proxies=_int(environ, "TRUSTED_PROXIES", 0),
+            rate_limit=RateLimitSettings(
+                window_seconds=_positive(environ, "RATE_LIMIT_WINDOW_SECONDS", 60),
+                per_address=_int(environ, "RATE_LIMIT_PER_ADDRESS", 300),
+                per_endpoint=_int(environ, "RATE_LIMIT_PER_ENDPOINT", 60),
+            ),
             last_seen_throttle_seconds=_int(environ, "LAST_SEEN_THROTTLE_SECONDS", 3600),
             failures_before_stale=_int(environ, "PUSH_FAILURES_BEFORE_STALE", 3),
             retry=RetrySettings(
@@ -279,6 +304,7 @@ class Settings:
                 purge=_int(environ, "PURGE_INTERVAL_SECONDS", 86400) or 86400,
                 reseal=_int(environ, "RESEAL_INTERVAL_SECONDS", 86400) or 86400,
                 verify_log=_int(environ, "VERIFY_LOG_INTERVAL_SECONDS", 86400) or 86400,
+                rate_limit_prune=_int(environ, "RATE_LIMIT_PRUNE_INTERVAL_SECONDS", 600) or 600,
             ),
         )
 

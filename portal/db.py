@@ -90,6 +90,9 @@ def create_engine(url: str, *, connect_timeout: int = 5, **kwargs: Any) -> Engin
     """An engine for ``url``. On PostgreSQL a connection attempt gives up after
     ``connect_timeout`` seconds and dead connections are found by keepalives and a ping at
     checkout, so a database outage fails requests quickly instead of hanging them."""
+    # Statement parameters carry stored data (keys, endpoints, hashes): never in logs or
+    # in the text of database errors, whatever logging an operator turns on.
+    kwargs.setdefault("hide_parameters", True)
     if url.startswith("sqlite"):
         engine = sa.create_engine(
             url, connect_args={"timeout": 30, "check_same_thread": False}, **kwargs

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 
@@ -11,12 +12,19 @@ class ApiError(Exception):
     status = 400
 
     def __init__(
-        self, code: str, message: str, field: str | None = None, *, status: int | None = None
+        self,
+        code: str,
+        message: str,
+        field: str | None = None,
+        *,
+        status: int | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.field = field
+        self.headers: dict[str, str] = dict(headers or {})
         if status is not None:
             self.status = status
 

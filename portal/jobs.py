@@ -54,6 +54,7 @@ def _load() -> None:
     """Import every module that registers jobs."""
     import portal.campaigns.jobs
     import portal.compliance.jobs
+    import portal.ratelimit
     import portal.retention.jobs
     import portal.subscriptions.jobs  # noqa: F401
 

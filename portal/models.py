@@ -5,6 +5,7 @@ from portal.consent.models import ConsentEvent, PolicyVersion, Topic, TopicPrefe
 from portal.delivery.models import DeliveryReceipt
 from portal.feedback.models import FeedbackApplied, FeedbackDigest
 from portal.operations.models import JobRun, JobState
+from portal.ratelimit import RateLimitCounter
 from portal.retention.models import RetentionCounter
 from portal.staff.models import StaffAudit, StaffLoginThrottle, StaffRole, StaffSession, StaffUser
 from portal.subscriptions.models import PushSubscription, Subscriber
@@ -21,6 +22,7 @@ __all__ = [
     "JobState",
     "PolicyVersion",
     "PushSubscription",
+    "RateLimitCounter",
     "RetentionCounter",
     "StaffAudit",
     "StaffLoginThrottle",

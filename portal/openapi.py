@@ -354,6 +354,37 @@ def _ok(description: str, schema: str, *, cookies: bool = False) -> dict[str, An
     return answer
 
 
+def _retrying(description: str) -> dict[str, Any]:
+    answer = _error(description)
+    answer["headers"] = {
+        "Retry-After": {
+            "required": True,
+            "description": "Whole seconds to wait before trying again.",
+            "schema": {"type": "string", "pattern": "^[0-9]+$"},
+        }
+    }
+    return answer
+
+
+def _add_shared_answers(paths: dict[str, Any], settings: Any) -> None:
+    """What every /api/ route can answer whatever its body: the rate limits' 429 (when
+    a limit is on) and 503 while the database cannot be reached."""
+    limits = settings.rate_limit
+    for path, operations in paths.items():
+        if not path.startswith("/api/"):
+            continue
+        for operation in operations.values():
+            responses = operation["responses"]
+            if limits.per_address or limits.per_endpoint:
+                responses.setdefault(
+                    "429", _retrying("Too many requests in this window (rate_limited).")
+                )
+            responses.setdefault(
+                "503", _retrying("The database cannot be reached (unavailable); nothing changed.")
+            )
+            operation["responses"] = dict(sorted(responses.items()))
+
+
 def build(settings: Any) -> dict[str, Any]:
     """The OpenAPI document for an instance configured by ``settings``."""
     max_body = settings.api_max_body_bytes
@@ -486,6 +517,7 @@ def build(settings: Any) -> dict[str, Any]:
             }
         },
     }
+    _add_shared_answers(paths, settings)
     return {
         "openapi": "3.1.0",
         "info": {

@@ -24,6 +24,7 @@ from portal import create_app
 from portal.clock import FrozenClock
 from portal.config import (
     DEFAULT_PUSH_HOSTS,
+    RateLimitSettings,
     Settings,
     generate_signing_key,
     generate_vapid_keys,
@@ -172,6 +173,9 @@ def make_settings(database_url: str, instance_path: str, **overrides: object) ->
         "feedback_secrets": ("feedback-secret-one",),
         "export_signing_key": EXPORT_SIGNING_KEY,
         "auto_migrate": False,
+        # Tests send many API requests from one address under a frozen clock; the
+        # limits are tested on their own (tests/test_ratelimit.py) and in the browser.
+        "rate_limit": RateLimitSettings(per_address=0, per_endpoint=0),
     }
     values.update(overrides)
     return Settings(**values)  # type: ignore[arg-type]

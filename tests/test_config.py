@@ -120,3 +120,53 @@ def test_production_start_fails_with_one_line_naming_the_variable(tmp_path):
     assert lines == [
         "portal: configuration error: SECRET_KEY is missing or left at a default: set it in the environment"
     ]
+
+
+def test_hardening_defaults(tmp_path):
+    settings = Settings.from_env({}, str(tmp_path))
+    assert settings.max_body_bytes == 1024 * 1024
+    assert settings.trusted_proxies == 0  # X-Forwarded-For is not trusted unless told
+    assert settings.rate_limit.window_seconds == 60
+    assert settings.rate_limit.per_address == 300
+    assert settings.rate_limit.per_endpoint == 60
+    assert settings.rate_limit.enabled
+    assert settings.schedule.rate_limit_prune == 600
+
+
+def test_hardening_settings_from_the_environment(tmp_path):
+    settings = Settings.from_env(
+        {
+            "MAX_BODY_BYTES": "65536",
+            "TRUSTED_PROXIES": "2",
+            "RATE_LIMIT_WINDOW_SECONDS": "10",
+            "RATE_LIMIT_PER_ADDRESS": "20",
+            "RATE_LIMIT_PER_ENDPOINT": "5",
+            "RATE_LIMIT_PRUNE_INTERVAL_SECONDS": "120",
+        },
+        str(tmp_path),
+    )
+    assert settings.max_body_bytes == 65536
+    assert settings.trusted_proxies == 2
+    assert (settings.rate_limit.window_seconds, settings.rate_limit.per_address) == (10, 20)
+    assert settings.rate_limit.per_endpoint == 5
+    assert settings.schedule.rate_limit_prune == 120
+    off = Settings.from_env(
+        {"RATE_LIMIT_PER_ADDRESS": "0", "RATE_LIMIT_PER_ENDPOINT": "0"}, str(tmp_path)
+    )
+    assert not off.rate_limit.enabled  # load tests turn both off
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("MAX_BODY_BYTES", "0", "MAX_BODY_BYTES must be at least 1"),
+        ("MAX_BODY_BYTES", "1MB", "MAX_BODY_BYTES must be a whole number"),
+        ("TRUSTED_PROXIES", "-1", "TRUSTED_PROXIES must not be negative"),
+        ("RATE_LIMIT_WINDOW_SECONDS", "0", "RATE_LIMIT_WINDOW_SECONDS must be at least 1"),
+        ("RATE_LIMIT_PER_ADDRESS", "many", "RATE_LIMIT_PER_ADDRESS must be a whole number"),
+        ("RATE_LIMIT_PER_ENDPOINT", "-5", "RATE_LIMIT_PER_ENDPOINT must not be negative"),
+    ],
+)
+def test_hardening_settings_refuse_bad_values(tmp_path, name, value, message):
+    with pytest.raises(ConfigError, match=message):
+        Settings.from_env({name: value}, str(tmp_path))

@@ -43,6 +43,7 @@ from portal.identity import (
     subscriber_from_link_token,
     verify_assertion,
 )
+from portal.ratelimit import limit_endpoint
 from portal.subscriptions import services as subscription_services
 from portal.subscriptions.models import PushSubscription, Subscriber
 from portal.subscriptions.validation import require_object, require_string
@@ -314,6 +315,7 @@ def api_preferences() -> Response:
     portal = _portal()
     now = portal.clock.now()
     endpoint = require_string(body.get("endpoint"), "endpoint")
+    limit_endpoint(endpoint)
     raw = body.get("decisions")
     if raw is None:
         raise ValidationError("missing_field", "decisions is required", "decisions", status=400)

@@ -23,6 +23,7 @@ from portal.clock import Clock
 from portal.db import db, is_postgres
 from portal.delivery.models import DeliveryReceipt, ReceiptEvent
 from portal.errors import ValidationError
+from portal.ratelimit import limit_endpoint
 from portal.subscriptions.validation import endpoint_hash, require_string
 
 bp = Blueprint("receipts_api", __name__, url_prefix="/api/push")
@@ -88,6 +89,8 @@ def receipt() -> tuple[Response, int]:
     body = json_body()  # content type and size limits, like every JSON endpoint
     settings = current_app.extensions["portal.settings"]
     parsed = parse_receipt(body, endpoint_max_length=settings.endpoint_max_length)
+    if parsed.endpoint is not None:
+        limit_endpoint(parsed.endpoint)
     session = db.session
     created = record(session, parsed, clock=current_app.extensions["portal"].clock)
     session.commit()

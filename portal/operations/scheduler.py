@@ -188,7 +188,7 @@ def record_run(app: Flask, report: JobReport, *, trigger: str) -> None:
         )
 
 
-SINGLETON_JOBS = ("sweep", "tombstone", "purge", "reseal", "verify-log")
+SINGLETON_JOBS = ("sweep", "tombstone", "purge", "reseal", "verify-log", "rate-limit-prune")
 
 
 class PortalScheduler:

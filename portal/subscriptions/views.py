@@ -16,6 +16,7 @@ from portal.consent.preferences import Decision, apply_decisions, region_for_cou
 from portal.db import db
 from portal.errors import NotFound, ValidationError
 from portal.identity import set_device_cookie, set_subscriber_cookie, subscriber_from_cookie
+from portal.ratelimit import limit_endpoint
 from portal.subscriptions import services
 from portal.subscriptions.validation import (
     HostAllowList,
@@ -46,18 +47,21 @@ def _portal() -> Portal:
 
 def _subscription(value: object, field: str = "subscription") -> ValidSubscription:
     settings = _settings()
-    return validate_subscription(
+    subscription = validate_subscription(
         value,
         allowed=HostAllowList(settings.push_allowed_hosts),
         max_length=settings.endpoint_max_length,
         field=field,
     )
+    limit_endpoint(subscription.endpoint.endpoint)
+    return subscription
 
 
 def _endpoint(body: dict[str, Any], field: str = "endpoint") -> str:
     text = require_string(body.get(field), field)
     if len(text) > _settings().endpoint_max_length:
         raise ValidationError("endpoint_too_long", f"{field} is too long", field)
+    limit_endpoint(text)
     return text
 
 

@@ -198,3 +198,27 @@ def test_error_answers_match_the_document(api_schema, world):
         media_type="application/json",
         headers=_signed(signed_bad),
     )
+
+
+def test_rate_limited_answers_match_the_document(database_url, tmp_path, api_clock):
+    from portal import create_app
+    from portal.config import RateLimitSettings
+    from tests.conftest import make_settings
+
+    settings = make_settings(
+        database_url,
+        str(tmp_path),
+        rate_limit=RateLimitSettings(per_address=2, per_endpoint=0),
+    )
+    app = create_app(settings, clock=api_clock)
+    try:
+        schema = schemathesis.openapi.from_wsgi("/api/openapi.json", app)
+        assert "429" in schema.raw_schema["paths"]["/api/push/heartbeat"]["post"]["responses"]
+        body = {"endpoint": ENDPOINT_BASE + "anyone"}
+        for _ in range(2):  # the limit: two per window and route
+            _conforms(schema, "/api/push/heartbeat", "POST", 200, body=body)
+        response = _conforms(schema, "/api/push/heartbeat", "POST", 429, body=body)
+        assert response.json()["error"]["code"] == "rate_limited"
+        assert int(response.headers["retry-after"][0]) > 0
+    finally:
+        app.extensions["portal.db"].engine.dispose()

@@ -23,12 +23,20 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from flask import Flask
-from playwright.sync_api import Browser, BrowserContext, Page, Playwright, sync_playwright
+from playwright.sync_api import (
+    Browser,
+    BrowserContext,
+    ConsoleMessage,
+    Page,
+    Playwright,
+    sync_playwright,
+)
 from sqlalchemy.orm import Session
 from werkzeug.serving import BaseWSGIServer, make_server
 
 from portal import create_app
 from portal.clock import SystemClock
+from portal.config import RateLimitSettings
 from portal.consent.demo import seed
 from tests.conftest import make_settings
 from tests.factories import BrowserSubscription, SubscriptionFactory
@@ -94,8 +102,12 @@ class LiveServer:
 
 @pytest.fixture
 def server(database_url: str, tmp_path: Path) -> Iterator[LiveServer]:
-    # A real clock: the browser's own timers and the server's must agree.
-    app = create_app(make_settings(database_url, str(tmp_path / "instance")), clock=SystemClock())
+    # A real clock: the browser's own timers and the server's must agree. The API's
+    # default rate limits apply: a real browser must never reach them.
+    settings = make_settings(
+        database_url, str(tmp_path / "instance"), rate_limit=RateLimitSettings()
+    )
+    app = create_app(settings, clock=SystemClock())
     seed(app)  # the demo topics and policy "2026-01", as a fresh development start has
     httpd: BaseWSGIServer = make_server("127.0.0.1", 0, app, threaded=True)
     thread = threading.Thread(target=httpd.serve_forever, name="live-server", daemon=True)
@@ -119,13 +131,43 @@ def push_stub_script(subscription: BrowserSubscription) -> str:
     return source.replace("__SUBSCRIPTION__", json.dumps(subscription.to_json()))
 
 
+# Every page reports Content-Security-Policy violations to the console, where the
+# context's listener collects them (Chromium also logs its own "Refused to …" lines).
+REPORT_CSP_VIOLATIONS = """
+document.addEventListener('securitypolicyviolation', (event) => {
+  console.error('CSP violation: ' + event.violatedDirective + ' blocked ' +
+    (event.blockedURI || 'inline') + ' at ' + event.sourceFile + ':' + event.lineNumber);
+});
+"""
+
+
+def is_csp_violation(text: str) -> bool:
+    return text.startswith("CSP violation") or "Content Security Policy" in text
+
+
+@pytest.fixture
+def csp_violations() -> list[str]:
+    """Console messages about Content-Security-Policy violations, from every context."""
+    return []
+
+
 @pytest.fixture
 def new_context(
-    browser: Browser, server: LiveServer, browser_subscription: BrowserSubscription
+    browser: Browser,
+    server: LiveServer,
+    browser_subscription: BrowserSubscription,
+    csp_violations: list[str],
 ) -> Iterator[Callable[..., BrowserContext]]:
     """Make a browser context on the live server: ``permission`` grants notifications,
-    ``stub`` installs the push-service double; other keywords go to Playwright."""
+    ``stub`` installs the push-service double; other keywords go to Playwright.
+
+    No context may see a Content-Security-Policy violation: checked when the test ends.
+    """
     made: list[BrowserContext] = []
+
+    def collect(message: ConsoleMessage) -> None:
+        if is_csp_violation(message.text):
+            csp_violations.append(f"{message.page.url if message.page else ''}: {message.text}")
 
     def make(*, permission: bool = True, stub: bool = True, **options: Any) -> BrowserContext:
         options.setdefault("viewport", DESKTOP)
@@ -133,6 +175,8 @@ def new_context(
         context.set_default_timeout(10_000)
         if permission:
             context.grant_permissions(["notifications"], origin=server.url)
+        context.add_init_script(REPORT_CSP_VIOLATIONS)
+        context.on("console", collect)
         if stub:
             context.add_init_script(push_stub_script(browser_subscription))
         made.append(context)
@@ -141,6 +185,7 @@ def new_context(
     yield make
     for context in made:
         context.close()
+    assert csp_violations == [], "Content-Security-Policy violations"
 
 
 @pytest.fixture

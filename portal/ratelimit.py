@@ -1,0 +1,181 @@
+"""Rate limits on the JSON API: fixed windows counted in the database.
+
+Two limits, each per route: requests from one client address, and requests naming one
+push subscription endpoint. The counters live in ``rate_limit_counter`` so every worker
+process of every server shares them; one atomic upsert per check counts the request
+and reads the total. Keys are HMACs (the secret key as pepper) of what is counted, so
+client addresses are never stored. A refused request answers 429 with Retry-After.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import hmac
+import logging
+import math
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import cast
+
+import sqlalchemy as sa
+from flask import Flask, current_app, request
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.orm import Mapped, mapped_column
+
+from portal.db import Base, UTCDateTime, db
+from portal.errors import ApiError
+from portal.jobs import JobReport, Progress, job
+from portal.subscriptions.validation import endpoint_hash
+
+log = logging.getLogger("portal.ratelimit")
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+class RateLimitCounter(Base):
+    """Requests counted in the current window for one key (kind, route, who)."""
+
+    __tablename__ = "rate_limit_counter"
+
+    key: Mapped[bytes] = mapped_column(sa.LargeBinary(32), primary_key=True)
+    window_start: Mapped[dt.datetime] = mapped_column(UTCDateTime, nullable=False)
+    hits: Mapped[int] = mapped_column(sa.Integer, nullable=False)
+
+    __table_args__ = (
+        sa.CheckConstraint("hits >= 1", name="hits_positive"),
+        sa.CheckConstraint("length(key) = 32", name="key_len"),
+        sa.Index("ix_rate_limit_counter_window_start", "window_start"),
+    )
+
+
+_COUNTER = cast(sa.Table, RateLimitCounter.__table__)
+
+
+class Kind(StrEnum):
+    ADDRESS = "address"
+    ENDPOINT = "endpoint"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    hits: int
+    limit: int
+    retry_after: int  # whole seconds until the window ends
+
+    @property
+    def allowed(self) -> bool:
+        return self.hits <= self.limit
+
+
+def window_start(now: dt.datetime, window_seconds: int) -> dt.datetime:
+    """The start of the fixed window ``now`` falls in (windows align to the epoch)."""
+    elapsed = int((now - _EPOCH).total_seconds())
+    return _EPOCH + dt.timedelta(seconds=elapsed - elapsed % window_seconds)
+
+
+def counter_key(pepper: bytes, kind: Kind, route: str, value: bytes) -> bytes:
+    return hmac.new(
+        pepper, b"\0".join((kind.encode(), route.encode(), value)), hashlib.sha256
+    ).digest()
+
+
+def _upsert(dialect: str) -> sa.Insert:
+    insert = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(_COUNTER).values(
+        key=sa.bindparam("key"), window_start=sa.bindparam("window_start"), hits=1
+    )
+    same_window = _COUNTER.c.window_start == insert.excluded.window_start
+    return insert.on_conflict_do_update(
+        index_elements=[_COUNTER.c.key],
+        set_={
+            # A new window starts the count again; the row is reused, not added.
+            "hits": sa.case((same_window, _COUNTER.c.hits + 1), else_=1),
+            "window_start": insert.excluded.window_start,
+        },
+    ).returning(_COUNTER.c.hits)
+
+
+# Built once per dialect: the check runs on every API request.
+_UPSERTS = {dialect: _upsert(dialect) for dialect in ("postgresql", "sqlite")}
+
+
+def hit(
+    connection: Connection, key: bytes, *, now: dt.datetime, window_seconds: int, limit: int
+) -> Verdict:
+    """Count one request against ``key`` and say whether it is within ``limit``."""
+    start = window_start(now, window_seconds)
+    statement = _UPSERTS[connection.dialect.name]
+    hits = connection.execute(statement, {"key": key, "window_start": start}).scalar_one()
+    ends = start + dt.timedelta(seconds=window_seconds)
+    retry_after = max(1, math.ceil((ends - now).total_seconds()))
+    return Verdict(hits=hits, limit=limit, retry_after=retry_after)
+
+
+def prune(engine: Engine, *, now: dt.datetime, window_seconds: int) -> int:
+    """Delete counters of windows that have ended; the number deleted."""
+    current = window_start(now, window_seconds)
+    with engine.begin() as connection:
+        result = connection.execute(sa.delete(_COUNTER).where(_COUNTER.c.window_start < current))
+    return result.rowcount or 0
+
+
+def _check(kind: Kind, value: bytes, limit: int) -> None:
+    if limit <= 0:
+        return
+    portal = current_app.extensions["portal"]
+    settings = portal.settings.rate_limit
+    key = counter_key(
+        current_app.config["SECRET_KEY"].encode(), kind, request.endpoint or request.path, value
+    )
+    # Its own transaction, committed at once: a request refused later still counts,
+    # and the view's rollback never undoes the count.
+    with db.engine.begin() as connection:
+        if connection.dialect.name == "postgresql":
+            # A count lost to a crash costs nothing; waiting for the disk on every API
+            # request would.
+            connection.exec_driver_sql("SET LOCAL synchronous_commit = off")
+        verdict = hit(
+            connection,
+            key,
+            now=portal.clock.now(),
+            window_seconds=settings.window_seconds,
+            limit=limit,
+        )
+    if not verdict.allowed:
+        log.info("rate limit reached: %s on %s", kind.value, request.endpoint)
+        raise ApiError(
+            "rate_limited",
+            f"too many requests: try again in {verdict.retry_after} seconds",
+            status=429,
+            headers={"Retry-After": str(verdict.retry_after)},
+        )
+
+
+def limit_endpoint(endpoint: str) -> None:
+    """Count a request naming this push subscription endpoint (429 past the limit)."""
+    limit = current_app.extensions["portal"].settings.rate_limit.per_endpoint
+    _check(Kind.ENDPOINT, endpoint_hash(endpoint), limit)
+
+
+def _limit_address() -> None:
+    if request.endpoint is None or not request.path.startswith("/api/"):
+        return
+    limit = current_app.extensions["portal"].settings.rate_limit.per_address
+    _check(Kind.ADDRESS, (request.remote_addr or "unknown").encode(), limit)
+
+
+def init_app(app: Flask) -> None:
+    # Before the blueprints' own checks, so a flood is refused before any other work.
+    app.before_request(_limit_address)
+
+
+@job("rate-limit-prune")
+def _prune_job(app: Flask, progress: Progress) -> JobReport:
+    portal = app.extensions["portal"]
+    deleted = prune(
+        app.extensions["portal.db"].engine,
+        now=portal.clock.now(),
+        window_seconds=portal.settings.rate_limit.window_seconds,
+    )
+    progress.advance(deleted)
+    return JobReport("rate-limit-prune", processed=deleted, changed=deleted)

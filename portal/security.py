@@ -1,0 +1,88 @@
+"""Security headers on every response: pages, the JSON API, static files, errors.
+
+Every script and style is a same-origin file (no inline ``<script>``, ``<style>`` or
+``style=`` attributes), so the policy allows nothing inline. The service worker's own
+fetches (receipts, re-subscription, the VAPID key) go to this origin, which
+``connect-src 'self'`` covers; the policy served with ``/sw.js`` governs the worker.
+"""
+
+from __future__ import annotations
+
+from flask import Flask, Response
+from werkzeug.middleware.proxy_fix import ProxyFix
+
+CONTENT_SECURITY_POLICY = "; ".join(
+    (
+        "default-src 'self'",
+        "script-src 'self'",
+        "style-src 'self'",
+        "img-src 'self'",
+        "font-src 'self'",
+        "connect-src 'self'",
+        "worker-src 'self'",
+        "manifest-src 'self'",
+        "object-src 'none'",
+        "base-uri 'none'",
+        "form-action 'self'",
+        "frame-ancestors 'none'",
+    )
+)
+
+# Powerful features the portal never uses. Notifications and push are permissions, not
+# Permissions-Policy features, so denying these leaves the subscribe flow untouched.
+PERMISSIONS_POLICY = ", ".join(
+    f"{feature}=()"
+    for feature in (
+        "accelerometer",
+        "camera",
+        "display-capture",
+        "fullscreen",
+        "geolocation",
+        "gyroscope",
+        "magnetometer",
+        "microphone",
+        "midi",
+        "payment",
+        "usb",
+    )
+)
+
+HSTS = "max-age=31536000"
+
+HEADERS = {
+    "Content-Security-Policy": CONTENT_SECURITY_POLICY,
+    "X-Content-Type-Options": "nosniff",
+    # Preference links carry their token in the query string: the address must never
+    # leave the site. "same-origin" rather than "no-referrer" because CSRF checks on
+    # HTTPS compare the Referer of same-origin form posts.
+    "Referrer-Policy": "same-origin",
+    "Permissions-Policy": PERMISSIONS_POLICY,
+    "X-Frame-Options": "DENY",  # frame-ancestors for browsers that predate it
+    "Cross-Origin-Opener-Policy": "same-origin",
+}
+
+
+def security_headers(*, production: bool) -> dict[str, str]:
+    headers = dict(HEADERS)
+    if production:
+        # Only where the site is served over HTTPS: a development server on plain
+        # HTTP must not teach a browser to refuse it.
+        headers["Strict-Transport-Security"] = HSTS
+    return headers
+
+
+def init_app(app: Flask) -> None:
+    settings = app.extensions["portal.settings"]
+    headers = security_headers(production=settings.is_production)
+    app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
+    if settings.trusted_proxies:
+        # Behind N proxies, the client address and scheme are the ones the nearest N
+        # proxies recorded; without a proxy X-Forwarded-* is anyone's to forge.
+        count = settings.trusted_proxies
+        app.wsgi_app = ProxyFix(app.wsgi_app, x_for=count, x_proto=count)  # type: ignore[method-assign]
+
+    @app.after_request
+    def _add_security_headers(response: Response) -> Response:
+        for name, value in headers.items():
+            response.headers.setdefault(name, value)
+        return response

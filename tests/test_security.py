@@ -1,0 +1,287 @@
+"""Security headers on every response, request size limits, error pages without detail."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from pathlib import Path
+
+import pytest
+from flask import Flask
+
+from portal import create_app
+from portal.api import ERROR_PAGES, error_page
+from portal.clock import FrozenClock
+from portal.security import CONTENT_SECURITY_POLICY, HSTS, security_headers
+from portal.staff.models import Role
+from tests.conftest import make_settings
+from tests.staff.conftest import FAST_HASHER, GENEROUS, Browser
+
+EXPECTED = security_headers(production=False)
+SAMPLE_VALUES = {"filename": "css/portal.css", "version": "2026-01", "slug": "offers"}
+
+
+def _get_urls(app: Flask) -> list[str]:
+    """A concrete address for every GET route in the URL map."""
+    urls = []
+    for rule in app.url_map.iter_rules():
+        if "GET" not in (rule.methods or set()):
+            continue
+        values = {}
+        for name in rule.arguments:
+            converter = rule._converters[name]
+            is_uuid = type(converter).__name__ == "UUIDConverter"
+            values[name] = uuid.uuid4() if is_uuid else SAMPLE_VALUES.get(name, "x")
+        with app.test_request_context():
+            from flask import url_for
+
+            urls.append(url_for(rule.endpoint, **values))
+    return urls
+
+
+def _assert_secured(response, url: str) -> None:
+    for name, value in EXPECTED.items():
+        assert response.headers.get(name) == value, f"{url} ({response.status_code}): {name}"
+    assert "Strict-Transport-Security" not in response.headers, url
+
+
+@pytest.fixture
+def staff_browser(app: Flask) -> Browser:
+    from portal.db import db
+    from portal.staff import services
+    from portal.staff.passwords import Passwords
+
+    passwords = Passwords(FAST_HASHER)
+    app.extensions["portal.staff.passwords"] = passwords
+    with app.app_context(), db.begin() as session:
+        services.create_staff(
+            session,
+            email="all@example.test",
+            password="a long enough staff password",
+            roles=tuple(Role),
+            actor=None,
+            passwords=passwords,
+            clock=app.extensions["portal"].clock,
+            via="test",
+        )
+    person = Browser(app.test_client())
+    assert person.sign_in("all@example.test", "a long enough staff password").status_code == 303
+    return person
+
+
+@pytest.fixture
+def settings(database_url: str, tmp_path: Path):
+    return make_settings(database_url, str(tmp_path / "instance"), staff=GENEROUS)
+
+
+def test_every_get_route_carries_the_security_headers(catalogue_ready, client, staff_browser):
+    urls = _get_urls(catalogue_ready)
+    assert "/sw.js" in urls
+    assert "/static/css/portal.css" in urls
+    statuses = set()
+    for url in urls:
+        for get in (client.get, staff_browser.get):
+            with get(url) as response:  # closes static files
+                _assert_secured(response, url)
+                statuses.add(response.status_code)
+    # Pages, redirects to sign-in and missing things all answered, all with headers.
+    assert {200, 302, 404} <= statuses
+
+
+def test_posts_errors_and_unknown_addresses_carry_the_headers(client):
+    responses = {
+        "api": client.post("/api/push/heartbeat", json={}),
+        "api-wrong-type": client.post("/api/push/heartbeat", data="x"),
+        "form-without-csrf": client.post("/preferences", data={}),
+        "unknown": client.get("/no/such/page"),
+        "wrong-method": client.delete("/"),
+    }
+    for name, response in responses.items():
+        assert response.status_code >= 400, name
+        _assert_secured(response, name)
+
+
+def test_the_service_worker_keeps_its_own_headers(client):
+    with client.get("/sw.js") as response:
+        pass
+    assert response.status_code == 200
+    assert response.headers["Service-Worker-Allowed"] == "/"
+    assert response.headers["Content-Type"].startswith("text/javascript")
+    _assert_secured(response, "/sw.js")
+
+
+def test_the_content_security_policy_allows_nothing_inline():
+    directives = {
+        name: value
+        for name, _, value in (part.partition(" ") for part in CONTENT_SECURITY_POLICY.split("; "))
+    }
+    assert "unsafe-inline" not in CONTENT_SECURITY_POLICY
+    assert "unsafe-eval" not in CONTENT_SECURITY_POLICY
+    assert directives["script-src"] == "'self'"
+    assert directives["style-src"] == "'self'"
+    assert directives["connect-src"] == "'self'"
+    assert directives["frame-ancestors"] == "'none'"
+
+
+def test_templates_have_no_inline_scripts_or_styles():
+    root = Path(__file__).resolve().parent.parent / "templates"
+    for template in root.rglob("*.html"):
+        text = template.read_text()
+        assert "style=" not in text, template
+        assert "<style" not in text, template
+        for line in text.splitlines():
+            if "<script" in line:
+                assert " src=" in line, f"{template}: inline script"
+
+
+def test_hsts_only_in_production(database_url: str, tmp_path: Path, clock: FrozenClock, client):
+    assert "Strict-Transport-Security" not in client.get("/healthz").headers
+    production = create_app(
+        make_settings(database_url, str(tmp_path / "prod"), env="production"), clock=clock
+    )
+    try:
+        response = production.test_client().get("/healthz", base_url="https://localhost")
+        assert response.headers["Strict-Transport-Security"] == HSTS
+        assert response.headers["Content-Security-Policy"] == CONTENT_SECURITY_POLICY
+    finally:
+        production.extensions["portal.db"].engine.dispose()
+
+
+# Request size ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def small_bodies(database_url: str, tmp_path: Path, clock: FrozenClock):
+    application = create_app(
+        make_settings(
+            database_url, str(tmp_path / "instance"), max_body_bytes=4096, api_max_body_bytes=1024
+        ),
+        clock=clock,
+    )
+    yield application
+    application.extensions["portal.db"].engine.dispose()
+
+
+def test_an_oversized_form_gets_a_plain_error_page(small_bodies: Flask):
+    response = small_bodies.test_client().post(
+        "/preferences", data={"csrf_token": "x", "filler": "a" * 10_000}
+    )
+    assert response.status_code == 413
+    assert response.mimetype == "text/html"
+    assert "<h1>Request too large</h1>" in response.text
+    assert "Traceback" not in response.text
+    _assert_secured(response, "/preferences")
+
+
+def test_an_oversized_api_body_gets_a_json_error(small_bodies: Flask):
+    response = small_bodies.test_client().post(
+        "/api/push/heartbeat", json={"endpoint": "https://fcm.googleapis.com/" + "a" * 2000}
+    )
+    assert response.status_code == 413
+    assert response.json["error"]["code"] == "request_entity_too_large"
+    _assert_secured(response, "/api/push/heartbeat")
+
+
+def test_the_global_limit_is_the_app_setting(small_bodies: Flask, app: Flask):
+    assert small_bodies.config["MAX_CONTENT_LENGTH"] == 4096
+    assert app.config["MAX_CONTENT_LENGTH"] == 1024 * 1024
+
+
+# Error pages ----------------------------------------------------------------------------
+
+SECRET_IN_MESSAGE = "database password is hunter2-do-not-show"
+
+
+@pytest.fixture
+def production(database_url: str, tmp_path: Path, clock: FrozenClock):
+    application = create_app(
+        make_settings(database_url, str(tmp_path / "prod"), env="production"), clock=clock
+    )
+
+    @application.get("/explode")
+    def explode() -> str:
+        raise RuntimeError(SECRET_IN_MESSAGE)
+
+    @application.get("/api/push/explode")
+    def explode_api() -> str:
+        raise RuntimeError(SECRET_IN_MESSAGE)
+
+    yield application
+    application.extensions["portal.db"].engine.dispose()
+
+
+def _shows_nothing_inside(text: str, app: Flask) -> None:
+    settings = app.extensions["portal.settings"]
+    for forbidden in (
+        "Traceback",
+        "RuntimeError",
+        SECRET_IN_MESSAGE,
+        "hunter2",
+        'File "',
+        settings.secret_key,
+        settings.vapid_private_key,
+        settings.export_signing_key,
+    ):
+        assert forbidden not in text
+
+
+def test_a_crash_in_production_shows_a_plain_page_and_is_logged(production: Flask, caplog):
+    client = production.test_client()
+    with caplog.at_level(logging.ERROR, logger="portal"):
+        response = client.get("/explode", base_url="https://localhost")
+    assert response.status_code == 500
+    assert "<h1>Something went wrong</h1>" in response.text
+    _shows_nothing_inside(response.text, production)
+    assert response.headers["Content-Security-Policy"] == CONTENT_SECURITY_POLICY
+    logged = [r for r in caplog.records if r.exc_info and r.exc_info[1] is not None]
+    assert logged, "the exception was not logged"
+    assert SECRET_IN_MESSAGE in str(logged[0].exc_info[1])
+
+
+def test_a_crash_in_the_api_answers_json_without_detail(production: Flask, caplog):
+    client = production.test_client()
+    with caplog.at_level(logging.ERROR, logger="portal"):
+        response = client.get("/api/push/explode", base_url="https://localhost")
+    assert response.status_code == 500
+    assert response.json["error"]["code"] == "internal_server_error"
+    _shows_nothing_inside(response.text, production)
+    assert any(r.exc_info for r in caplog.records)
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status", "title"),
+    [
+        ("get", "/no/such/page", 404, "Page not found"),
+        ("delete", "/", 405, "Method not allowed"),
+        ("get", "/policy/no-such-version", 404, "Page not found"),
+        ("post", "/preferences", 400, "Bad request"),
+    ],
+)
+def test_error_pages_are_the_portal_s_own(production: Flask, method, path, status, title):
+    response = getattr(production.test_client(), method)(path, base_url="https://localhost")
+    assert response.status_code == status
+    assert f"<h1>{title}</h1>" in response.text
+    assert f"<title>{title} – Push consent portal</title>" in response.text
+    _shows_nothing_inside(response.text, production)
+    if status == 405:
+        assert "GET" in response.headers["Allow"]
+
+
+def test_statuses_without_their_own_page_keep_their_code(production: Flask):
+    with production.test_request_context():
+        gone = error_page(410)
+        unavailable = error_page(503)
+    assert gone.status_code == 410
+    assert f"<h1>{ERROR_PAGES[400][0]}</h1>" in gone.get_data(as_text=True)
+    assert unavailable.status_code == 503
+    assert f"<h1>{ERROR_PAGES[500][0]}</h1>" in unavailable.get_data(as_text=True)
+
+
+def test_api_errors_stay_json(client):
+    response = client.get("/api/push/no-such-thing")
+    assert response.status_code == 404
+    assert response.json["error"]["code"] == "not_found"
+    response = client.get("/api/push/subscribe")
+    assert response.status_code == 405
+    assert response.json["error"]["code"] == "method_not_allowed"
+    assert "POST" in response.headers["Allow"]
