@@ -7,7 +7,12 @@ missing; one that fails is reported with its exit status.
 
     .venv/bin/python -m bench                      # full sizes (tens of minutes)
     .venv/bin/python -m bench --quick              # smoke run; writes a scratch file
-    .venv/bin/python -m bench --only pages,export --pages-env RATE_LIMIT_ENABLED=off
+    .venv/bin/python -m bench --only pages,export --pages-env RATE_LIMIT_PER_ADDRESS=0
+
+Every script's figures are also kept in ``bench/results/NAME.json`` with when, at which
+commit and under what load they were measured. A run with ``--only`` replaces those it
+runs and takes the others from there, each shown with its own date and commit, so the
+suite can be measured in parts (a long benchmark need not be repeated to refresh another).
 
 ``--quick`` passes ``--quick`` to every script (small sizes, short runs) and writes its
 report to a scratch file unless ``--output`` says otherwise: quick figures are never the
@@ -35,13 +40,14 @@ import psycopg
 ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS = ("audience", "export", "sweeps", "pages", "dispatch")
 ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/test"
+RESULTS = ROOT / "bench" / "results"
 
 
 @dataclass
 class Outcome:
     name: str
     command: list[str] = field(default_factory=list)
-    status: str = "ok"  # ok, missing, failed
+    status: str = "ok"  # ok, missing, failed, earlier (taken from the results folder)
     exit_code: int | None = None
     seconds: float = 0.0
     report: dict[str, Any] | None = None
@@ -72,6 +78,29 @@ def run(name: str, args: argparse.Namespace, folder: Path) -> Outcome:
         outcome.report = json.loads(out.read_text())
     if outcome.report is None:
         outcome.status = "failed"
+    return outcome
+
+
+def measured(outcome: Outcome, info: dict[str, str], load: tuple[float, ...]) -> None:
+    """Stamp a fresh report with when, where and under what load it was measured."""
+    if outcome.report is None:
+        return
+    outcome.report["measured"] = {
+        "date": f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC",
+        "commit": info["commit"],
+        "seconds": round(outcome.seconds),
+        "exit_code": outcome.exit_code,
+        "load_after": [round(v, 2) for v in load],
+    }
+
+
+def earlier(name: str, folder: Path) -> Outcome | None:
+    path = folder / f"{name}.json"
+    if not path.exists():
+        return None
+    outcome = Outcome(name, status="earlier")
+    outcome.report = json.loads(path.read_text())
+    outcome.seconds = float(outcome.report.get("measured", {}).get("seconds", 0))
     return outcome
 
 
@@ -157,17 +186,16 @@ def markdown(
         "",
         "## Summary",
         "",
-        "| benchmark | figure | value | baseline | ratio | target | result |",
-        "|---|---|---:|---|---:|---|---|",
+        "| benchmark | figure | value | baseline | ratio | target | result | measured |",
+        "|---|---|---:|---|---:|---|---|---|",
     ]
     for outcome in outcomes:
         if outcome.report is None:
-            reason = (
-                f"`bench/{outcome.name}.py` is not present"
-                if outcome.status == "missing"
-                else f"failed (exit status {outcome.exit_code})"
-            )
-            lines.append(f"| {outcome.name} | {reason} | | | | | not run |")
+            reason = {
+                "missing": f"`bench/{outcome.name}.py` is not present",
+                "unmeasured": "not measured yet (no earlier figures in the results folder)",
+            }.get(outcome.status, f"failed (exit status {outcome.exit_code})")
+            lines.append(f"| {outcome.name} | {reason} | | | | | not run | |")
             continue
         for figure in outcome.report["figures"]:
             unit = figure["unit"]
@@ -178,21 +206,41 @@ def markdown(
                 else ""
             )
             ratio = f"{figure['ratio']:.2f}×" if figure.get("ratio") is not None else ""
+            stamp = outcome.report.get("measured", {})
+            when = f"{stamp['date'][:10]} `{stamp['commit']}`" if stamp else ""
             lines.append(
                 f"| {outcome.report['title']} | {figure['figure']} | {value} | {baseline} "
-                f"| {ratio} | {figure.get('target', '')} | {_verdict(figure.get('passed'))} |"
+                f"| {ratio} | {figure.get('target', '')} | {_verdict(figure.get('passed'))} "
+                f"| {when} |"
             )
     for outcome in outcomes:
         if outcome.report is None:
             continue
         report = outcome.report
+        stamp = report.get("measured", {})
+        when = (
+            f" Measured {stamp['date']} at commit `{stamp['commit']}`"
+            + (
+                f", load average {' / '.join(str(v) for v in stamp['load_after'])} after it"
+                if stamp.get("load_after")
+                else ""
+            )
+            + (
+                "; taken from an earlier run of this command."
+                if outcome.status == "earlier"
+                else "."
+            )
+            if stamp
+            else ""
+        )
         lines += [
             "",
             f"## {report['title']}",
             "",
             f"Command: `{report['command']}` ({outcome.seconds:.0f} s"
             + (f", exit status {outcome.exit_code}" if outcome.exit_code else "")
-            + ").",
+            + ")."
+            + when,
             "",
             report["details_markdown"].strip(),
         ]
@@ -202,6 +250,8 @@ def markdown(
         for outcome in outcomes:
             if outcome.status == "missing":
                 lines.append(f"- `bench/{outcome.name}.py`: not present in this checkout.")
+            elif outcome.status == "unmeasured":
+                lines.append(f"- `bench/{outcome.name}.py`: not measured yet.")
             elif outcome.report is None:
                 lines.append(
                     f"- `bench/{outcome.name}.py`: exit status {outcome.exit_code}, no figures "
@@ -227,7 +277,12 @@ def main() -> int:
         metavar="NAME=VALUE",
         help="extra environment for the portal under bench/pages.py (repeatable)",
     )
-    parser.add_argument("--keep-json", type=Path, help="keep each script's JSON in this folder")
+    parser.add_argument(
+        "--results",
+        type=Path,
+        help="folder of each benchmark's latest figures (default bench/results; a scratch "
+        "folder with --quick)",
+    )
     args = parser.parse_args()
     names = BENCHMARKS
     if args.only:
@@ -240,9 +295,22 @@ def main() -> int:
     info = machine(args.admin_url or ADMIN_URL)
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-") as scratch:
-        folder = args.keep_json or Path(scratch)
-        folder.mkdir(parents=True, exist_ok=True)
-        outcomes = [run(name, args, folder) for name in names]
+        results = args.results or (Path(scratch) / "results" if args.quick else RESULTS)
+        results.mkdir(parents=True, exist_ok=True)
+        runs = Path(scratch) / "run"
+        runs.mkdir()
+        outcomes = []
+        for name in BENCHMARKS:
+            if name in names:
+                outcome = run(name, args, runs)
+                measured(outcome, info, os.getloadavg())
+                if outcome.report is not None:
+                    (results / f"{name}.json").write_text(
+                        json.dumps(outcome.report, indent=2, ensure_ascii=False) + "\n"
+                    )
+            else:
+                outcome = earlier(name, results) or Outcome(name, status="unmeasured")
+            outcomes.append(outcome)
         load_after = os.getloadavg()
         output = args.output
         if output is None:
@@ -266,6 +334,7 @@ def main() -> int:
     print(f"\nreport written to {output}")
     for outcome in outcomes:
         print(f"  {outcome.name:<9} {outcome.status:<8} {outcome.seconds:6.0f} s")
+    print(f"figures kept in {results}")
     return 0 if all(o.status != "failed" for o in outcomes) else 1
 
 
