@@ -6,8 +6,13 @@
 
 Run by hand, never by the test suite. Every way sends to the same recipients on the fake
 push service (tests/fakepush.py) in a child process, over HTTPS on loopback with a
-throwaway CA; the service verifies every VAPID header and decrypts every body with the
-recipient's private key, so a message a browser could not read is not counted.
+throwaway CA. The service parses every request in full and checks its headers, its VAPID
+header, its token (registered) and its body's aes128gcm framing; it decrypts, with the
+recipient's private key, a deterministic sample: the first --decrypt-first (100) messages
+it accepts, then every --decrypt-every-th (20th). The same sample rule applies to every
+way; a sampled message that does not decrypt is refused and so not counted. Decrypting
+costs the service as much CPU as encrypting costs a sender, and on a small machine that
+CPU is taken from the sender under test; --decrypt-every 1 decrypts everything.
 
 Throughput, in one run on one machine (ratios hold; absolute rates drift with the load):
 
@@ -25,7 +30,10 @@ Throughput, in one run on one machine (ratios hold; absolute rates drift with th
        launched through portal.campaigns.services.create_campaign, then the "dispatch"
        job (portal.jobs.run_job → dispatcher_for(app).tick()) run until every delivery
        is accepted. Timed from launch to the last acceptance: materialisation, consent
-       re-check, encryption, sending and recording every answer.
+       re-check, encryption, sending and recording every answer. Afterwards: the service
+       took exactly one message for each of the N recipients, every sampled plaintext is
+       exactly the campaign's payload for the delivery id it carries (a delivery of this
+       campaign to that recipient, none twice), and all N deliveries are accepted.
 
 requests, and so pywebpush, takes its CA from REQUESTS_CA_BUNDLE before anything else
 (a Session's verify= included), and webpush() has no other way in: this script sets
@@ -542,7 +550,9 @@ def throughput(args: argparse.Namespace) -> tuple[list[Way], dict[str, Any]]:
                 before = service.stats()
                 samples_before = len(service.samples())
                 sender0, service0 = time.process_time(), _process_cpu(service.pid)
-                profiler = cProfile.Profile() if args.profile else None
+                # CPU time of the calling thread: on a shared machine wall time mostly
+                # measures the other processes.
+                profiler = cProfile.Profile(time.thread_time) if args.profile else None
                 if profiler is not None:
                     profiler.enable()
                 run = run_campaign(app, DRAFT.topic)
@@ -832,7 +842,10 @@ def main(argv: list[str] | None = None) -> int:
         "--engine-only", action="store_true",
         help="measure (c) only, no pywebpush ways and no targets (for profiling the engine)",
     )  # fmt: skip
-    parser.add_argument("--profile", metavar="PATH", help="cProfile (c) into this file")
+    parser.add_argument(
+        "--profile", metavar="PATH",
+        help="cProfile (c)'s sending thread, in thread CPU time, into this file",
+    )  # fmt: skip
     parser.add_argument("--memory-child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 

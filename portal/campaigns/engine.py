@@ -17,13 +17,14 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import sqlalchemy as sa
 from flask import Flask
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 
 from portal.campaigns import metrics
@@ -378,7 +379,7 @@ class Dispatcher:
                     query = live_subscription_query(mine)
                 else:
                     # Consent and liveness re-checked now: an opt-out after launch is honoured.
-                    query = recipient_query(campaign.topic_id).where(_s.c.id.in_(mine))
+                    query = recipient_query(campaign.topic_id).where(_among(session, _s.c.id, mine))
                 allowed.update({row.id: row for row in session.execute(query)})
             subs = {
                 row.id: row
@@ -395,7 +396,7 @@ class Dispatcher:
                         _s.c.last_success_at,
                         _s.c.subscriber_id,
                         _s.c.push_service,
-                    ).where(_s.c.id.in_(list(by_subscription)))
+                    ).where(_among(session, _s.c.id, by_subscription))
                 )
             }
         skipped: list[tuple[int, str]] = []
@@ -653,6 +654,18 @@ class Dispatcher:
 _LIVE = (SubscriptionState.PENDING, SubscriptionState.ACTIVE)
 
 
+def _among(
+    session: Session, column: sa.ColumnElement[Any], values: Iterable[Any]
+) -> sa.ColumnElement[bool]:
+    """``column IN values``, which PostgreSQL gets as one array parameter (``= ANY(:a)``):
+    a batch's IN lists of 500 placeholders cost the sender more CPU to render and convert
+    than they cost the database to run."""
+    values = list(values)
+    if is_postgres(session):
+        return column == sa.any_(sa.bindparam(None, values, type_=postgresql.ARRAY(column.type)))
+    return column.in_(values)
+
+
 @dataclass
 class _Answer:
     item: _Claimed
@@ -708,7 +721,7 @@ class _LeaseKeeper:
             try:
                 with db.begin(dispatcher.app) as session:
                     mine = sa.select(_d.c.id).where(
-                        _d.c.id.in_(self.delivery_ids),
+                        _among(session, _d.c.id, self.delivery_ids),
                         _d.c.status == DeliveryStatus.SENDING.value,
                     )
                     if is_postgres(session):
@@ -789,7 +802,7 @@ class _AcceptedRun:
         session.execute(
             sa.update(_s)
             # A subscription can be in two campaigns of one batch: each id once.
-            .where(_s.c.id.in_(sorted(set(self.subscriptions))))
+            .where(_among(session, _s.c.id, sorted(set(self.subscriptions))))
             .values(
                 state=sa.case(
                     (_s.c.state.in_(["revoked", "expired"]), _s.c.state),
@@ -805,7 +818,7 @@ class _AcceptedRun:
         )
         session.execute(
             sa.update(_d)
-            .where(_d.c.id.in_(self.deliveries))
+            .where(_among(session, _d.c.id, self.deliveries))
             .values(
                 status=DeliveryStatus.ACCEPTED.value,
                 reason=None,
