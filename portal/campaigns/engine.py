@@ -286,8 +286,8 @@ class Dispatcher:
                 claimed = self.claim(also_blocked=recording.plan.circuits if recording else {})
                 if not claimed:
                     # Everything written before materialising more or closing campaigns.
-                    _finish(recording)
-                    recording = None
+                    done, recording = recording, None
+                    _finish(done)
                     more = self.advance_campaigns()
                     report.materialised += more
                     if more == 0:
