@@ -6,8 +6,13 @@
 
 Run by hand, never by the test suite. Every way sends to the same recipients on the fake
 push service (tests/fakepush.py) in a child process, over HTTPS on loopback with a
-throwaway CA; the service verifies every VAPID header and decrypts every body with the
-recipient's private key, so a message a browser could not read is not counted.
+throwaway CA. The service parses every request in full and checks its headers, its VAPID
+header, its token (registered) and its body's aes128gcm framing; it decrypts, with the
+recipient's private key, a deterministic sample: the first --decrypt-first (100) messages
+it accepts, then every --decrypt-every-th (20th). The same sample rule applies to every
+way; a sampled message that does not decrypt is refused and so not counted. Decrypting
+costs the service as much CPU as encrypting costs a sender, and on a small machine that
+CPU is taken from the sender under test; --decrypt-every 1 decrypts everything.
 
 Throughput, in one run on one machine (ratios hold; absolute rates drift with the load):
 
@@ -25,7 +30,10 @@ Throughput, in one run on one machine (ratios hold; absolute rates drift with th
        launched through portal.campaigns.services.create_campaign, then the "dispatch"
        job (portal.jobs.run_job → dispatcher_for(app).tick()) run until every delivery
        is accepted. Timed from launch to the last acceptance: materialisation, consent
-       re-check, encryption, sending and recording every answer.
+       re-check, encryption, sending and recording every answer. Afterwards: the service
+       took exactly one message for each of the N recipients, every sampled plaintext is
+       exactly the campaign's payload for the delivery id it carries (a delivery of this
+       campaign to that recipient, none twice), and all N deliveries are accepted.
 
 requests, and so pywebpush, takes its CA from REQUESTS_CA_BUNDLE before anything else
 (a Session's verify= included), and webpush() has no other way in: this script sets
@@ -45,6 +53,7 @@ Both databases are created on the server behind --admin-url and dropped at the e
 from __future__ import annotations
 
 import argparse
+import cProfile
 import datetime as dt
 import json
 import os
@@ -78,6 +87,7 @@ from portal.config import Settings, generate_vapid_keys, normalise_database_url 
 from portal.db import create_engine, db  # noqa: E402
 from portal.jobs import run_job  # noqa: E402
 from portal.migrate import upgrade  # noqa: E402
+from portal.subscriptions.models import PushSubscription  # noqa: E402
 from portal.subscriptions.sealing import KeyRing  # noqa: E402
 from tests.factories import BrowserSubscription, SubscriptionFactory  # noqa: E402
 from tests.fakepush import FakePushProcess, token_of  # noqa: E402
@@ -286,8 +296,25 @@ class Way:
         return self.messages < self.audience
 
 
+def sampled_count(lo: int, hi: int, sample: tuple[int, int]) -> int:
+    """How many of the service's accepted messages lo+1 … hi it decrypts under
+    ``decrypt_sample`` (the first ``first``, then every ``every``-th)."""
+    first, every = sample
+
+    def upto(n: int) -> int:  # messages 1 … n
+        return min(n, first) + max(n // every - min(n, first) // every, 0)
+
+    return upto(hi) - upto(lo)
+
+
 def measure(
-    key: str, name: str, service: FakePushProcess, count: int, audience: int, run: Callable[[], int]
+    key: str,
+    name: str,
+    service: FakePushProcess,
+    count: int,
+    audience: int,
+    run: Callable[[], int],
+    sample: tuple[int, int],
 ) -> Way:
     before = service.stats()
     sender0, service0 = time.process_time(), _process_cpu(service.pid)
@@ -299,10 +326,11 @@ def measure(
     after = service.stats()
     accepted = after["accepted"] - before["accepted"]
     decrypted = after["decrypted"] - before["decrypted"]
-    if answered != count or accepted != count or decrypted != count:
+    expected = sampled_count(before["accepted"], after["accepted"], sample)
+    if answered != count or accepted != count or decrypted != expected:
         raise SystemExit(
             f"{name}: {answered} answered 201, the service accepted {accepted} and decrypted "
-            f"{decrypted}, of {count}"
+            f"{decrypted} (sample {expected}), of {count}"
         )
     way = Way(key, name, count, seconds, sender, served, load(), audience)
     print(
@@ -432,15 +460,56 @@ def run_campaign(app: Any, topic: str, *, deadline: float | None = None) -> Camp
     )  # fmt: skip
 
 
+def describe_sample(sample: tuple[int, int]) -> str:
+    first, every = sample
+    if every == 1:
+        return "every message"
+    return f"a sample: the first {first:,} messages it accepts, then every {every}th"
+
+
+def check_samples(app: Any, campaign_id: uuid.UUID, samples: list[tuple[str, bytes]]) -> int:
+    """Each sampled plaintext must be exactly the campaign's payload for the delivery id
+    it names, and that delivery must be this campaign's, to the recipient it reached."""
+    d, s = Delivery.__table__, PushSubscription.__table__
+    with db.begin(app) as session:
+        campaign = session.get(Campaign, campaign_id)
+        assert campaign is not None
+        ids = {int(json.loads(plaintext)["deliveryId"]) for _, plaintext in samples}
+        endpoints = dict(
+            session.execute(
+                sa.select(d.c.id, s.c.endpoint)
+                .join(s, s.c.id == d.c.subscription_id)
+                .where(d.c.campaign_id == campaign_id, d.c.id.in_(ids))
+            ).all()
+        )
+        seen: set[int] = set()
+        for token, plaintext in samples:
+            delivery_id = int(json.loads(plaintext)["deliveryId"])
+            endpoint = endpoints.get(delivery_id)
+            if endpoint is None or not endpoint.endswith("/" + token):
+                raise SystemExit(f"(c): delivery {delivery_id} reached the wrong recipient")
+            if plaintext != payload(campaign, delivery_id):
+                raise SystemExit(f"(c): delivery {delivery_id} decrypts to something else")
+            if delivery_id in seen:
+                raise SystemExit(f"(c): delivery {delivery_id} arrived twice")
+            seen.add(delivery_id)
+    return len(samples)
+
+
 def throughput(args: argparse.Namespace) -> tuple[list[Way], dict[str, Any]]:
-    n, sample = args.recipients, min(args.baseline_sample, args.recipients)
+    n, few = args.recipients, min(args.baseline_sample, args.recipients)
     pg_url, sa_url = database_urls(args.admin_url, args.database)
     private_key, _ = generate_vapid_keys()
     auth_key = os.urandom(32)
     keys = KeyRing({1: auth_key}, 1)
     notes: dict[str, Any] = {}
-    with FakePushProcess(decrypt=True, record=False) as service:
-        print(f"fake push service {service.origin} (pid {service.pid}), decrypting", flush=True)
+    sample = (args.decrypt_first, args.decrypt_every)
+    with FakePushProcess(decrypt=True, decrypt_sample=sample, record=False) as service:
+        print(
+            f"fake push service {service.origin} (pid {service.pid}), decrypting "
+            + describe_sample(sample),
+            flush=True,
+        )
         factory = SubscriptionFactory()
         subs: list[BrowserSubscription] = [factory(base=service.endpoint_base) for _ in range(n)]
         service.register_many(subs)
@@ -467,34 +536,51 @@ def throughput(args: argparse.Namespace) -> tuple[list[Way], dict[str, Any]]:
                 # webpush() takes no CA: the environment is the only way to trust the fake CA.
                 os.environ["REQUESTS_CA_BUNDLE"] = service.ca_bundle
                 print(f"{len(text)}-byte payloads; {os.cpu_count()} CPUs; load {load():.1f}")
-                ways = [
-                    measure("a", "(a) pywebpush webpush() per recipient", service, sample, n,
-                            lambda: way_a(infos[:sample], text, private_key)),
+                ways = [] if args.engine_only else [
+                    measure("a", "(a) pywebpush webpush() per recipient", service, few, n,
+                            lambda: way_a(infos[:few], text, private_key), sample),
                     measure("b", "(b) pywebpush webpush(requests_session=shared)", service,
-                            n, n, lambda: way_b(infos, text, private_key)),
+                            n, n, lambda: way_b(infos, text, private_key), sample),
                     measure("b'", "(b') pywebpush WebPusher.send(), shared Session + VAPID",
                             service, n, n,
-                            lambda: way_b_kind(infos, text, private_key, service.origin)),
+                            lambda: way_b_kind(infos, text, private_key, service.origin),
+                            sample),
                 ]  # fmt: skip
+                service.forget_tokens()
                 before = service.stats()
+                samples_before = len(service.samples())
                 sender0, service0 = time.process_time(), _process_cpu(service.pid)
+                # CPU time of the calling thread: on a shared machine wall time mostly
+                # measures the other processes.
+                profiler = cProfile.Profile(time.thread_time) if args.profile else None
+                if profiler is not None:
+                    profiler.enable()
                 run = run_campaign(app, DRAFT.topic)
+                if profiler is not None:
+                    profiler.disable()
+                    profiler.dump_stats(args.profile)
                 sender = time.process_time() - sender0
                 served = _process_cpu(service.pid) - service0
                 after = service.stats()
                 received = after["requests"] - before["requests"]
                 accepted = after["accepted"] - before["accepted"]
                 decrypted = after["decrypted"] - before["decrypted"]
+                expected = sampled_count(before["accepted"], after["accepted"], sample)
                 problems = []
                 if run.status != "completed":
                     problems.append(f"campaign is {run.status}, not completed")
                 if run.deliveries != {"accepted": n}:
                     problems.append(f"deliveries {run.deliveries}, not {n:,} accepted")
-                if not received == accepted == decrypted == n:
+                if not received == accepted == after["distinct_tokens"] == n:
                     problems.append(
-                        f"service received {received}, accepted {accepted}, decrypted "
-                        f"{decrypted}, not {n} each"
+                        f"service received {received}, accepted {accepted} for "
+                        f"{after['distinct_tokens']} distinct recipients, not {n} each"
                     )
+                if decrypted != expected:
+                    problems.append(f"service decrypted {decrypted}, not the {expected} sampled")
+                checked = check_samples(app, run.campaign_id, service.samples()[samples_before:])
+                if checked != expected:
+                    problems.append(f"{checked} sampled plaintexts checked, not {expected}")
                 if problems:
                     raise SystemExit("(c) engine: " + "; ".join(problems))
                 c = Way("c", "(c) portal engine: launched campaign, dispatch job", n,
@@ -506,10 +592,15 @@ def throughput(args: argparse.Namespace) -> tuple[list[Way], dict[str, Any]]:
                 )
                 ways.append(c)
                 notes["service_totals"] = after
+                notes["sample"] = describe_sample(sample)
                 notes["verified"] = (
-                    f"(c): the service received exactly {received:,} requests for the campaign, "
-                    f"accepted and decrypted all {decrypted:,}; the campaign is completed with "
-                    f"{run.deliveries.get('accepted', 0):,} of {n:,} deliveries accepted"
+                    f"(c): the service received exactly {received:,} requests for the campaign "
+                    f"and accepted all {accepted:,}, one for each of {after['distinct_tokens']:,} "
+                    f"distinct recipients; it decrypted the {decrypted:,} sampled ones, and each "
+                    "of those is exactly the campaign's payload for the delivery id it carries, "
+                    "a delivery of this campaign to that recipient; the campaign is completed "
+                    f"with {run.deliveries.get('accepted', 0):,} of {n:,} deliveries (one per "
+                    "recipient, distinct delivery ids) accepted"
                 )
                 app.extensions["portal.db"].engine.dispose()
                 dispatcher = app.extensions.get("portal.dispatcher")
@@ -739,6 +830,22 @@ def main(argv: list[str] | None = None) -> int:
         "--quick", action="store_true",
         help="smoke run: 2,000 recipients (sample 500), memory at 5,000 and 20,000",
     )  # fmt: skip
+    parser.add_argument(
+        "--decrypt-first", type=int, default=100,
+        help="the fake service decrypts the first N messages it accepts (default 100) ...",
+    )  # fmt: skip
+    parser.add_argument(
+        "--decrypt-every", type=int, default=20,
+        help="... and then every K-th (default 20; 1 decrypts every message), for every way",
+    )  # fmt: skip
+    parser.add_argument(
+        "--engine-only", action="store_true",
+        help="measure (c) only, no pywebpush ways and no targets (for profiling the engine)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--profile", metavar="PATH",
+        help="cProfile (c)'s sending thread, in thread CPU time, into this file",
+    )  # fmt: skip
     parser.add_argument("--memory-child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
@@ -750,6 +857,8 @@ def main(argv: list[str] | None = None) -> int:
     args.memory_sizes = [int(s) for s in args.memory_sizes.split(",") if s.strip()]
     if args.recipients < 1 or args.baseline_sample < 1 or any(s < 1 for s in args.memory_sizes):
         parser.error("sizes must be positive")
+    if args.decrypt_first < 0 or args.decrypt_every < 1:
+        parser.error("--decrypt-first must be ≥ 0 and --decrypt-every ≥ 1")
 
     # Stopped from outside: still drop the databases (the finally blocks).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
@@ -760,12 +869,10 @@ def main(argv: list[str] | None = None) -> int:
     load_start = load()
     print(f"machine: {machine()}, PostgreSQL {version}, load {load_start:.1f}", flush=True)
     ways, notes = throughput(args)
-    mem = memory(args) if args.memory_sizes else []
+    mem = memory(args) if args.memory_sizes and not args.engine_only else []
     load_end = load()
-    figs = figures(ways, mem)
+    figs = [] if args.engine_only else figures(ways, mem)
 
-    a = next(w for w in ways if w.key == "a")
-    b = max((w for w in ways if w.key in ("b", "b'")), key=lambda w: w.rate)
     parts = [
         f"Machine: {machine()}, PostgreSQL {version}; load average (1 min) {load_start:.1f} "
         f"at the start, {load_end:.1f} at the end.",
@@ -773,12 +880,18 @@ def main(argv: list[str] | None = None) -> int:
         figures_table(figs),
         "",
         f"Throughput, {ways[-1].messages:,} recipients, {notes['payload_bytes']}-byte "
-        "payloads, the fake service decrypting every message:",
+        f"payloads, the fake service checking every request and decrypting {notes['sample']} "
+        "(the same for every way):",
         "",
         throughput_table(ways),
         "",
         notes["verified"] + ".",
     ]
+    if args.engine_only:
+        print("\n".join(parts))
+        return 0
+    a = next(w for w in ways if w.key == "a")
+    b = max((w for w in ways if w.key in ("b", "b'")), key=lambda w: w.rate)
     if a.sampled:
         parts += [
             "",

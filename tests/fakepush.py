@@ -62,6 +62,7 @@ from tests.factories import BrowserSubscription, SubscriptionFactory
 from tests.push_decrypt import DecryptError, decrypt
 
 MAX_BODY_BYTES = 4096
+HEADER_LENGTH = 86  # salt(16) ‖ rs(4) ‖ idlen(1) ‖ a 65-byte key id
 MAX_VAPID_LIFETIME = dt.timedelta(hours=24)
 URGENCIES = frozenset({"very-low", "low", "normal", "high"})
 _TOPIC = re.compile(r"[A-Za-z0-9_-]{1,32}")
@@ -212,6 +213,7 @@ class Stats:
     accepted: int = 0
     decrypted: int = 0
     resets: int = 0
+    distinct_tokens: int = 0  # tokens with at least one accepted message
 
     def as_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
@@ -350,19 +352,34 @@ class FakePushService:
     ``decrypt`` (on by default) opens every accepted body with the registered keys; an
     unregistered token then gets 404, as a push service answers for an unknown
     subscription. ``record`` keeps every answered request for :meth:`received`.
+
+    ``decrypt_sample=(first, every)`` (benchmarks only) decrypts a deterministic sample
+    instead of every body: the first ``first`` accepted messages and then every
+    ``every``-th (the n-th accepted message, counting from 1, when n ≤ first or n is a
+    multiple of every). Every request is still parsed in full, its headers and VAPID
+    checked, its token must be registered and its body must carry a well-formed
+    ``aes128gcm`` header; the sampled plaintexts are kept for :meth:`samples`. Decryption
+    costs as much as a sender's encryption, and on a small machine it takes the CPU the
+    sender under test competes for.
     """
 
     def __init__(
         self,
         *,
         decrypt: bool = True,
+        decrypt_sample: tuple[int, int] | None = None,
         record: bool = True,
         default_answer: Answer | int = 201,
         clock: Clock | None = None,
         host: str = "127.0.0.1",
     ) -> None:
         self.decrypt = decrypt
+        if decrypt_sample is not None and (decrypt_sample[0] < 0 or decrypt_sample[1] < 1):
+            raise ValueError("decrypt_sample is (first ≥ 0, every ≥ 1)")
+        self.decrypt_sample = decrypt_sample
         self.record = record
+        self._samples: list[tuple[str, bytes]] = []
+        self._accepted_tokens: set[str] = set()
         self.default_answer = (
             default_answer if isinstance(default_answer, Answer) else Answer(default_answer)
         )
@@ -719,19 +736,48 @@ class FakePushService:
         if self.decrypt:
             if subscriber is None:
                 return _Reply(404, {}, b"unknown subscription", answer, token, error="unregistered")
-            try:
-                plaintext = decrypt(
-                    body, subscriber.private_key, subscriber.auth, ua_public=subscriber.public_key
-                )
-            except DecryptError as error:
-                return refuse(400, f"does not decrypt: {error}")
+            if self._sampled(self.stats.accepted + 1):
+                try:
+                    plaintext = decrypt(
+                        body,
+                        subscriber.private_key,
+                        subscriber.auth,
+                        ua_public=subscriber.public_key,
+                    )
+                except DecryptError as error:
+                    return refuse(400, f"does not decrypt: {error}")
+            else:
+                problem = _malformed(body)
+                if problem:
+                    return refuse(400, f"not an aes128gcm body: {problem}")
         with self._lock:
             self.stats.accepted += 1
+            self._accepted_tokens.add(token)
+            self.stats.distinct_tokens = len(self._accepted_tokens)
             if plaintext is not None:
                 self.stats.decrypted += 1
+                if self.decrypt_sample is not None:
+                    self._samples.append((token, plaintext))
             message_id = next(self._message_ids)
         out = {"Location": f"{self.origin}/message/{message_id}", **answer.headers}
         return _Reply(answer.status, out, answer.body, answer, token, plaintext)
+
+    def _sampled(self, n: int) -> bool:
+        if self.decrypt_sample is None:
+            return True
+        first, every = self.decrypt_sample
+        return n <= first or n % every == 0
+
+    def samples(self) -> list[tuple[str, bytes]]:
+        """(token, plaintext) of each message decrypted under ``decrypt_sample``."""
+        with self._lock:
+            return list(self._samples)
+
+    def forget_tokens(self) -> None:
+        """Start counting ``stats.distinct_tokens`` afresh (e.g. before the next way)."""
+        with self._lock:
+            self._accepted_tokens.clear()
+            self.stats.distinct_tokens = 0
 
     def _check_vapid(self, authorization: str | None) -> None:
         if not authorization:
@@ -748,6 +794,19 @@ class FakePushService:
         claims, key = verify_vapid(authorization, audience=self.origin, now=now)
         with self._lock:
             self._verified_tokens[jwt] = (key, claims["exp"])
+
+
+def _malformed(body: bytes) -> str | None:
+    """What is wrong with an ``aes128gcm`` body's framing, without decrypting it: the
+    header (salt, record size, a 65-byte P-256 key id) and room for a tag and delimiter."""
+    if len(body) < HEADER_LENGTH + 17:
+        return f"{len(body)} bytes is shorter than a header and one record"
+    (record_size,) = struct.unpack("!I", body[16:20])
+    if record_size < 18:
+        return f"record size {record_size} is below the minimum of 18"
+    if body[20] != 65 or body[21] != 0x04:
+        return "the key id is not an uncompressed P-256 point"
+    return None
 
 
 def token_of(subscription: BrowserSubscription) -> str:
@@ -773,6 +832,11 @@ def _serve_in_child(conn: multiprocessing.connection.Connection, options: dict[s
                 conn.send(service.stats.as_dict())
             elif command == "received":
                 conn.send(service.received())
+            elif command == "samples":
+                conn.send(service.samples())
+            elif command == "forget_tokens":
+                service.forget_tokens()
+                conn.send(None)
             elif command == "stop":
                 break
     finally:
@@ -843,6 +907,17 @@ class FakePushProcess:
         assert self._pipe is not None
         self._pipe.send(("received", None))
         return self._pipe.recv()
+
+    def samples(self) -> list[tuple[str, bytes]]:
+        """(token, plaintext) of each sampled message (with ``decrypt_sample`` set)."""
+        assert self._pipe is not None
+        self._pipe.send(("samples", None))
+        return self._pipe.recv()
+
+    def forget_tokens(self) -> None:
+        assert self._pipe is not None
+        self._pipe.send(("forget_tokens", None))
+        self._pipe.recv()
 
     def stop(self) -> None:
         if self._pipe is not None:

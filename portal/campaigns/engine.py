@@ -10,7 +10,6 @@ delivery id for the service worker to drop.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import logging
 import random
@@ -18,17 +17,23 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import sqlalchemy as sa
 from flask import Flask
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 
 from portal.campaigns import metrics
 from portal.campaigns.models import Campaign, CampaignStatus, CircuitState, Delivery, DeliveryStatus
-from portal.campaigns.services import live_subscription_query, materialise_batch, payload
+from portal.campaigns.services import (
+    PayloadTemplate,
+    live_subscription_query,
+    materialise_batch,
+)
 from portal.config import b64url_decode
 from portal.consent import log as consent_log
 from portal.consent.models import EventKind, Source
@@ -39,6 +44,7 @@ from portal.dispatch.transport import PushRequest, PushResponse, PushTransport, 
 from portal.subscriptions.lifecycle import (
     Lifecycle,
     Outcome,
+    Transition,
     apply_answer,
     backoff_delay,
     may_retry,
@@ -207,11 +213,18 @@ class Dispatcher:
             ).scalars()
         )
 
-    def claim(self) -> list[_Claimed]:
+    def claim(self, *, also_blocked: dict[str, dt.datetime] | None = None) -> list[_Claimed]:
+        """Take up to a batch of due deliveries. ``also_blocked``: circuits a batch whose
+        answers are still being written has opened (push service → open until)."""
         now = self.clock.now()
         lease = now + dt.timedelta(seconds=self.settings.lease_seconds)
         with db.begin(self.app) as session:
             blocked = self._open_circuits(session, now)
+            blocked += [
+                service
+                for service, until in (also_blocked or {}).items()
+                if until > now and service not in blocked
+            ]
             due = sa.or_(
                 sa.and_(_d.c.status == DeliveryStatus.QUEUED.value, _d.c.next_attempt_at <= now),
                 # A lease that ran out: the process sending it died. Claimable again.
@@ -228,12 +241,10 @@ class Dispatcher:
                 candidates = candidates.where(_d.c.push_service.not_in(blocked))
             if is_postgres(session):
                 candidates = candidates.with_for_update(of=_d, skip_locked=True)
-            ids = session.execute(candidates).scalars().all()
-            if not ids:
-                return []
+            # One statement: the candidates are chosen, locked and leased in one round trip.
             rows = session.execute(
                 sa.update(_d)
-                .where(_d.c.id.in_(ids))
+                .where(_d.c.id.in_(candidates.scalar_subquery()))
                 .values(
                     status=DeliveryStatus.SENDING.value,
                     lease_expires_at=lease,
@@ -248,33 +259,75 @@ class Dispatcher:
                     _d.c.attempts,
                 )
             ).all()
-        return [_Claimed(*row) for row in rows]
+        return sorted((_Claimed(*row) for row in rows), key=lambda c: c.delivery_id)
 
     # -- sending ----------------------------------------------------------------------
 
     def tick(
         self, *, stop: threading.Event | None = None, max_batches: int | None = None
     ) -> TickReport:
-        """Advance campaigns and send until nothing is due (or ``max_batches``)."""
+        """Advance campaigns and send until nothing is due (or ``max_batches``).
+
+        On PostgreSQL one batch's answers are written while the next batch is claimed,
+        encrypted and sent: the writes wait on the database, the sending on the push
+        services, and each used to idle while the other ran. The next batch is planned
+        with what the previous batch's answers decided (circuits opened, subscriptions
+        revoked or gone stale), so it behaves as if those answers were already written.
+        SQLite has one writer at a time, so there the answers are written in turn.
+        """
         report = TickReport()
         report.materialised += self.advance_campaigns()
         batches = 0
-        while stop is None or not stop.is_set():
-            claimed = self.claim()
-            if not claimed:
-                # More audience may be waiting to be materialised.
-                more = self.advance_campaigns()
-                report.materialised += more
-                if more == 0:
+        overlap = self._overlap()
+        recorder = ThreadPoolExecutor(1, thread_name_prefix="dispatch-record") if overlap else None
+        recording: _Recording | None = None  # the previous batch's answers, being written
+        try:
+            while stop is None or not stop.is_set():
+                claimed = self.claim(also_blocked=recording.plan.circuits if recording else {})
+                if not claimed:
+                    # Everything written before materialising more or closing campaigns.
+                    done, recording = recording, None
+                    _finish(done)
+                    more = self.advance_campaigns()
+                    report.materialised += more
+                    if more == 0:
+                        break
+                    continue
+                report.claimed += len(claimed)
+                lease = _LeaseKeeper(self, [c.delivery_id for c in claimed]).start()
+                try:
+                    plan = self._send(claimed, report, recording.plan if recording else None)
+                except BaseException:
+                    lease.stop()
+                    raise
+                previous, recording = recording, _Recording(plan, lease)
+                try:
+                    _finish(previous)
+                finally:
+                    recording.start(recorder, self._write)
+                if plan.failure is not None:
+                    raise plan.failure
+                batches += 1
+                if max_batches is not None and batches >= max_batches:
                     break
-                continue
-            self._send(claimed, report)
-            batches += 1
-            if max_batches is not None and batches >= max_batches:
-                break
+        except BaseException:
+            try:
+                _finish(recording)
+            except Exception:
+                # The first failure is the one raised; this one is only logged.
+                log.exception("could not record a batch's answers")
+            raise
+        finally:
+            if recorder is not None:
+                recorder.shutdown(wait=True)
+        _finish(recording)
         self.advance_campaigns()
         self._update_gauges()
         return report
+
+    def _overlap(self) -> bool:
+        with db.begin(self.app) as session:
+            return is_postgres(session)
 
     def _update_gauges(self) -> None:
         with db.begin(self.app) as session:
@@ -294,61 +347,22 @@ class Dispatcher:
         metrics.deliveries_queued.set(queued)
         metrics.tokens_pruned_current.set(revoked)
 
-    def _send(self, claimed: list[_Claimed], report: TickReport) -> None:
-        report.claimed += len(claimed)
+    def _send(self, claimed: list[_Claimed], report: TickReport, previous: _Plan | None) -> _Plan:
         now = self.clock.now()
-        with self._keeping_leases([c.delivery_id for c in claimed]):
-            skipped, answered, subs = self._encrypt_and_send(claimed)
-            self._apply(skipped, answered, subs, now, report)
-
-    @contextlib.contextmanager
-    def _keeping_leases(self, delivery_ids: list[int]) -> Iterator[None]:
-        """Renew the batch's lease every third of it until its answers are recorded.
-
-        A slow push service can hold a batch longer than one lease (each request may wait
-        out the transport's time-out), and recording the answers can wait for another
-        process's (they take the consent log's lock in turn); without renewal another
-        process would take the batch and send it a second time meanwhile. A process that
-        dies stops renewing, so its batch is claimable again one lease later.
-        """
-        seconds = self.settings.lease_seconds
-        done = threading.Event()
-
-        def renew() -> None:
-            while not done.wait(seconds / 3):
-                try:
-                    with db.begin(self.app) as session:
-                        mine = sa.select(_d.c.id).where(
-                            _d.c.id.in_(delivery_ids),
-                            _d.c.status == DeliveryStatus.SENDING.value,
-                        )
-                        if is_postgres(session):
-                            # Rows the answers are being written to are passed over, never
-                            # waited for: renewal must not deadlock with recording.
-                            mine = mine.with_for_update(skip_locked=True)
-                        session.execute(
-                            sa.update(_d)
-                            .where(_d.c.id.in_(mine), _d.c.status == DeliveryStatus.SENDING.value)
-                            .values(
-                                lease_expires_at=self.clock.now() + dt.timedelta(seconds=seconds)
-                            )
-                        )
-                except sa.exc.SQLAlchemyError:
-                    # Tried again at the next third; meanwhile the lease may run out, as
-                    # it would for a process that died.
-                    log.warning("could not renew the lease of a batch", exc_info=True)
-
-        renewer = threading.Thread(target=renew, name="dispatch-lease", daemon=True)
-        renewer.start()
-        try:
-            yield
-        finally:
-            done.set()
-            renewer.join()
+        carried = previous.lifecycles if previous is not None else {}
+        skipped, answered, subs, failure = self._encrypt_and_send(claimed, carried)
+        plan = self._plan(skipped, answered, subs, carried, now, report)
+        plan.failure = failure
+        return plan
 
     def _encrypt_and_send(
-        self, claimed: list[_Claimed]
-    ) -> tuple[list[tuple[int, str]], list[tuple[_Claimed, PushResponse]], dict[uuid.UUID, Any]]:
+        self, claimed: list[_Claimed], carried: dict[uuid.UUID, Lifecycle]
+    ) -> tuple[
+        list[tuple[int, str]],
+        list[tuple[_Claimed, PushResponse]],
+        dict[uuid.UUID, Any],
+        Exception | None,
+    ]:
         by_subscription = {c.subscription_id: c for c in claimed}
         campaign_ids = {c.campaign_id for c in claimed}
         with db.begin(self.app) as session:
@@ -365,7 +379,7 @@ class Dispatcher:
                     query = live_subscription_query(mine)
                 else:
                     # Consent and liveness re-checked now: an opt-out after launch is honoured.
-                    query = recipient_query(campaign.topic_id).where(_s.c.id.in_(mine))
+                    query = recipient_query(campaign.topic_id).where(_among(session, _s.c.id, mine))
                 allowed.update({row.id: row for row in session.execute(query)})
             subs = {
                 row.id: row
@@ -382,56 +396,132 @@ class Dispatcher:
                         _s.c.last_success_at,
                         _s.c.subscriber_id,
                         _s.c.push_service,
-                    ).where(_s.c.id.in_(list(by_subscription)))
+                    ).where(_among(session, _s.c.id, by_subscription))
                 )
             }
         skipped: list[tuple[int, str]] = []
-        to_send: list[tuple[_Claimed, PushRequest]] = []
-        for item in claimed:
-            sub = subs.get(item.subscription_id)
-            if item.subscription_id not in allowed or sub is None:
-                skipped.append((item.delivery_id, _skip_reason(sub)))
-                continue
-            campaign = campaigns[item.campaign_id]
-            try:
-                secret = self.keys.open(bytes(sub.auth_sealed), sub.auth_key_version)
-                request = PushRequest.encrypted(
-                    sub.endpoint,
-                    payload(campaign, item.delivery_id),
-                    p256dh=b64url_decode(sub.p256dh),
-                    auth=secret,
-                    ttl=campaign.ttl,
-                    urgency=Urgency(campaign.urgency),
-                    topic=campaign.collapse_key,
-                )
-            except (UnknownKeyVersion, SealBroken, InvalidSubscriptionKeys) as problem:
-                log.error("delivery %s cannot be encrypted: %s", item.delivery_id, problem)
-                skipped.append((item.delivery_id, "unreadable_keys"))
-                continue
-            to_send.append((item, request))
+        sent: list[_Claimed] = []
+        # Per campaign, read once: the message template and the request options.
+        messages = {
+            c.id: (PayloadTemplate(c), c.ttl, Urgency(c.urgency), c.collapse_key)
+            for c in campaigns.values()
+        }
+        failure: list[Exception] = []
+
+        def requests() -> Iterator[PushRequest]:
+            # Encrypted one at a time as the transport takes them, so encryption runs
+            # while the earlier messages are on the wire and at the push service.
+            for item in claimed:
+                sub = subs.get(item.subscription_id)
+                if item.subscription_id not in allowed or sub is None:
+                    skipped.append((item.delivery_id, _skip_reason(sub)))
+                    continue
+                known = carried.get(item.subscription_id)
+                if known is not None and known.state not in _LIVE:
+                    # Revoked or gone stale by the previous batch's answers, not yet written.
+                    skipped.append((item.delivery_id, f"subscription_{known.state.value}"))
+                    continue
+                template, ttl, urgency, topic = messages[item.campaign_id]
+                try:
+                    secret = self.keys.open(bytes(sub.auth_sealed), sub.auth_key_version)
+                    request = PushRequest.encrypted(
+                        sub.endpoint,
+                        template.render(item.delivery_id),
+                        p256dh=b64url_decode(sub.p256dh),
+                        auth=secret,
+                        ttl=ttl,
+                        urgency=urgency,
+                        topic=topic,
+                    )
+                except (UnknownKeyVersion, SealBroken, InvalidSubscriptionKeys) as problem:
+                    log.error("delivery %s cannot be encrypted: %s", item.delivery_id, problem)
+                    skipped.append((item.delivery_id, "unreadable_keys"))
+                    continue
+                except Exception as error:
+                    # The messages already sent have answers to record; the rest of the
+                    # batch stays leased and is claimed again when the lease runs out.
+                    failure.append(error)
+                    return
+                sent.append(item)
+                yield request
 
         started = time.perf_counter()
-        responses = (
-            self.transport.send_batch([request for _, request in to_send]) if to_send else []
-        )
+        responses = self.transport.send_batch(requests())
         elapsed = time.perf_counter() - started
-        for (item, _), response in zip(to_send, responses, strict=True):
-            metrics.observe_send(item.push_service, response, elapsed / max(len(to_send), 1))
-        return skipped, list(zip([i for i, _ in to_send], responses, strict=True)), subs
+        answered = list(zip(sent, responses, strict=True))
+        metrics.observe_sends(
+            [(item.push_service, response) for item, response in answered],
+            elapsed / max(len(sent), 1),
+        )
+        return skipped, answered, subs, (failure[0] if failure else None)
 
-    def _apply(
+    def _plan(
         self,
         skipped: list[tuple[int, str]],
         answered: list[tuple[_Claimed, PushResponse]],
         subs: dict[uuid.UUID, Any],
+        carried: dict[uuid.UUID, Lifecycle],
         now: dt.datetime,
         report: TickReport,
-    ) -> None:
+    ) -> _Plan:
+        """Decide what every answer does (no database work): the writes, in the answers'
+        order, the circuits to open and the lifecycles the next batch must see."""
+        plan = _Plan(now, skipped)
+        report.skipped += len(skipped)
+        transient: defaultdict[str, int] = defaultdict(int)
+        seen: defaultdict[str, int] = defaultdict(int)
+        for item, response in answered:
+            seen[item.push_service] += 1
+            report.by_service[item.push_service][str(response.status or response.error)] += 1
+            sub = subs[item.subscription_id]
+            current = carried.get(item.subscription_id) or Lifecycle(
+                SubscriptionState(sub.state),
+                sub.consecutive_failures,
+                sub.last_success_at is not None,
+            )
+            step = apply_answer(
+                current,
+                response.answer(PushService(item.push_service)),
+                failures_before_stale=self.failures_before_stale,
+            )
+            plan.answers.append(_Answer(item, sub, response, step, current.state))
+            if step.outcome == Outcome.ACCEPTED:
+                report.accepted += 1
+                plan.lifecycles[item.subscription_id] = step.lifecycle
+            elif step.outcome == Outcome.REVOKED:
+                report.revoked += 1
+                plan.lifecycles[item.subscription_id] = Lifecycle(
+                    SubscriptionState.REVOKED, current.consecutive_failures, current.has_succeeded
+                )
+            elif step.outcome == Outcome.FAILED:
+                report.failed += 1
+                if step.reason == "not_found":
+                    plan.lifecycles[item.subscription_id] = step.lifecycle
+                metrics.failure(item.push_service, step.reason)
+            elif may_retry(item.attempts, self.retry):
+                transient[item.push_service] += 1
+                report.retried += 1
+            else:
+                transient[item.push_service] += 1
+                report.failed += 1
+                metrics.failure(item.push_service, "max_retries_exceeded")
+        for service, count in transient.items():
+            ratio = count / seen[service]
+            if count >= self.settings.circuit_min and ratio >= self.settings.circuit_ratio:
+                until = now + dt.timedelta(seconds=self.settings.circuit_seconds)
+                reason = f"{count} of {seen[service]} answers were 429/5xx"
+                plan.circuits[service] = until
+                plan.circuit_reasons[service] = reason
+        return plan
+
+    def _write(self, plan: _Plan) -> None:
+        """Record a planned batch: every delivery's new status and every subscription's
+        lifecycle, in the answers' order, under the consent log's lock."""
         pruned: list[_Claimed] = []
         try:
             with db.begin(self.app) as session:
                 consent_log.lock_chain(session)  # a 410 appends to the consent log
-                for delivery_id, reason in skipped:
+                for delivery_id, reason in plan.skipped:
                     session.execute(
                         sa.update(_d)
                         .where(_d.c.id == delivery_id)
@@ -439,31 +529,19 @@ class Dispatcher:
                             status=DeliveryStatus.SKIPPED.value,
                             reason=reason,
                             lease_expires_at=None,
-                            updated_at=now,
+                            updated_at=plan.now,
                         )
                     )
-                    report.skipped += 1
-                transient: defaultdict[str, int] = defaultdict(int)
-                seen: defaultdict[str, int] = defaultdict(int)
-                accepted = _AcceptedRun(now)
-                for item, response in answered:
-                    seen[item.push_service] += 1
-                    report.by_service[item.push_service][
-                        str(response.status or response.error)
-                    ] += 1
-                    outcome = self._apply_one(
-                        session, item, subs[item.subscription_id], response, now, report, accepted
-                    )
-                    if outcome == Outcome.REVOKED:
-                        pruned.append(item)
-                    elif outcome == Outcome.RETRY:
-                        transient[item.push_service] += 1
+                accepted = _AcceptedRun(plan.now)
+                for answer in plan.answers:
+                    if answer.step.outcome == Outcome.REVOKED:
+                        pruned.append(answer.item)
+                    self._write_one(session, answer, plan.now, accepted)
                 accepted.flush(session)
-                for service, count in transient.items():
-                    ratio = count / seen[service]
-                    if count >= self.settings.circuit_min and ratio >= self.settings.circuit_ratio:
-                        reason = f"{count} of {seen[service]} answers were 429/5xx"
-                        self._open_circuit(session, service, now, reason)
+                for service, until in plan.circuits.items():
+                    self._open_circuit(
+                        session, service, plan.now, until, plan.circuit_reasons[service]
+                    )
         finally:
             # Emitted even when the database write failed, so operators know (seed 003).
             for item in pruned:
@@ -478,34 +556,18 @@ class Dispatcher:
                     },
                 )
 
-    def _apply_one(
-        self,
-        session: Session,
-        item: _Claimed,
-        sub: Any,
-        response: PushResponse,
-        now: dt.datetime,
-        report: TickReport,
-        accepted: _AcceptedRun,
-    ) -> Outcome:
+    def _write_one(
+        self, session: Session, answer: _Answer, now: dt.datetime, accepted: _AcceptedRun
+    ) -> None:
         """One answer: the delivery's new status and the subscription's lifecycle.
 
         An acceptance joins ``accepted``, written together with the acceptances next to
         it; any other answer first writes those, so the writes keep the answers' order.
         """
-        step = apply_answer(
-            Lifecycle(
-                SubscriptionState(sub.state),
-                sub.consecutive_failures,
-                sub.last_success_at is not None,
-            ),
-            response.answer(PushService(item.push_service)),
-            failures_before_stale=self.failures_before_stale,
-        )
+        item, response, step = answer.item, answer.response, answer.step
         if step.outcome == Outcome.ACCEPTED:
             accepted.add(session, item, response.status)
-            report.accepted += 1
-            return step.outcome
+            return
         accepted.flush(session)
         delivery: dict[str, Any] = {
             "last_status_code": response.status,
@@ -515,21 +577,18 @@ class Dispatcher:
         subscription = _s.c.id == item.subscription_id
         if step.outcome == Outcome.REVOKED:
             delivery |= {"status": DeliveryStatus.REVOKED.value, "reason": "gone"}
-            report.revoked += 1
-            self._revoke(session, item, sub, now)
+            self._revoke(session, item, answer.sub, answer.state_before, now)
         elif step.outcome == Outcome.FAILED:
             delivery |= {
                 "status": DeliveryStatus.FAILED.value,
                 "reason": f"{step.reason}_{response.status}",
             }
-            report.failed += 1
             values: dict[str, Any] = {"last_failure_at": now, "last_status_code": response.status}
             if step.reason == "not_found":
                 values["consecutive_failures"] = step.lifecycle.consecutive_failures
-                if step.lifecycle.state != SubscriptionState(sub.state):
+                if step.lifecycle.state != answer.state_before:
                     values |= {"state": step.lifecycle.state.value, "stale_at": now}
             session.execute(sa.update(_s).where(subscription).values(**values))
-            metrics.failure(item.push_service, step.reason)
         elif may_retry(item.attempts, self.retry):
             delay = backoff_delay(
                 item.attempts, self.retry, retry_after=response.retry_after, rand=self.rand
@@ -539,15 +598,18 @@ class Dispatcher:
                 "reason": step.reason,
                 "next_attempt_at": now + dt.timedelta(seconds=delay),
             }
-            report.retried += 1
         else:
             delivery |= {"status": DeliveryStatus.FAILED.value, "reason": "max_attempts"}
-            report.failed += 1
-            metrics.failure(item.push_service, "max_retries_exceeded")
         session.execute(sa.update(_d).where(_d.c.id == item.delivery_id).values(**delivery))
-        return step.outcome
 
-    def _revoke(self, session: Session, item: _Claimed, sub: Any, now: dt.datetime) -> None:
+    def _revoke(
+        self,
+        session: Session,
+        item: _Claimed,
+        sub: Any,
+        state_before: SubscriptionState,
+        now: dt.datetime,
+    ) -> None:
         changed = session.execute(
             sa.update(_s)
             .where(_s.c.id == item.subscription_id, _s.c.state != SubscriptionState.REVOKED.value)
@@ -566,7 +628,7 @@ class Dispatcher:
                 kind=EventKind.REVOKED_BY_PUSH_SERVICE,
                 subscriber_id=sub.subscriber_id,
                 subscription_id=item.subscription_id,
-                previous_state=sub.state,
+                previous_state=state_before.value,
                 new_state=SubscriptionState.REVOKED.value,
                 source=Source.SYSTEM.value,
                 actor="system",
@@ -576,8 +638,9 @@ class Dispatcher:
                 ),
             )
 
-    def _open_circuit(self, session: Session, service: str, now: dt.datetime, reason: str) -> None:
-        until = now + dt.timedelta(seconds=self.settings.circuit_seconds)
+    def _open_circuit(
+        self, session: Session, service: str, now: dt.datetime, until: dt.datetime, reason: str
+    ) -> None:
         existing = session.get(CircuitState, service)
         if existing is None:
             session.add(
@@ -586,6 +649,134 @@ class Dispatcher:
         else:
             existing.open_until, existing.reason, existing.opened_at = until, reason, now
         log.warning("push service %s slowed down until %s: %s", service, until.isoformat(), reason)
+
+
+_LIVE = (SubscriptionState.PENDING, SubscriptionState.ACTIVE)
+
+
+def _among(
+    session: Session, column: sa.ColumnElement[Any], values: Iterable[Any]
+) -> sa.ColumnElement[bool]:
+    """``column IN values``, which PostgreSQL gets as one array parameter (``= ANY(:a)``):
+    a batch's IN lists of 500 placeholders cost the sender more CPU to render and convert
+    than they cost the database to run."""
+    values = list(values)
+    if is_postgres(session):
+        return column == sa.any_(sa.bindparam(None, values, type_=postgresql.ARRAY(column.type)))
+    return column.in_(values)
+
+
+@dataclass
+class _Answer:
+    item: _Claimed
+    sub: Any
+    response: PushResponse
+    step: Transition
+    state_before: SubscriptionState
+
+
+@dataclass
+class _Plan:
+    """A sent batch's answers, decided and waiting to be written."""
+
+    now: dt.datetime
+    skipped: list[tuple[int, str]]
+    answers: list[_Answer] = field(default_factory=list)
+    circuits: dict[str, dt.datetime] = field(default_factory=dict)
+    circuit_reasons: dict[str, str] = field(default_factory=dict)
+    # Subscriptions whose lifecycle these answers change: the next batch, planned before
+    # this one is written, starts from these rather than from the rows it reads.
+    lifecycles: dict[uuid.UUID, Lifecycle] = field(default_factory=dict)
+    failure: Exception | None = None  # a message that could not be built, raised once written
+
+
+class _LeaseKeeper:
+    """Renews a batch's lease every third of it until its answers are recorded.
+
+    A slow push service can hold a batch longer than one lease (each request may wait
+    out the transport's time-out), and recording the answers can wait for another
+    process's (they take the consent log's lock in turn); without renewal another
+    process would take the batch and send it a second time meanwhile. A process that
+    dies stops renewing, so its batch is claimable again one lease later.
+    """
+
+    def __init__(self, dispatcher: Dispatcher, delivery_ids: list[int]) -> None:
+        self.dispatcher = dispatcher
+        self.delivery_ids = delivery_ids
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._renew, name="dispatch-lease", daemon=True)
+
+    def start(self) -> _LeaseKeeper:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _renew(self) -> None:
+        dispatcher = self.dispatcher
+        seconds = dispatcher.settings.lease_seconds
+        while not self._done.wait(seconds / 3):
+            try:
+                with db.begin(dispatcher.app) as session:
+                    mine = sa.select(_d.c.id).where(
+                        _among(session, _d.c.id, self.delivery_ids),
+                        _d.c.status == DeliveryStatus.SENDING.value,
+                    )
+                    if is_postgres(session):
+                        # Rows the answers are being written to are passed over, never
+                        # waited for: renewal must not deadlock with recording.
+                        mine = mine.with_for_update(skip_locked=True)
+                    session.execute(
+                        sa.update(_d)
+                        .where(_d.c.id.in_(mine), _d.c.status == DeliveryStatus.SENDING.value)
+                        .values(
+                            lease_expires_at=dispatcher.clock.now() + dt.timedelta(seconds=seconds)
+                        )
+                    )
+            except sa.exc.SQLAlchemyError:
+                # Tried again at the next third; meanwhile the lease may run out, as
+                # it would for a process that died.
+                log.warning("could not renew the lease of a batch", exc_info=True)
+
+
+class _Recording:
+    """A planned batch being written (in the recorder thread, or already inline); its
+    lease is kept until the write ends, successful or not."""
+
+    def __init__(self, plan: _Plan, lease: _LeaseKeeper) -> None:
+        self.plan = plan
+        self.lease = lease
+        self.future: Future[None] = Future()
+
+    def _run(self, write: Callable[[_Plan], None]) -> None:
+        try:
+            write(self.plan)
+        finally:
+            self.lease.stop()
+
+    def start(self, executor: ThreadPoolExecutor | None, write: Callable[[_Plan], None]) -> None:
+        """Write in ``executor``'s thread, or now when there is none."""
+        if executor is not None:
+            try:
+                self.future = executor.submit(self._run, write)
+            except BaseException:
+                self.lease.stop()
+                raise
+            return
+        try:
+            self._run(write)
+        except BaseException as error:
+            self.future.set_exception(error)
+        else:
+            self.future.set_result(None)
+
+
+def _finish(recording: _Recording | None) -> None:
+    """Wait for a batch's answers to be written; raise what the write raised."""
+    if recording is not None:
+        recording.future.result()
 
 
 @dataclass
@@ -611,7 +802,7 @@ class _AcceptedRun:
         session.execute(
             sa.update(_s)
             # A subscription can be in two campaigns of one batch: each id once.
-            .where(_s.c.id.in_(sorted(set(self.subscriptions))))
+            .where(_among(session, _s.c.id, sorted(set(self.subscriptions))))
             .values(
                 state=sa.case(
                     (_s.c.state.in_(["revoked", "expired"]), _s.c.state),
@@ -627,7 +818,7 @@ class _AcceptedRun:
         )
         session.execute(
             sa.update(_d)
-            .where(_d.c.id.in_(self.deliveries))
+            .where(_among(session, _d.c.id, self.deliveries))
             .values(
                 status=DeliveryStatus.ACCEPTED.value,
                 reason=None,

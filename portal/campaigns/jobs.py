@@ -24,10 +24,13 @@ def dispatcher_for(app: Flask) -> Dispatcher:
         from portal.dispatch.vapid import VapidSigner
 
         portal = app.extensions["portal"]
+        # The two counters looked up once: a label lookup per message costs more than the
+        # increment.
+        hits, misses = metrics.vapid_cache.labels("hit"), metrics.vapid_cache.labels("miss")
         signer = VapidSigner.from_settings(
             portal.settings,
             clock=portal.clock,
-            on_lookup=lambda hit: metrics.vapid_cache.labels("hit" if hit else "miss").inc(),
+            on_lookup=lambda hit: (hits if hit else misses).inc(),
         )
         dispatcher = Dispatcher(
             app,

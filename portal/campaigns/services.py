@@ -87,6 +87,20 @@ def payload(campaign: Campaign, delivery_id: int) -> bytes:
     return json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
+class PayloadTemplate:
+    """:func:`payload` for one campaign, the JSON encoded once: only the delivery id
+    (the first member) differs between its messages."""
+
+    def __init__(self, campaign: Campaign) -> None:
+        whole = payload(campaign, 0)
+        head = b'{"deliveryId":"0"'
+        assert whole.startswith(head)
+        self._tail = whole[len(head) :]
+
+    def render(self, delivery_id: int) -> bytes:
+        return b'{"deliveryId":"%d"%s' % (delivery_id, self._tail)
+
+
 def payload_size(draft: CampaignDraft) -> int:
     """The plaintext size of the largest message this draft can produce."""
     probe = Campaign(

@@ -11,13 +11,13 @@ rather than through ``http_ece``, which adds its own per-call overhead.
 
 from __future__ import annotations
 
+import hmac
 import os
 import struct
 
-from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 CONTENT_ENCODING = "aes128gcm"
 SALT_LENGTH = 16
@@ -53,6 +53,13 @@ class PayloadTooLarge(ValueError):
 
 class InvalidSubscriptionKeys(ValueError):
     """The subscription's p256dh or auth value cannot be used to encrypt."""
+
+
+def _hkdf(salt: bytes, ikm: bytes, info: bytes, length: int) -> bytes:
+    """RFC 5869 HKDF-SHA256 for lengths up to 32 bytes (one expansion block), on
+    ``hmac.digest``: a tenth of the CPU of building a ``cryptography`` HKDF object."""
+    prk = hmac.digest(salt, ikm, "sha256")
+    return hmac.digest(prk, info + b"\x01", "sha256")[:length]
 
 
 def max_plaintext_bytes(record_size: int = DEFAULT_RECORD_SIZE) -> int:
@@ -113,15 +120,12 @@ def encrypt(
     shared_secret = ephemeral_key.exchange(ec.ECDH(), ua_public)
 
     # RFC 8291 §3.4: mix the auth secret and both public keys into the input key material.
-    ikm = HKDF(
-        algorithm=hashes.SHA256(),
-        length=32,
-        salt=auth,
-        info=_KEY_INFO_PREFIX + p256dh + as_public,
-    ).derive(shared_secret)
-    # RFC 8188 §2.2–2.3: the content-encryption key and the nonce, from the message salt.
-    cek = HKDF(algorithm=hashes.SHA256(), length=16, salt=salt, info=_CEK_INFO).derive(ikm)
-    nonce = HKDF(algorithm=hashes.SHA256(), length=12, salt=salt, info=_NONCE_INFO).derive(ikm)
+    ikm = _hkdf(auth, shared_secret, _KEY_INFO_PREFIX + p256dh + as_public, 32)
+    # RFC 8188 §2.2–2.3: the content-encryption key and the nonce, from the message salt
+    # (one extraction, two expansions).
+    prk = hmac.digest(salt, ikm, "sha256")
+    cek = hmac.digest(prk, _CEK_INFO + b"\x01", "sha256")[:16]
+    nonce = hmac.digest(prk, _NONCE_INFO + b"\x01", "sha256")[:12]
 
     ciphertext = AESGCM(cek).encrypt(nonce, plaintext + _LAST_RECORD_DELIMITER, None)
     header = salt + struct.pack("!IB", record_size, PUBLIC_KEY_LENGTH) + as_public

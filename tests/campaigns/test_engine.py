@@ -11,7 +11,7 @@ import sqlalchemy as sa
 
 from portal.campaigns import services as campaigns
 from portal.campaigns.engine import Dispatcher, EngineSettings
-from portal.campaigns.models import Campaign, Delivery
+from portal.campaigns.models import Campaign, CircuitState, Delivery
 from portal.campaigns.services import CampaignDraft
 from portal.db import db
 from portal.jobs import run_job
@@ -412,3 +412,74 @@ def test_one_batch_of_mixed_answers_records_each_answer(
         )
         assert (row["last_success_at"] == clock.now()) is succeeded
     assert {len(fake_push.received(sub)) for sub in subs} == {1}
+
+
+def _one_at_a_time(push_app, dispatcher, **settings):
+    """A dispatcher on the same transport sending one delivery per batch, so consecutive
+    batches meet: on PostgreSQL a batch is planned while the previous one is written."""
+    return Dispatcher(
+        push_app,
+        dispatcher.transport,
+        settings=EngineSettings(batch_size=1, **settings),
+        rand=lambda: 0.0,
+    )
+
+
+def test_a_410_is_seen_by_the_next_batch_before_it_is_written(
+    push_app, dispatcher, fake_push, clock, engine
+):
+    sub = _subscribe(push_app, fake_push, topics=["weekly-digest"])
+    fake_push.script(sub, 410)
+    first, second = _launch(push_app, clock), _launch(push_app, clock)
+    report = _one_at_a_time(push_app, dispatcher).tick()
+    assert (report.revoked, report.skipped) == (1, 1)
+    assert len(fake_push.received(sub)) == 1  # the second campaign never sends to it
+    status = {d["campaign_id"]: (d["status"], d["reason"]) for d in _rows(push_app, Delivery)}
+    assert status == {first: ("revoked", "gone"), second: ("skipped", "subscription_revoked")}
+    with engine.connect() as conn:
+        events = conn.execute(
+            sa.text(
+                "SELECT previous_state FROM consent_event WHERE kind = 'revoked_by_push_service'"
+            )
+        ).all()
+    assert [tuple(e) for e in events] == [("pending",)]
+
+
+def test_404s_in_consecutive_batches_count_up_to_stale(
+    push_app, dispatcher, fake_push, clock, engine
+):
+    sub = _subscribe(push_app, fake_push, topics=["weekly-digest"])
+    fake_push.script(sub, 404, 404, 404)
+    for _ in range(4):
+        _launch(push_app, clock)
+    report = _one_at_a_time(push_app, dispatcher).tick()
+    (row,) = _rows(push_app, PushSubscription)
+    assert (row["state"], row["consecutive_failures"]) == ("stale", 3)
+    assert len(fake_push.received(sub)) == 3  # the fourth campaign finds it stale
+    assert (report.failed, report.skipped) == (3, 1)
+    reasons = sorted(d["reason"] for d in _rows(push_app, Delivery))
+    assert reasons == ["not_found_404"] * 3 + ["subscription_stale"]
+
+
+def test_a_circuit_opened_by_one_batch_holds_back_the_next(
+    push_app, dispatcher, fake_push, clock, engine
+):
+    throttled = [_subscribe(push_app, fake_push, topics=["weekly-digest"]) for _ in range(2)]
+    waiting = [_subscribe(push_app, fake_push, topics=["weekly-digest"]) for _ in range(2)]
+    for sub in throttled:
+        fake_push.script(sub, Answer.of(429, retry_after=30))
+    _launch(push_app, clock)
+    engine_ = Dispatcher(
+        push_app,
+        dispatcher.transport,
+        settings=EngineSettings(batch_size=2, circuit_min=2, circuit_ratio=0.5),
+        rand=lambda: 0.0,
+    )
+    report = engine_.tick()
+    assert report.retried == 2
+    assert report.accepted == 0
+    for sub in waiting:
+        assert fake_push.received(sub) == []  # claimed only once the circuit closes
+    (circuit,) = _rows(push_app, CircuitState)
+    assert circuit["push_service"] == "other"
+    assert circuit["reason"] == "2 of 2 answers were 429/5xx"

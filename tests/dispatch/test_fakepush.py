@@ -240,3 +240,53 @@ def test_the_service_can_run_in_a_child_process(vapid_signer):
         )
         assert response.status_code == 201
         assert service.stats()["decrypted"] == 1
+
+
+def test_a_decryption_sample_opens_the_first_messages_then_every_kth(session, vapid_signer):
+    with fake_push_service(decrypt_sample=(2, 3)) as service:
+        session.verify = service.ca_bundle
+        subs = [service.subscribe() for _ in range(7)]
+        for n, sub in enumerate(subs, start=1):
+            response = session.post(
+                sub.endpoint,
+                data=_body(sub, f"message {n}".encode()),
+                headers=_headers(vapid_signer, sub.endpoint),
+            )
+            assert response.status_code == 201
+        # Messages 1 and 2 (the first two), then 3 and 6 (every third).
+        assert service.samples() == [
+            (token_of(subs[n - 1]), f"message {n}".encode()) for n in (1, 2, 3, 6)
+        ]
+        assert [r.plaintext is not None for r in service.received()] == [
+            True, True, True, False, False, True, False,
+        ]  # fmt: skip
+        assert service.stats.accepted == service.stats.distinct_tokens == 7
+        assert service.stats.decrypted == 4
+
+        # Not sampled, still checked: framing, registration, headers.
+        unsampled = subs[0]
+        garbage = session.post(
+            unsampled.endpoint, data=b"x" * 200, headers=_headers(vapid_signer, unsampled.endpoint)
+        )
+        assert garbage.status_code == 400
+        assert "aes128gcm" in garbage.json()["error"]
+        endpoint = service.endpoint("never-registered")
+        unknown = session.post(
+            endpoint, data=_body(unsampled), headers=_headers(vapid_signer, endpoint)
+        )
+        assert unknown.status_code == 404
+        no_ttl = session.post(
+            unsampled.endpoint,
+            data=_body(unsampled),
+            headers=_headers(vapid_signer, unsampled.endpoint, TTL=""),
+        )
+        assert no_ttl.status_code == 400
+        assert service.stats.accepted == 7
+
+        service.forget_tokens()
+        assert service.stats.distinct_tokens == 0
+
+
+def test_a_decryption_sample_must_make_sense():
+    with pytest.raises(ValueError, match="decrypt_sample"):
+        FakePushService(decrypt_sample=(100, 0))
