@@ -13,8 +13,8 @@ bp = Blueprint("pages", __name__)
 @bp.get("/")
 def index() -> str:
     settings = current_app.extensions["portal.settings"]
-    shown = catalogue.current(db.session)
-    topics = shown.topics
+    session = db.session
+    topics = catalogue.active_topics(session)
     return render_template(
         "index.html",
         vapid_public_key=settings.vapid_public_key,
@@ -22,7 +22,7 @@ def index() -> str:
         # permission grant and are explained, not offered.
         optional_topics=[t for t in topics if not t.is_transactional],
         account_topics=[t for t in topics if t.is_transactional],
-        policy=shown.policy,
+        policy=catalogue.current_policy(session),
     )
 
 
