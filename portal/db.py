@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -89,7 +90,8 @@ def uuid7() -> uuid.UUID:
 def create_engine(url: str, *, connect_timeout: int = 5, **kwargs: Any) -> Engine:
     """An engine for ``url``. On PostgreSQL a connection attempt gives up after
     ``connect_timeout`` seconds and dead connections are found by keepalives and a ping at
-    checkout, so a database outage fails requests quickly instead of hanging them."""
+    checkout of a connection that sat idle, so a database outage fails requests quickly
+    instead of hanging them."""
     # Statement parameters carry stored data (keys, endpoints, hashes): never in logs or
     # in the text of database errors, whatever logging an operator turns on.
     kwargs.setdefault("hide_parameters", True)
@@ -99,7 +101,6 @@ def create_engine(url: str, *, connect_timeout: int = 5, **kwargs: Any) -> Engin
         )
         _configure_sqlite(engine)
         return engine
-    kwargs.setdefault("pool_pre_ping", True)
     connect_args = {
         "connect_timeout": connect_timeout,
         "keepalives": 1,
@@ -112,7 +113,45 @@ def create_engine(url: str, *, connect_timeout: int = 5, **kwargs: Any) -> Engin
     if "poolclass" not in kwargs:
         kwargs.setdefault("pool_size", 10)
         kwargs.setdefault("max_overflow", 20)
-    return sa.create_engine(url, **kwargs)
+    engine = sa.create_engine(url, **kwargs)
+    if not kwargs.get("pool_pre_ping"):
+        _ping_idle_connections(engine)
+    return engine
+
+
+# A connection back in the pool for longer than this is pinged before it is handed out.
+IDLE_PING_SECONDS = 5.0
+
+
+def _ping_idle_connections(engine: Engine) -> None:
+    """Ping at checkout only a connection that sat idle in the pool.
+
+    A ping on every checkout costs a round trip per request. A connection in steady use
+    needs none: when the server goes away under it, the failing statement is a disconnect
+    error, which invalidates every pooled connection (and the view answers 503), so the
+    next checkouts connect afresh. The ping remains for connections that were idle while
+    the server restarted, which would otherwise fail the first request after it.
+    """
+
+    @event.listens_for(engine.pool, "checkin")
+    def _on_checkin(_dbapi_connection: Any, record: Any) -> None:
+        record.info["portal_idle_since"] = time.monotonic()
+
+    @event.listens_for(engine.pool, "checkout")
+    def _on_checkout(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        idle_since = record.info.get("portal_idle_since")
+        if idle_since is None or time.monotonic() - idle_since < IDLE_PING_SECONDS:
+            return
+        try:
+            cursor = dbapi_connection.cursor()
+            try:
+                cursor.execute("SELECT 1")
+            finally:
+                cursor.close()
+            dbapi_connection.rollback()
+        except Exception as error:
+            # The pool discards this connection and checks out (or makes) another.
+            raise sa.exc.DisconnectionError(type(error).__name__) from error
 
 
 def _configure_sqlite(engine: Engine) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 
 # Order matters: Edge and Opera also say "Chrome", Chrome also says "Safari".
@@ -15,6 +16,8 @@ _FAMILIES = (
 )
 
 
+# Browsers send a handful of distinct strings; each is matched once per process.
+@functools.lru_cache(maxsize=1024)
 def family(user_agent: str | None) -> str:
     if not user_agent:
         return "unknown"

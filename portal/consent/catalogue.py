@@ -5,10 +5,16 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import re
+import threading
+import time
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from portal.consent.models import PolicyVersion, Topic
@@ -190,3 +196,101 @@ def previous_policy(session: Session, version: PolicyVersion) -> PolicyVersion |
         .order_by(PolicyVersion.published_at.desc(), PolicyVersion.version.desc())
         .limit(1)
     ).first()
+
+
+# The catalogue as the public pages see it --------------------------------------------------
+
+# How long a process may show the catalogue and current policy it read last, when they
+# were changed elsewhere (another worker's staff page, the ``portal topic`` CLI, another
+# host). A change committed through this process's own sessions shows at once.
+CATALOGUE_TTL_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class Catalogue:
+    """The active topics (in page order) and the current policy, read together.
+
+    The objects are copies in no session, shared between requests and threads: read
+    them, never change them or add them to a session.
+    """
+
+    topics: tuple[Topic, ...]
+    policy: PolicyVersion | None
+    generation: int
+    read_at: float
+
+
+class _Generation:
+    """Counts committed catalogue changes made in this process."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.value = 0
+
+    def bump(self) -> None:
+        with self._lock:
+            self.value += 1
+
+
+_generation = _Generation()
+_cached: weakref.WeakKeyDictionary[Engine, Catalogue] = weakref.WeakKeyDictionary()
+_CHANGED = "portal.catalogue_changed"
+
+
+def current(session: Session) -> Catalogue:
+    """The active topics and current policy, read at most every
+    :data:`CATALOGUE_TTL_SECONDS` per process (and at once after a change made here)."""
+    engine = session.get_bind()
+    now = time.monotonic()
+    found = _cached.get(engine)  # type: ignore[arg-type]
+    if (
+        found is not None
+        and found.generation == _generation.value
+        and now - found.read_at < CATALOGUE_TTL_SECONDS
+    ):
+        return found
+    generation = _generation.value  # before reading: a change during the read shows next time
+    policy = current_policy(session)
+    found = Catalogue(
+        tuple(_copy(t) for t in active_topics(session)),
+        None if policy is None else _copy(policy),
+        generation,
+        now,
+    )
+    _cached[engine] = found  # type: ignore[index]
+    return found
+
+
+_Row = TypeVar("_Row", Topic, PolicyVersion)
+
+
+def _copy(item: _Row) -> _Row:
+    """A copy in no session: the session's own object stays the session's."""
+    columns = sa.inspect(type(item)).column_attrs
+    return type(item)(**{column.key: getattr(item, column.key) for column in columns})
+
+
+def forget(session: Session) -> None:
+    """Read the catalogue afresh next time (e.g. a newer policy was seen in the database)."""
+    _cached.pop(session.get_bind(), None)  # type: ignore[arg-type]
+
+
+@event.listens_for(Session, "after_flush")
+def _note_catalogue_change(session: Session, _context: Any) -> None:
+    if any(
+        isinstance(item, Topic | PolicyVersion)
+        for item in (*session.new, *session.dirty, *session.deleted)
+    ):
+        session.info[_CHANGED] = True
+
+
+@event.listens_for(Session, "after_commit")
+def _catalogue_committed(session: Session) -> None:
+    if session.info.pop(_CHANGED, False):
+        _generation.bump()
+
+
+@event.listens_for(Session, "after_soft_rollback")
+def _catalogue_rolled_back(session: Session, _previous: Any) -> None:
+    if not session.in_transaction():
+        session.info.pop(_CHANGED, None)

@@ -75,14 +75,24 @@ def chain_hash(prev_hash: bytes, fields: Mapping[str, Any]) -> bytes:
     return hashlib.sha256(prev_hash + canonical(fields)).digest()
 
 
+_CHAIN_LOCK_HELD = "portal.chain_lock_held"
+
+
 def lock_chain(session: Session) -> None:
     """Take the chain's append lock for this transaction.
 
     Call it before any other write in a transaction that may append, so every such
     transaction takes its locks in the same order and none can deadlock on the chain.
     """
-    if is_postgres(session):
-        session.execute(sa.select(sa.func.pg_advisory_xact_lock(_CHAIN_LOCK)))
+    if not is_postgres(session):
+        return
+    # Held until the transaction ends: once taken, asking again is a wasted round trip.
+    # Keyed by the innermost transaction, as rolling back a savepoint releases it.
+    transaction = session.get_nested_transaction() or session.get_transaction()
+    if transaction is not None and session.info.get(_CHAIN_LOCK_HELD) is transaction:
+        return
+    session.execute(sa.select(sa.func.pg_advisory_xact_lock(_CHAIN_LOCK)))
+    session.info[_CHAIN_LOCK_HELD] = session.get_nested_transaction() or session.get_transaction()
 
 
 @dataclass(frozen=True)

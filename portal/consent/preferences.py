@@ -101,17 +101,42 @@ class TopicView:
         )
 
 
-def preference_rows(session: Session, subscriber_id: uuid.UUID) -> dict[int, TopicPreference]:
-    rows = session.scalars(
-        sa.select(TopicPreference).where(TopicPreference.subscriber_id == subscriber_id)
-    ).all()
+def preference_rows(
+    session: Session, subscriber_id: uuid.UUID, *, fresh: bool = False
+) -> dict[int, TopicPreference]:
+    """The subscriber's stored preferences by topic id; ``fresh`` overwrites what the
+    session holds already with what the database has now."""
+    query = sa.select(TopicPreference).where(TopicPreference.subscriber_id == subscriber_id)
+    if fresh:
+        query = query.execution_options(populate_existing=True)
+    rows = session.scalars(query).all()
     return {row.topic_id: row for row in rows}
 
 
+def subscriber_with_preferences(
+    session: Session, subscriber_id: uuid.UUID
+) -> tuple[Subscriber | None, dict[int, TopicPreference]]:
+    """The subscriber and their stored preferences (by topic id), in one statement."""
+    found = session.execute(
+        sa.select(Subscriber, TopicPreference)
+        .outerjoin(TopicPreference, TopicPreference.subscriber_id == Subscriber.id)
+        .where(Subscriber.id == subscriber_id)
+    ).all()
+    if not found:
+        return None, {}
+    return found[0][0], {row.topic_id: row for _, row in found if row is not None}
+
+
 def topic_views(
-    session: Session, subscriber: Subscriber, topics: Sequence[Topic] | None = None
+    session: Session,
+    subscriber: Subscriber,
+    topics: Sequence[Topic] | None = None,
+    rows: dict[int, TopicPreference] | None = None,
 ) -> list[TopicView]:
-    rows = preference_rows(session, subscriber.id)
+    """Each topic as the subscriber has it; ``rows`` are their stored preferences when
+    the caller has read them already."""
+    if rows is None:
+        rows = preference_rows(session, subscriber.id)
     views = []
     for topic in topics if topics is not None else active_topics(session):
         row = rows.get(topic.id)
@@ -162,29 +187,40 @@ def apply_decisions(
     and logs nothing. A withdrawal is an opt_out row, never a deletion.
     """
     log.lock_chain(session)
-    rows = preference_rows(session, subscriber_id)
-    changes: list[Change] = []
+    # Read under the lock, over whatever this session read before it: another save may
+    # have committed in between.
+    rows = preference_rows(session, subscriber_id, fresh=True)
+    transitions: list[tuple[Decision, str, str]] = []
     for decision in decisions:
         row = rows.get(decision.topic.id)
         previous = row.state if row else PreferenceState.UNSET.value
         new = decision.state.value
-        if previous == new:
-            continue
-        seq = log.append(
-            session,
-            kind=EventKind.PREFERENCE_CHANGED,
-            subscriber_id=subscriber_id,
-            subscription_id=subscription_id,
-            topic_id=decision.topic.id,
-            previous_state=previous,
-            new_state=new,
-            source=source,
-            policy_version=policy_version,
-            decided_at=decided_at,
-            recorded_at=recorded_at,
-            actor=actor,
-            context=context,
-        )
+        if previous != new:
+            transitions.append((decision, previous, new))
+    # One read of the chain's head and one INSERT for the whole form.
+    sequence = log.append_many(
+        session,
+        [
+            log.NewEvent(
+                kind=EventKind.PREFERENCE_CHANGED,
+                subscriber_id=subscriber_id,
+                subscription_id=subscription_id,
+                topic_id=decision.topic.id,
+                previous_state=previous,
+                new_state=new,
+                source=source,
+                policy_version=policy_version,
+                decided_at=decided_at,
+                recorded_at=recorded_at,
+                actor=actor,
+                context=context,
+            )
+            for decision, previous, new in transitions
+        ],
+    )
+    changes: list[Change] = []
+    for (decision, previous, new), seq in zip(transitions, sequence, strict=True):
+        row = rows.get(decision.topic.id)
         if row is None:
             row = TopicPreference(subscriber_id=subscriber_id, topic_id=decision.topic.id)
             session.add(row)

@@ -25,12 +25,13 @@ from portal.api import check_same_origin, json_body
 from portal.consent import catalogue
 from portal.consent.accounts import link_account
 from portal.consent.log import Context
-from portal.consent.models import PreferenceState, Source
+from portal.consent.models import PolicyVersion, PreferenceState, Source, TopicPreference
 from portal.consent.preferences import (
     Decision,
     apply_decisions,
     form_decisions,
     marketing_off_decisions,
+    subscriber_with_preferences,
     topic_views,
 )
 from portal.db import db
@@ -68,6 +69,17 @@ def _context(screen: str) -> Context:
     return Context(screen=screen, client=family(request.headers.get("User-Agent")))
 
 
+def _visitor() -> tuple[Subscriber | None, dict[int, TopicPreference]]:
+    """The subscriber at the browser and their stored preferences, in one query."""
+    subscriber_id = subscriber_from_cookie(request)
+    if subscriber_id is None:
+        return None, {}
+    subscriber, rows = subscriber_with_preferences(db.session, subscriber_id)
+    if subscriber is None or subscriber.erased_at is not None:
+        return None, {}
+    return subscriber, rows
+
+
 def _current_subscriber() -> Subscriber | None:
     subscriber_id = subscriber_from_cookie(request)
     if subscriber_id is None:
@@ -78,6 +90,18 @@ def _current_subscriber() -> Subscriber | None:
     return subscriber
 
 
+def _current_policy() -> PolicyVersion | None:
+    """The current policy read from the database, not the shared copy: a decision is
+    recorded against the notice in force when it is saved. A newer one than the shared
+    copy refreshes it, so the next page shows it."""
+    session = db.session
+    current = catalogue.current_policy(session)
+    shown = catalogue.current(session).policy
+    if (current and current.version) != (shown and shown.version):
+        catalogue.forget(session)
+    return current
+
+
 def _render(
     subscriber: Subscriber | None,
     *,
@@ -85,12 +109,14 @@ def _render(
     status: int = 200,
     checked: set[str] | None = None,
     ack_error: str | None = None,
+    rows: dict[int, TopicPreference] | None = None,
 ) -> tuple[str, int]:
     session = db.session
-    policy = catalogue.current_policy(session)
+    shown = catalogue.current(session)
+    policy = shown.policy
     if subscriber is None:
         return render_template("preferences/unknown.html", policy=policy), status
-    views = topic_views(session, subscriber)
+    views = topic_views(session, subscriber, shown.topics, rows)
     devices = (
         session.query(PushSubscription)
         .filter(
@@ -122,7 +148,8 @@ def centre() -> Any:
     assertion = request.args.get("assertion")
     if token or assertion:
         return _identify(token, assertion)
-    return _render(_current_subscriber())
+    subscriber, rows = _visitor()
+    return _render(subscriber, rows=rows)
 
 
 def _identify(token: str | None, assertion: str | None) -> Any:
@@ -159,12 +186,12 @@ def _identify(token: str | None, assertion: str | None) -> Any:
 
 @bp.post("/preferences")
 def save() -> Any:
-    subscriber = _current_subscriber()
+    subscriber, rows = _visitor()
     if subscriber is None:
         return _render(None, status=403)
     session = db.session
     version = request.form.get("policy_version", "")
-    current = catalogue.current_policy(session)
+    current = _current_policy()
     visible = set(request.form.getlist("visible"))
     checked = set(request.form.getlist("topics"))
     if current is None:
@@ -180,8 +207,13 @@ def save() -> Any:
             status=409 if stale else 400,
             checked=checked,
             ack_error=message,
+            rows=rows,
         )
-    views = [v for v in topic_views(session, subscriber) if v.topic.slug in visible]
+    views = [
+        v
+        for v in topic_views(session, subscriber, catalogue.current(session).topics, rows)
+        if v.topic.slug in visible
+    ]
     now = _portal().clock.now()
     changes = apply_decisions(
         session,
@@ -205,16 +237,18 @@ def save() -> Any:
 
 @bp.post("/preferences/marketing-off")
 def marketing_off() -> Any:
-    subscriber = _current_subscriber()
+    subscriber, rows = _visitor()
     if subscriber is None:
         return _render(None, status=403)
     session = db.session
-    current = catalogue.current_policy(session)
+    current = _current_policy()
     now = _portal().clock.now()
     apply_decisions(
         session,
         subscriber.id,
-        marketing_off_decisions(topic_views(session, subscriber)),
+        marketing_off_decisions(
+            topic_views(session, subscriber, catalogue.current(session).topics, rows)
+        ),
         source=Source.PREFERENCE_CENTRE.value,
         policy_version=current.version if current else None,
         decided_at=now,
@@ -336,7 +370,7 @@ def api_preferences() -> Response:
         raise ValidationError(
             "unknown_policy_version", f"no policy version {version!r}", "policyVersion"
         )
-    topics = {t.slug: t for t in catalogue.active_topics(session)}
+    topics = {t.slug: t for t in catalogue.current(session).topics}
     decisions: list[Decision] = []
     seen: set[str] = set()
     for index, item in enumerate(raw):

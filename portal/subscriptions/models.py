@@ -135,6 +135,13 @@ class PushSubscription(Base):
             postgresql_where=sa.text(_LIVE),
             sqlite_where=sa.text(_LIVE),
         ),
+        # A person's devices, stale ones included (the preference centre).
+        sa.Index(
+            "ix_push_subscription_subscriber",
+            "subscriber_id",
+            postgresql_where=sa.text("deleted_at IS NULL"),
+            sqlite_where=sa.text("deleted_at IS NULL"),
+        ),
         # Ageing sweeps: rows that have gone quiet. Tombstones stay out.
         sa.Index(
             "ix_push_subscription_sweep",

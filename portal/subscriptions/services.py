@@ -225,28 +225,31 @@ def upsert_subscription(
     )
     if became_live and record_events:
         context = registration.context()
-        grant = log.append(
+        grant, _subscribed = log.append_many(
             session,
-            kind=EventKind.PERMISSION_GRANTED,
-            subscriber_id=row.subscriber_id,
-            subscription_id=row.id,
-            new_state="granted",
-            source=registration.source,
-            actor="subscriber",
-            recorded_at=now,
-            context=context,
-        )
-        log.append(
-            session,
-            kind=EventKind.SUBSCRIBED,
-            subscriber_id=row.subscriber_id,
-            subscription_id=row.id,
-            previous_state=previous.value if previous else None,
-            new_state=SubscriptionState(row.state).value,
-            source=registration.source,
-            actor="subscriber",
-            recorded_at=now,
-            context=context,
+            [
+                log.NewEvent(
+                    kind=EventKind.PERMISSION_GRANTED,
+                    subscriber_id=row.subscriber_id,
+                    subscription_id=row.id,
+                    new_state="granted",
+                    source=registration.source,
+                    actor="subscriber",
+                    recorded_at=now,
+                    context=context,
+                ),
+                log.NewEvent(
+                    kind=EventKind.SUBSCRIBED,
+                    subscriber_id=row.subscriber_id,
+                    subscription_id=row.id,
+                    previous_state=previous.value if previous else None,
+                    new_state=SubscriptionState(row.state).value,
+                    source=registration.source,
+                    actor="subscriber",
+                    recorded_at=now,
+                    context=context,
+                ),
+            ],
         )
         session.execute(sa.update(_t).where(_t.c.id == row.id).values(grant_event_seq=grant))
     return UpsertResult(

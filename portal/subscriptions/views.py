@@ -115,7 +115,7 @@ def _topic_choice(body: dict[str, Any]) -> tuple[list[Decision], str | None]:
         raise ValidationError(
             "unknown_policy_version", f"no policy version {version!r}", "policyVersion"
         )
-    topics = {t.slug: t for t in catalogue.active_topics(session)}
+    topics = {t.slug: t for t in catalogue.current(session).topics}
     for index, slug in enumerate(chosen):
         if slug not in topics:
             raise ValidationError("unknown_topic", f"no active topic {slug!r}", f"topics[{index}]")
