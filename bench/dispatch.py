@@ -34,6 +34,13 @@ Throughput, in one run on one machine (ratios hold; absolute rates drift with th
        took exactly one message for each of the N recipients, every sampled plaintext is
        exactly the campaign's payload for the delivery id it carries (a delivery of this
        campaign to that recipient, none twice), and all N deliveries are accepted.
+       The headline (c) runs the engine as --engine-processes processes (default: the
+       CPU count), each building the app and running the dispatch job on the same
+       launched campaign, as every web worker and scheduler process does in production;
+       they are started and idle before the launch. (c1), the engine in this one
+       process, follows in the same run on a second campaign to the same recipients,
+       with the same checks. Ratios and targets are checked on (c); its sender CPU is
+       summed over its processes, and each process's share is reported.
 
 requests, and so pywebpush, takes its CA from REQUESTS_CA_BUNDLE before anything else
 (a Session's verify= included), and webpush() has no other way in: this script sets
