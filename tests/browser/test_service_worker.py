@@ -28,8 +28,10 @@ class PushChannel:
         self.page = page
         self.cdp: CDPSession = context.new_cdp_session(page)
         self.registrations: dict[str, dict[str, Any]] = {}
+        self.versions: dict[str, dict[str, Any]] = {}
         self.errors: list[dict[str, Any]] = []
         self.cdp.on("ServiceWorker.workerRegistrationUpdated", self._updated)
+        self.cdp.on("ServiceWorker.workerVersionUpdated", self._versions)
         self.cdp.on("ServiceWorker.workerErrorReported", self._error)
         self.cdp.send("ServiceWorker.enable")
 
@@ -40,14 +42,32 @@ class PushChannel:
         for registration in event["registrations"]:
             self.registrations[registration["registrationId"]] = registration
 
+    def _versions(self, event: dict[str, Any]) -> None:
+        for version in event["versions"]:
+            self.versions[version["versionId"]] = version
+
+    def _activated(self, registration_id: str) -> bool:
+        return any(
+            v["registrationId"] == registration_id and v["status"] == "activated"
+            for v in self.versions.values()
+        )
+
     def registration_id(self, timeout: float = 10) -> str:
+        # DevTools may report the registration before its worker version is activated;
+        # a push delivered before that is dropped by the browser, not by the worker.
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for rid, registration in self.registrations.items():
-                if registration["scopeURL"] == self.origin + "/" and not registration["isDeleted"]:
+                if (
+                    registration["scopeURL"] == self.origin + "/"
+                    and not registration["isDeleted"]
+                    and self._activated(rid)
+                ):
                     return rid
             self.page.wait_for_timeout(50)
-        raise AssertionError(f"no service worker registration seen: {self.registrations}")
+        raise AssertionError(
+            f"no activated service worker registration seen: {self.registrations} {self.versions}"
+        )
 
     def push(self, message: dict[str, Any]) -> None:
         self.cdp.send(
