@@ -1,15 +1,13 @@
 """The app the API tests and the fuzzing run against, and the data they start from.
 
-One fixture, ``api_settings``, builds the settings: per-address request limits or any
-other setting the fuzzing must lift go in ``API_TEST_OVERRIDES``.
+The app is the shared ``app`` fixture (test settings, rate limits off) on a clock frozen
+at ``NOW``.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,15 +15,12 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from flask import Flask
 
-from portal import create_app
 from portal.clock import FrozenClock
-from portal.config import Settings, b64url_encode
+from portal.config import b64url_encode
 from portal.consent import catalogue
 from portal.db import db
-from tests.conftest import TOPICS, make_settings
+from tests.conftest import TOPICS
 
-# Settings the fuzzing needs beyond the test defaults (none yet).
-API_TEST_OVERRIDES: dict[str, Any] = {}
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 POLICY = "v1"
 ENDPOINT_BASE = "https://fcm.googleapis.com/fcm/send/"
@@ -79,21 +74,18 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
 
 @pytest.fixture
-def api_settings(database_url: str, tmp_path: Path) -> Settings:
-    return make_settings(database_url, str(tmp_path / "instance"), **API_TEST_OVERRIDES)
-
-
-@pytest.fixture
-def api_clock() -> FrozenClock:
+def clock() -> FrozenClock:
     return FrozenClock(NOW)
 
 
 @pytest.fixture
-def api_app(api_settings: Settings, api_clock: FrozenClock) -> Iterator[Flask]:
-    application = create_app(api_settings, clock=api_clock)
-    application.config["TESTING"] = True
-    yield application
-    application.extensions["portal.db"].engine.dispose()
+def api_clock(clock: FrozenClock) -> FrozenClock:
+    return clock
+
+
+@pytest.fixture
+def api_app(app: Flask) -> Flask:
+    return app
 
 
 @pytest.fixture
