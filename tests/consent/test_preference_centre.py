@@ -33,6 +33,8 @@ def test_round_trip_load_change_save_banner(client, engine, subscribed):
     page = client.get("/preferences")
     assert page.status_code == 200
     html = page.text
+    # The title is the page's name and nothing else (no markup from the page's body).
+    assert "<title>Your notification choices – Push consent portal</title>" in html
     assert "<legend>Your account</legend>" in html
     assert "<legend>News</legend>" in html
     assert 'id="topic-security-alerts"' in html
@@ -118,7 +120,7 @@ def test_a_stale_policy_asks_for_confirmation_and_keeps_the_choices(
     )
     assert response.status_code == 409
     page = response.text
-    assert "<title>Error: Your notification choices" in page
+    assert "<title>Error: Your notification choices – Push consent portal</title>" in page
     assert 'class="error-summary"' in page
     assert 'href="#policy-ack"' in page
     assert 'id="policy-ack"' in page
