@@ -34,6 +34,7 @@ def test_development_needs_nothing_and_generates_secrets_once(tmp_path):
     assert first.auth_keys == second.auth_keys and len(first.auth_keys[1]) == 32
     assert first.database_url == f"sqlite:///{tmp_path.resolve() / 'portal.sqlite3'}"
     assert first.auto_migrate is True
+    assert first.seed_demo_data is True  # the run command shows demo topics and a notice
     secrets_file = tmp_path / "portal-secrets.json"
     assert stat.S_IMODE(secrets_file.stat().st_mode) == 0o600
 
@@ -43,6 +44,7 @@ def test_production_with_everything_set(tmp_path):
     assert settings.is_production
     assert settings.database_url == "postgresql+psycopg://u@db/portal"
     assert settings.auto_migrate is False
+    assert settings.seed_demo_data is False
     assert not (tmp_path / "portal-secrets.json").exists()  # nothing generated in production
 
 
