@@ -31,6 +31,9 @@ def test_the_subscribe_page_carries_its_data_without_inline_script_or_style(clie
     html = client.get("/").text
     assert f'data-vapid-public-key="{VAPID_PUBLIC}"' in html
     assert 'data-policy-version="v1"' in html
+    # The notice the choices are made under, in full, beside the version submitted.
+    assert "We send what you choose." in html
+    assert 'href="/policy/v1"' in html
     assert 'name="csrf-token"' in html
     # Marketing topics are offered; transactional ones are only described.
     assert 'id="topic-weekly-digest"' in html
