@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 import sqlalchemy as sa
 
@@ -261,6 +263,41 @@ def test_cli_topic_and_policy_commands(app, engine, tmp_path):
     )
     assert ok.exit_code == 0
     assert "added flash-sales" in ok.output
+    receipts = runner.invoke(
+        args=[
+            "portal",
+            "topic",
+            "add",
+            "receipts",
+            "--category",
+            "Your account",
+            "--label",
+            "Receipts",
+            "--description",
+            "A receipt for every order.",
+            "--transactional",
+        ]
+    )
+    assert receipts.exit_code == 0, receipts.output
+    with engine.connect() as conn:
+        rows = {
+            r.slug: tuple(r)[1:]
+            for r in conn.execute(
+                sa.text(
+                    "SELECT slug, category, description, is_transactional, default_state, "
+                    "retired_at FROM topic"
+                )
+            )
+        }
+    assert rows == {
+        "flash-sales": ("Offers", "", False, "opt_in", None),
+        "receipts": ("Your account", "A receipt for every order.", True, "opt_out", None),
+    }
+    listing = runner.invoke(args=["portal", "topic", "list"])
+    assert listing.exit_code == 0
+    lines = {line.split()[0]: line.split() for line in listing.output.splitlines()[1:]}
+    assert lines["flash-sales"][-3:] == ["marketing", "opt_in", "active"]
+    assert lines["receipts"][-3:] == ["transactional", "opt_out", "active"]
     assert (
         runner.invoke(
             args=[
@@ -282,12 +319,18 @@ def test_cli_topic_and_policy_commands(app, engine, tmp_path):
     assert bad.exit_code == 1
     assert "slug" in bad.output
     notice = tmp_path / "n.txt"
-    notice.write_text("Exact words.")
+    notice.write_bytes("Exact words — kept as written.\n".encode())
     published = runner.invoke(
         args=["portal", "policy", "publish", "2026-02", "--file", str(notice)]
     )
     assert published.exit_code == 0
-    assert "sha256=" in published.output
+    digest = hashlib.sha256(notice.read_bytes()).hexdigest()
+    assert f"sha256={digest}" in published.output
+    with engine.connect() as conn:
+        stored = conn.execute(
+            sa.text("SELECT text, text_sha256 FROM policy_version WHERE version = '2026-02'")
+        ).one()
+    assert tuple(stored) == ("Exact words — kept as written.\n", digest)
     again = runner.invoke(args=["portal", "policy", "publish", "2026-02", "--file", str(notice)])
     assert again.exit_code == 1
     assert "immutable" in again.output
