@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import threading
+import time
 
 import pytest
 import sqlalchemy as sa
@@ -14,8 +16,9 @@ from portal.consent.log import verify_chain
 from portal.consent.models import PreferenceState
 from portal.consent.preferences import Decision, apply_decisions
 from portal.db import db, uuid7
+from portal.identity import sign_assertion
 from portal.subscriptions.models import Subscriber
-from tests.helpers import count_rows
+from tests.helpers import count_rows, csrf_token
 
 
 def _subscriber(app, clock):
@@ -220,3 +223,71 @@ def test_fifty_concurrent_submissions_keep_the_chain_linear(catalogue_ready, eng
     assert prevs == len(seqs)  # no fork: every event has its own predecessor
     assert len(seqs) >= 10
     assert _verify(engine).ok
+
+
+def test_events_hold_no_raw_personal_data(app, engine, subscriptions, catalogue_ready):
+    """Ids, a screen and a user-agent family: never an address, an endpoint, a key, the
+    user-agent string or the host product's account id."""
+    secret = "host-secret"
+    app.extensions["portal"].settings = app.extensions["portal.settings"] = app.extensions[
+        "portal.settings"
+    ].with_overrides(identity_assertion_secrets=(secret,))
+    agent = "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 Chrome/140.0.1.2 Safari/537.36 Trace/91c"
+    headers = {"User-Agent": agent, "X-Forwarded-For": "198.51.100.23"}
+    browser = app.test_client()
+    browser.environ_base.update({"REMOTE_ADDR": "203.0.113.77", "HTTP_USER_AGENT": agent})
+    first, second = subscriptions(), subscriptions("autopush")
+    assert (
+        browser.post(
+            "/api/push/subscribe",
+            json={"subscription": first.to_json(), "topics": ["offers"], "policyVersion": "v1"},
+            headers=headers,
+        ).status_code
+        == 201
+    )
+    body = {
+        "endpoint": first.endpoint,
+        "decisions": [{"slug": "weekly-digest", "state": "opt_in"}],
+        "policyVersion": "v1",
+        "decidedAt": "2025-12-31T23:00:00Z",
+    }
+    assert browser.post("/api/push/preferences", json=body, headers=headers).status_code == 200
+    page = browser.get("/preferences", headers=headers).text
+    browser.post(
+        "/preferences",
+        data={
+            "csrf_token": csrf_token(page),
+            "policy_version": "v1",
+            "visible": ["offers"],
+            "topics": [],
+        },
+        headers=headers,
+    )
+    moved = browser.post(
+        "/api/push/change",
+        json={"oldEndpoint": first.endpoint, "subscription": second.to_json()},
+        headers=headers,
+    )
+    assert moved.json["moved"] is True
+    link = sign_assertion({"sub": "customer-4711", "exp": time.time() + 60}, secret)
+    assert browser.get(f"/preferences?assertion={link}", headers=headers).status_code == 303
+    browser.post("/api/push/unsubscribe", json={"endpoint": second.endpoint}, headers=headers)
+
+    with engine.connect() as conn:
+        events = [dict(r._mapping) for r in conn.execute(sa.text("SELECT * FROM consent_event"))]
+    assert {e["kind"] for e in events} >= {
+        "permission_granted",
+        "subscribed",
+        "preference_changed",
+        "endpoint_rotated",
+        "account_linked",
+        "unsubscribed",
+    }
+    dump = "\n".join(repr(value) for event in events for value in event.values())
+    for sub in (first, second):
+        for needle in (sub.endpoint, sub.p256dh, sub.auth_b64, sub.auth.hex()):
+            assert needle not in dump
+    for needle in ("203.0.113.77", "198.51.100.23", "Trace/91c", "X11", "customer-4711"):
+        assert needle not in dump
+    clients = {json.loads(e["context"]).get("client") for e in events}
+    assert clients == {"Chrome 140"}  # the family and major version, nothing finer
