@@ -170,8 +170,13 @@ def _tamper(engine, backend, sql):
             "event 2: hash does not match",
         ),
         ("DELETE FROM consent_event WHERE seq = 4", "event 4: missing"),
+        (
+            # Two events edited: the first in the chain is the one named.
+            "UPDATE consent_event SET new_state = 'opt_in' WHERE seq = 4; UPDATE consent_event SET actor = 'staff' WHERE seq = 2",
+            "event 2: hash does not match",
+        ),
     ],
-    ids=["edited-state", "edited-actor", "deleted"],
+    ids=["edited-state", "edited-actor", "deleted", "two-edited"],
 )
 def test_verify_log_names_the_first_tampered_event(
     catalogue_ready, engine, clock, backend, sql, expected
