@@ -110,6 +110,12 @@ def test_region_matrix(app, client, clock):
                             else ("permission_granted", "granted")
                         )
                 checked += 1
+            # Exactly the expected subscriptions: nobody else, nobody twice.
+            assert set(found) == {
+                subscription_id
+                for (region, decision), (_, subscription_id) in people.items()
+                if _expected(region, transactional, default, decision) is not None
+            }
             assert sum(breakdown.values()) == len(found)
     assert checked == 4 * 2 * 2 * 3
 
@@ -148,6 +154,8 @@ def test_retiring_a_topic_keeps_history_and_leaves_page_and_audience(
     from tests.helpers import csrf_token
 
     page = client.get("/preferences")
+    assert 'id="topic-offers"' in page.text
+    assert 'id="topic-offers"' in client.get("/").text
     client.post(
         "/preferences",
         data={
@@ -157,7 +165,11 @@ def test_retiring_a_topic_keeps_history_and_leaves_page_and_audience(
             "topics": ["offers"],
         },
     )
+    with db.begin(app) as session:
+        offers = catalogue.topic_by_slug(session, "offers")
+        assert [r.reason for r in recipients(session, offers.id)] == [Reason.EXPLICIT_OPT_IN]
     events_before = count_rows(engine, "consent_event")
+    preferences_before = count_rows(engine, "topic_preference")
     result = app.test_cli_runner().invoke(args=["portal", "topic", "retire", "offers"])
     assert result.exit_code == 0, result.output
     with engine.connect() as conn:
@@ -173,7 +185,10 @@ def test_retiring_a_topic_keeps_history_and_leaves_page_and_audience(
             ).scalar_one()
             == "opt_in"
         )
+    assert count_rows(engine, "topic_preference") == preferences_before
+    assert count_rows(engine, "topic") == 4
     assert "topic-offers" not in client.get("/preferences").text
+    assert "topic-offers" not in client.get("/").text  # nor offered at subscription
     with db.begin(app) as session:
         offers = catalogue.topic_by_slug(session, "offers")
         assert list(recipients(session, offers.id)) == []
@@ -191,3 +206,26 @@ def test_marketing_default_by_region(region, on):
         is_transactional = False
 
     assert effective_state(None, T, region).on is on
+
+
+@pytest.mark.postgres_only
+def test_recipients_stream_through_a_server_side_cursor(app, subscriptions, catalogue_ready):
+    """The audience is fetched batch by batch from a cursor the server holds open."""
+    for _ in range(5):
+        answer = app.test_client().post(
+            "/api/push/subscribe", json={"subscription": subscriptions().to_json()}
+        )
+        assert answer.status_code == 201
+    with db.begin(app) as session:
+        security = catalogue.topic_by_slug(session, "security-alerts")
+        stream = recipients(session, security.id, batch=2)
+        first = next(stream)
+        # While the first batch is being read, the rest waits in a cursor the server
+        # holds open for this transaction.
+        open_cursors = session.execute(
+            sa.text("SELECT count(*) FROM pg_cursors WHERE NOT is_holdable")
+        ).scalar_one()
+        rest = list(stream)
+    assert open_cursors == 1
+    assert first.reason == Reason.TRANSACTIONAL_GRANT
+    assert len(rest) == 4
