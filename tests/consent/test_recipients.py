@@ -18,6 +18,9 @@ from tests.factories import SubscriptionFactory
 from tests.helpers import count_rows
 
 REGIONS = ["EU", "UK", "CA", "US"]
+# Beyond the matrix: another unrestricted region, and an unknown one (NULL in SQL), which
+# gets no marketing default.
+MORE_REGIONS = ["BR", None]
 CLASSES = [True, False]  # transactional?
 DEFAULTS = ["opt_in", "opt_out"]
 DECISIONS = ["opt_in", "opt_out", "unset"]
@@ -30,7 +33,7 @@ def _expected(region, transactional, default, decision):
         return None
     if transactional:
         return Reason.TRANSACTIONAL_GRANT
-    return Reason.DEFAULT_BY_REGION if region == "US" else None
+    return Reason.DEFAULT_BY_REGION if region in ("US", "BR") else None
 
 
 def test_region_matrix(app, client, clock):
@@ -53,7 +56,7 @@ def test_region_matrix(app, client, clock):
     # One subscriber (with one live subscription) per region × decision; the decision
     # applies to every topic, so each topic sees every combination.
     people = {}
-    for region, decision in itertools.product(REGIONS, DECISIONS):
+    for region, decision in itertools.product(REGIONS + MORE_REGIONS, DECISIONS):
         browser = app.test_client()
         answer = browser.post("/api/push/subscribe", json={"subscription": factory().to_json()})
         assert answer.status_code == 201
@@ -117,7 +120,7 @@ def test_region_matrix(app, client, clock):
                 if _expected(region, transactional, default, decision) is not None
             }
             assert sum(breakdown.values()) == len(found)
-    assert checked == 4 * 2 * 2 * 3
+    assert checked == (4 + 2) * 2 * 2 * 3
 
 
 def test_dead_subscriptions_and_erased_subscribers_get_nothing(
