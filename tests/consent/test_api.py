@@ -130,14 +130,33 @@ BAD = [
 ]
 
 
+# The error codes of the refusals the contract names.
+CODES = {
+    "unknown-slug": "unknown_topic",
+    "retired-slug": "unknown_topic",
+    "bad-state": "invalid_state",
+    "duplicate-slug": "duplicate_topic",
+    "missing-endpoint": "missing_field",
+    "unknown-endpoint": "unknown_endpoint",
+    "unknown-policy": "unknown_policy_version",
+}
+
+
 @pytest.mark.parametrize(
-    ("make", "status", "field"), [pytest.param(m, s, f, id=i) for i, m, s, f in BAD]
+    ("case", "make", "status", "field"), [pytest.param(i, m, s, f, id=i) for i, m, s, f in BAD]
 )
-def test_bad_preferences_write_nothing(client, engine, subscribed, retired, make, status, field):
+def test_bad_preferences_write_nothing(
+    client, engine, subscribed, retired, case, make, status, field
+):
     events = count_rows(engine, "consent_event")
     response = client.post(URL, json=make(subscribed.endpoint))
     assert response.status_code == status, response.json
-    assert response.json["error"]["field"] == field
+    assert list(response.json) == ["error"]
+    error = response.json["error"]
+    assert set(error) == {"code", "message", "field"}
+    assert error["field"] == field
+    assert isinstance(error["message"], str) and error["message"]
+    assert error["code"] == CODES.get(case, error["code"])
     assert count_rows(engine, "topic_preference") == 0
     assert count_rows(engine, "consent_event") == events
 
