@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import time
 
+import pytest
 import sqlalchemy as sa
 
 from portal.identity import preference_link_token, sign_assertion
@@ -290,3 +291,57 @@ def test_policy_page_shows_the_exact_text(client, catalogue_ready):
     assert page.status_code == 200
     assert "We send what you choose." in page.text
     assert client.get("/policy/nope").status_code == 404
+
+
+def _topic_block(html: str, slug: str) -> str:
+    """The markup of one topic's control, from its checkbox to its explanation."""
+    match = re.search(
+        rf'<input[^>]*id="topic-{slug}".*?<p class="choice__state" id="topic-{slug}-state">(.*?)</p>',
+        html,
+        re.S,
+    )
+    assert match, f"no control for {slug}"
+    return match.group(0)
+
+
+@pytest.mark.parametrize(
+    ("region", "on", "explanation"),
+    [
+        ("US", True, "On by default where you live. Turn it off if you do not want it."),
+        ("EU", False, "Off until you turn it on: we only send these with your agreement."),
+        ("UK", False, "Off until you turn it on: we only send these with your agreement."),
+        ("CA", False, "Off until you turn it on: we only send these with your agreement."),
+    ],
+)
+def test_each_topic_explains_its_state_for_the_region(
+    client, engine, subscribed, region, on, explanation
+):
+    """weekly-digest is marketing with an opt_in default: only some regions get it on."""
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE subscriber SET region_code = :r"), {"r": region})
+    html = client.get("/preferences").text
+    digest = _topic_block(html, "weekly-digest")
+    assert explanation in digest
+    assert (" checked" in digest.split(">", 1)[0]) is on
+    # Account messages rest on the permission grant wherever one lives.
+    security = _topic_block(html, "security-alerts")
+    assert "On by default for account messages, because you allowed notifications." in security
+    assert "Off until you turn it on." in _topic_block(html, "offers")
+
+    # Saved untouched: nothing recorded. Unticked where it was on: an explicit opt_out.
+    client.post(
+        "/preferences",
+        data={
+            "csrf_token": csrf_token(html),
+            "policy_version": "v1",
+            "visible": ["weekly-digest"],
+            "topics": [],
+        },
+    )
+    after = _topic_block(client.get("/preferences").text, "weekly-digest")
+    if on:
+        assert _prefs(engine) == {"weekly-digest": "opt_out"}
+        assert "Off: you turned this off on 01 January 2026." in after
+    else:
+        assert _prefs(engine) == {}
+        assert explanation in after
