@@ -7,6 +7,9 @@ import hashlib
 import pytest
 import sqlalchemy as sa
 
+from portal.consent import catalogue
+from portal.consent.recipients import recipients
+from portal.db import db
 from tests.helpers import count_rows
 
 URL = "/api/push/preferences"
@@ -354,3 +357,27 @@ def test_cli_topic_and_policy_commands(app, engine, tmp_path):
     assert again.exit_code == 1
     assert "immutable" in again.output
     assert runner.invoke(args=["portal", "topic", "retire", "missing"]).exit_code == 1
+
+
+def test_a_persons_devices_share_their_preferences(app, client, engine, subscriptions, subscribed):
+    """Preferences are per subscriber: a decision made through one device's endpoint
+    holds on the other, and both devices receive what the person chose."""
+    laptop = subscriptions("autopush")
+    assert (
+        client.post("/api/push/subscribe", json={"subscription": laptop.to_json()}).status_code
+        == 201
+    )
+    client.post(URL, json=_body(subscribed.endpoint, [{"slug": "offers", "state": "opt_in"}]))
+    answer = client.post(
+        URL, json=_body(laptop.endpoint, [{"slug": "weekly-digest", "state": "opt_in"}])
+    )
+    states = {p["slug"]: p["state"] for p in answer.json["preferences"]}
+    assert states["offers"] == "opt_in"
+    assert states["weekly-digest"] == "opt_in"
+    assert count_rows(engine, "topic_preference") == 2  # one row per topic, not per device
+    with db.begin(app) as session:
+        offers = catalogue.topic_by_slug(session, "offers")
+        devices = {r.subscription_id for r in recipients(session, offers.id)}
+    with engine.connect() as conn:
+        assert len(set(conn.execute(sa.text("SELECT subscriber_id FROM push_subscription")))) == 1
+    assert len(devices) == 2
