@@ -159,6 +159,27 @@ def verify_bundle(path: Path, public_key: PublicKey | None = None) -> Report:
     return report
 
 
+def bundle_anchors(path: Path, public_key: PublicKey | None = None) -> dict[int, bytes]:
+    """The first and last chain events a verified bundle's signed manifest names (seq → hash).
+
+    Raises BundleError when the bundle does not verify: an anchor is only worth what its
+    signature is.
+    """
+    report = verify_bundle(path, public_key)
+    if not report.ok:
+        raise BundleError(f"{path} does not verify: {report.problems[0]}")
+    handle = _open_bundle(path).open(MANIFEST)
+    if handle is None:  # pragma: no cover - verify_bundle has just read it
+        raise BundleError(f"{path} has no {MANIFEST}")
+    with handle:
+        events = json.loads(handle.read()).get("events") or {}
+    anchors: dict[int, bytes] = {}
+    for end in ("first", "last"):
+        if isinstance(events.get(end), dict):
+            anchors[int(events[end]["seq"])] = bytes.fromhex(events[end]["hash"])
+    return anchors
+
+
 def _check_signature(
     manifest: dict[str, Any], public_key: PublicKey | None, report: Report
 ) -> None:

@@ -10,6 +10,7 @@ from flask import current_app
 from flask.cli import AppGroup
 
 from portal.cli import ClickProgress
+from portal.compliance.verify import BundleError, bundle_anchors
 from portal.consent import catalogue
 from portal.consent.log import verify_chain
 from portal.db import db
@@ -105,18 +106,63 @@ def policy_publish(version: str, path: Path) -> None:
         _fail(error)
 
 
-def verify_log() -> None:
-    """Check the consent log's hash chain; exit 1 naming the first bad event."""
+def _anchor(value: str) -> tuple[int, bytes]:
+    seq, _, digest = value.partition(":")
+    try:
+        parsed = (int(seq), bytes.fromhex(digest))
+    except ValueError:
+        parsed = (0, b"")
+    if parsed[0] < 1 or len(parsed[1]) != 32:
+        raise click.BadParameter(
+            f"{value!r} is not SEQ:HASH (a sequence number and 64 hex digits)",
+            param_hint="--anchor",
+        )
+    return parsed
+
+
+@click.option(
+    "--anchor",
+    "anchor_values",
+    multiple=True,
+    metavar="SEQ:HASH",
+    help="An event that must still be in the log with this hash, such as the head an "
+    "earlier check printed. Repeatable.",
+)
+@click.option(
+    "--bundle",
+    "bundles",
+    multiple=True,
+    type=click.Path(exists=True, path_type=Path),
+    help="A signed export bundle (folder or .zip): its first and last events are anchors. "
+    "Repeatable.",
+)
+def verify_log(anchor_values: tuple[str, ...], bundles: tuple[Path, ...]) -> None:
+    """Check the consent log's hash chain; exit 1 naming the first bad event.
+
+    The chain shows any event changed or removed inside it; anchors kept outside the
+    database also show the newest events removed, or the whole log rebuilt.
+    """
+    anchors = dict(_anchor(value) for value in anchor_values)
+    for bundle in bundles:
+        try:
+            anchors.update(bundle_anchors(bundle))
+        except BundleError as error:
+            click.echo(f"error: {error}", err=True)
+            sys.exit(1)
     with db.engine.connect() as connection:
         total = connection.exec_driver_sql("SELECT count(*) FROM consent_event").scalar_one()
         progress = ClickProgress("verify-log")
         progress.start(total)
         try:
-            report = verify_chain(connection, progress=progress)
+            report = verify_chain(connection, progress=progress, anchors=anchors)
         finally:
             progress.close()
     if report.ok:
-        click.echo(f"consent log intact: {report.events} events, head {report.last_hash.hex()}")
+        checked = f", {len(anchors)} anchors found" if anchors else ""
+        click.echo(
+            f"consent log intact: {report.events} events{checked}, "
+            f"head {report.events}:{report.last_hash.hex()}"
+        )
         return
     click.echo(f"consent log BROKEN at {report.problem}", err=True)
     sys.exit(1)

@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from portal.consent import catalogue
+from portal.consent import catalogue, log
 from portal.consent.log import verify_chain
 from portal.consent.models import PreferenceState
 from portal.consent.preferences import Decision, apply_decisions
@@ -296,3 +296,114 @@ def test_events_hold_no_raw_personal_data(app, engine, subscriptions, catalogue_
         assert needle not in dump
     clients = {json.loads(e["context"]).get("client") for e in events}
     assert clients == {"Chrome 140"}  # the family and major version, nothing finer
+
+
+HASHED = [
+    "seq",
+    "subscriber_id",
+    "subscription_id",
+    "topic_id",
+    "kind",
+    "previous_state",
+    "new_state",
+    "source",
+    "policy_version",
+    "decided_at",
+    "recorded_at",
+    "actor",
+    "context",
+]
+
+
+def _blob(backend: str, value: bytes) -> str:
+    return f"decode('{value.hex()}', 'hex')" if backend == "postgresql" else f"X'{value.hex()}'"
+
+
+def _head(output: str) -> str:
+    return output.rsplit("head ", 1)[1].split(maxsplit=1)[0]
+
+
+def _five_decisions(app, clock):
+    who = _subscriber(app, clock)
+    for state in ["opt_in", "opt_out", "opt_in", "opt_out", "opt_in"]:
+        clock.advance(seconds=5)
+        _decide(app, clock, who, [("offers", state)])
+
+
+def test_anchors_find_the_newest_events_deleted(catalogue_ready, engine, clock, backend):
+    """Deleting the newest events leaves a valid chain; the head printed earlier finds it."""
+    _five_decisions(catalogue_ready, clock)
+    runner = catalogue_ready.test_cli_runner()
+    first = runner.invoke(args=["portal", "verify-log"])
+    assert first.exit_code == 0, first.output
+    head = _head(first.output)
+    with engine.connect() as conn:
+        stored = conn.execute(sa.text("SELECT hash FROM consent_event WHERE seq = 5")).scalar_one()
+    assert head == f"5:{bytes(stored).hex()}"
+
+    _tamper(engine, backend, "DELETE FROM consent_event WHERE seq >= 4")
+    unanchored = runner.invoke(args=["portal", "verify-log"])
+    assert unanchored.exit_code == 0  # a shorter chain still verifies on its own
+    assert "3 events" in unanchored.output
+    anchored = runner.invoke(args=["portal", "verify-log", "--anchor", head])
+    assert anchored.exit_code == 1
+    assert "event 5: missing: the log ends at seq 3" in anchored.output
+
+
+def test_anchors_find_a_rebuilt_chain(catalogue_ready, engine, clock, backend):
+    """An event edited and every hash after it recomputed: only an anchor tells."""
+    _five_decisions(catalogue_ready, clock)
+    runner = catalogue_ready.test_cli_runner()
+    head = _head(runner.invoke(args=["portal", "verify-log"]).output)
+    _tamper(engine, backend, "UPDATE consent_event SET new_state = 'opt_out' WHERE seq = 3")
+    with engine.connect() as conn:
+        rows = conn.execute(sa.select(log._t).order_by(log._t.c.seq)).all()
+    prev = log.GENESIS
+    for row in rows:
+        fields = log.event_fields(**{name: getattr(row, name) for name in HASHED})
+        digest = log.chain_hash(prev, fields)
+        _tamper(
+            engine,
+            backend,
+            f"UPDATE consent_event SET prev_hash = {_blob(backend, prev)}, "
+            f"hash = {_blob(backend, digest)} WHERE seq = {row.seq}",
+        )
+        prev = digest
+    assert runner.invoke(args=["portal", "verify-log"]).exit_code == 0  # a consistent forgery
+    anchored = runner.invoke(args=["portal", "verify-log", "--anchor", head])
+    assert anchored.exit_code == 1
+    assert "event 5: hash differs from the anchor" in anchored.output
+
+
+def test_a_signed_export_bundle_is_an_anchor(catalogue_ready, engine, clock, backend, tmp_path):
+    _five_decisions(catalogue_ready, clock)
+    runner = catalogue_ready.test_cli_runner()
+    bundle = tmp_path / "bundle"
+    day = clock.now().date().isoformat()
+    exported = runner.invoke(
+        args=["portal", "export", "--from", day, "--to", day, "--out", str(bundle)]
+    )
+    assert exported.exit_code == 0, exported.output
+    ok = runner.invoke(args=["portal", "verify-log", "--bundle", str(bundle)])
+    assert ok.exit_code == 0, ok.output
+    assert "5 events, 2 anchors found" in ok.output
+
+    _tamper(engine, backend, "DELETE FROM consent_event WHERE seq = 5")
+    broken = runner.invoke(args=["portal", "verify-log", "--bundle", str(bundle)])
+    assert broken.exit_code == 1
+    assert "event 5: missing: the log ends at seq 4" in broken.output
+
+    manifest = bundle / "manifest.json"
+    manifest.write_text(manifest.read_text().replace('"rows": 5', '"rows": 4'))
+    forged = runner.invoke(args=["portal", "verify-log", "--bundle", str(bundle)])
+    assert forged.exit_code == 1
+    assert "does not verify" in forged.output
+
+
+@pytest.mark.parametrize("value", ["5", "x:00", "0:" + "00" * 32, "3:" + "00" * 31, "3:zz"])
+def test_a_malformed_anchor_is_refused(catalogue_ready, value):
+    result = catalogue_ready.test_cli_runner().invoke(
+        args=["portal", "verify-log", "--anchor", value]
+    )
+    assert result.exit_code == 2
+    assert "SEQ:HASH" in result.output
