@@ -67,6 +67,13 @@ def test_constraints_follow_the_naming_convention(engine):
     } <= indexes
     fks = {f["name"] for f in inspector.get_foreign_keys("push_subscription")}
     assert fks == {"fk_push_subscription_subscriber_id_subscriber"}
+    checks = {c["name"] for c in inspector.get_check_constraints("push_subscription")}
+    assert {
+        "ck_push_subscription_endpoint_hash_len",
+        "ck_push_subscription_p256dh_len",
+        "ck_push_subscription_live_has_credentials",
+    } <= checks
+    assert inspector.get_pk_constraint("push_subscription")["name"] == "pk_push_subscription"
 
 
 def test_indexes_are_partial(engine, backend):
@@ -140,6 +147,7 @@ def _insert(conn, **overrides):
     [
         {"endpoint_hash": b"h" * 31},
         {"p256dh": "B" * 40},
+        {"p256dh": "B" * 97},
         {"endpoint": None},
         {"auth_sealed": None},
         {"push_service": "carrier-pigeon"},
@@ -149,6 +157,7 @@ def _insert(conn, **overrides):
     ids=[
         "hash-31-bytes",
         "short-p256dh",
+        "long-p256dh",
         "live-without-endpoint",
         "live-without-auth",
         "unknown-service",
