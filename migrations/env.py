@@ -13,11 +13,19 @@ target_metadata = Base.metadata
 
 
 def _run(connection: sa.Connection) -> None:
+    sqlite = connection.dialect.name == "sqlite"
     context.configure(
         connection=connection,
         target_metadata=target_metadata,
-        render_as_batch=connection.dialect.name == "sqlite",
+        render_as_batch=sqlite,
         compare_type=True,
+        # PostgreSQL: each migration in a transaction of its own, so a migration can
+        # leave it for CREATE INDEX CONCURRENTLY (autocommit_block) and VALIDATE runs
+        # apart from the NOT VALID that preceded it (migrations/README.md).
+        transaction_per_migration=not sqlite,
+        # SQLite: the whole run in one transaction (the portal's SQLite transactions
+        # begin IMMEDIATE), so processes starting together take turns.
+        transactional_ddl=True if sqlite else None,
     )
     with context.begin_transaction():
         context.run_migrations()

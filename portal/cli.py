@@ -14,7 +14,7 @@ from flask.cli import AppGroup
 
 from portal.config import generate_vapid_keys
 from portal.db import db
-from portal.migrate import alembic_config
+from portal.migrate import alembic_config, migration_connection
 from portal.staff import cli as staff_cli
 
 portal_cli = AppGroup("portal", help="Operate the push consent portal.")
@@ -99,7 +99,7 @@ def vapid_keys_command() -> None:
 
 
 def _alembic(fn: Any, *args: Any, **kwargs: Any) -> None:
-    with db.engine.begin() as connection:
+    with migration_connection(db.engine) as connection:
         fn(alembic_config(connection), *args, **kwargs)
 
 

@@ -213,6 +213,8 @@ class Settings:
             _require_secret("VAPID_PUBLIC_KEY", vapid_public)
             _require_secret("VAPID_SUBJECT", vapid_subject)
             _require_secret(f"SUBSCRIPTION_AUTH_KEY_V{key_version}", auth_keys.get(key_version))
+            for version, key in sorted(auth_keys.items()):
+                _require_data_key(f"SUBSCRIPTION_AUTH_KEY_V{version}", key)
             # Optional (unset disables the receiver), but never a well-known value.
             for secret in feedback_secrets:
                 _require_secret("FEEDBACK_SECRETS", secret)
@@ -324,6 +326,12 @@ def _require_secret(name: str, value: object) -> None:
         raise ConfigError(
             f"SECRET_KEY is too short: use at least {_MIN_SECRET_KEY_LENGTH} characters"
         )
+
+
+def _require_data_key(name: str, key: bytes) -> None:
+    # One byte repeated (32 zero bytes, "AAAA…=") is a placeholder, never a generated key.
+    if len(set(key)) == 1:
+        raise ConfigError(f"{name} is missing or left at a default: set it in the environment")
 
 
 def _auth_keys(environ: Mapping[str, str], generated: Mapping[str, str]) -> dict[int, bytes]:

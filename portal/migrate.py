@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -10,6 +12,9 @@ from alembic import command
 from alembic.config import Config
 
 MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
+# A session advisory lock of our own: processes migrating one PostgreSQL database at
+# once take turns, and the later ones find the schema already at head.
+MIGRATION_LOCK = 0x706F7274616C6D67
 
 
 def alembic_config(connection: sa.Connection | None = None, url: str | None = None) -> Config:
@@ -22,11 +27,38 @@ def alembic_config(connection: sa.Connection | None = None, url: str | None = No
     return config
 
 
+@contextmanager
+def migration_connection(engine: sa.Engine) -> Iterator[sa.Connection]:
+    """A connection outside any transaction, so that Alembic owns the transactions
+    (``migrations/env.py``): one per migration on PostgreSQL, where a migration may step
+    out of it to build an index CONCURRENTLY and a constraint is validated in a migration
+    of its own; one for the whole run on SQLite."""
+    with engine.connect() as connection:
+        if connection.dialect.name != "postgresql":
+            yield connection
+            return
+        connection.execute(sa.text("SELECT pg_advisory_lock(:key)"), {"key": MIGRATION_LOCK})
+        connection.commit()
+        try:
+            yield connection
+        finally:
+            try:
+                connection.rollback()
+                connection.execute(
+                    sa.text("SELECT pg_advisory_unlock(:key)"), {"key": MIGRATION_LOCK}
+                )
+                connection.commit()
+            except sa.exc.DBAPIError:
+                # The session is gone or unusable: the lock went with it, and the
+                # connection must not go back to the pool.
+                connection.invalidate()
+
+
 def upgrade(engine: sa.Engine, revision: str = "head") -> None:
-    with engine.begin() as connection:
+    with migration_connection(engine) as connection:
         command.upgrade(alembic_config(connection), revision)
 
 
 def downgrade(engine: sa.Engine, revision: str) -> None:
-    with engine.begin() as connection:
+    with migration_connection(engine) as connection:
         command.downgrade(alembic_config(connection), revision)

@@ -21,7 +21,7 @@ GOOD_PRODUCTION = {
     "VAPID_PRIVATE_KEY": PRIVATE,
     "VAPID_PUBLIC_KEY": PUBLIC,
     "VAPID_SUBJECT": "mailto:ops@example.com",
-    "SUBSCRIPTION_AUTH_KEY_V1": base64.b64encode(b"k" * 32).decode(),
+    "SUBSCRIPTION_AUTH_KEY_V1": base64.b64encode(bytes(range(32))).decode(),
     "DATABASE_URL": "postgresql://u@db/portal",
 }
 
@@ -54,7 +54,11 @@ def test_production_with_everything_set(tmp_path):
         ("SECRET_KEY", None, "SECRET_KEY is missing"),
         ("SECRET_KEY", "changeme", "SECRET_KEY is missing or left at a default"),
         ("SECRET_KEY", "short-but-set", "SECRET_KEY is too short"),
+        ("SECRET_KEY", "", "SECRET_KEY is missing"),
+        ("SECRET_KEY", "  secret  ", "SECRET_KEY is missing or left at a default"),
         ("VAPID_PRIVATE_KEY", None, "VAPID_PRIVATE_KEY is missing"),
+        ("VAPID_PRIVATE_KEY", "changeme", "VAPID_PRIVATE_KEY is missing or left at a default"),
+        ("VAPID_PUBLIC_KEY", "default", "VAPID_PUBLIC_KEY is missing or left at a default"),
         ("VAPID_PUBLIC_KEY", None, "VAPID_PUBLIC_KEY is missing"),
         ("VAPID_SUBJECT", None, "VAPID_SUBJECT is missing"),
         ("VAPID_SUBJECT", "ops@example.com", "VAPID_SUBJECT must be a mailto: address"),
@@ -65,6 +69,16 @@ def test_production_with_everything_set(tmp_path):
             "SUBSCRIPTION_AUTH_KEY_V1 must decode to 32 bytes",
         ),
         ("SUBSCRIPTION_AUTH_KEY_V1", "***", "SUBSCRIPTION_AUTH_KEY_V1 is not valid base64"),
+        (
+            "SUBSCRIPTION_AUTH_KEY_V1",
+            base64.b64encode(bytes(32)).decode(),
+            "SUBSCRIPTION_AUTH_KEY_V1 is missing or left at a default",
+        ),
+        (
+            "SUBSCRIPTION_AUTH_KEY_V2",
+            base64.b64encode(b"k" * 32).decode(),
+            "SUBSCRIPTION_AUTH_KEY_V2 is missing or left at a default",
+        ),
         ("SUBSCRIPTION_AUTH_KEY_VERSION", "2", "SUBSCRIPTION_AUTH_KEY_V2 is missing"),
         ("VAPID_PUBLIC_KEY", generate_vapid_keys()[1], "VAPID_PUBLIC_KEY does not match"),
         ("PORTAL_SCHEDULER", "maybe", "PORTAL_SCHEDULER must be 'on' or 'off'"),
@@ -78,6 +92,42 @@ def test_production_refuses_missing_or_default_secrets(tmp_path, name, value, me
         environ[name] = value
     with pytest.raises(ConfigError, match=message):
         Settings.from_env(environ, str(tmp_path))
+
+
+def test_development_accepts_any_well_formed_data_key(tmp_path):
+    weak = base64.b64encode(bytes(32)).decode()
+    settings = Settings.from_env({"SUBSCRIPTION_AUTH_KEY_V1": weak}, str(tmp_path))
+    assert settings.auth_keys[1] == bytes(32)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("VAPID_PRIVATE_KEY", "changeme"),
+        ("SUBSCRIPTION_AUTH_KEY_V1", base64.b64encode(bytes(32)).decode()),
+    ],
+)
+def test_production_start_names_a_default_key_in_one_line(tmp_path, name, value):
+    environ = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SECRET", "VAPID", "SUBSCRIPTION", "PORTAL", "DATABASE"))
+    }
+    environ |= GOOD_PRODUCTION | {name: value, "PORTAL_INSTANCE_PATH": str(tmp_path)}
+    result = subprocess.run(
+        [sys.executable, "-m", "flask", "--app", "app", "routes"],
+        cwd=ROOT,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines() == [
+        f"portal: configuration error: {name} is missing or left at a default: "
+        "set it in the environment"
+    ]
 
 
 def test_allowed_hosts_and_numbers_from_the_environment(tmp_path):

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy.exc import IntegrityError
 
 import portal.models  # noqa: F401
 from portal.db import Base, create_engine
-from portal.migrate import downgrade, upgrade
+from portal.migrate import alembic_config, downgrade, upgrade
 
 
 @pytest.fixture
@@ -60,6 +67,13 @@ def test_constraints_follow_the_naming_convention(engine):
     } <= indexes
     fks = {f["name"] for f in inspector.get_foreign_keys("push_subscription")}
     assert fks == {"fk_push_subscription_subscriber_id_subscriber"}
+    checks = {c["name"] for c in inspector.get_check_constraints("push_subscription")}
+    assert {
+        "ck_push_subscription_endpoint_hash_len",
+        "ck_push_subscription_p256dh_len",
+        "ck_push_subscription_live_has_credentials",
+    } <= checks
+    assert inspector.get_pk_constraint("push_subscription")["name"] == "pk_push_subscription"
 
 
 def test_indexes_are_partial(engine, backend):
@@ -133,6 +147,7 @@ def _insert(conn, **overrides):
     [
         {"endpoint_hash": b"h" * 31},
         {"p256dh": "B" * 40},
+        {"p256dh": "B" * 97},
         {"endpoint": None},
         {"auth_sealed": None},
         {"push_service": "carrier-pigeon"},
@@ -142,6 +157,7 @@ def _insert(conn, **overrides):
     ids=[
         "hash-31-bytes",
         "short-p256dh",
+        "long-p256dh",
         "live-without-endpoint",
         "live-without-auth",
         "unknown-service",
@@ -176,3 +192,129 @@ def test_endpoint_hash_is_unique(engine):
         _insert(conn)
     with pytest.raises(IntegrityError), engine.begin() as conn:
         _insert(conn, endpoint="https://fcm.googleapis.com/other")
+
+
+# migrations/README.md's recipes for a large, live table, as two revisions on top of the
+# real ones: a nullable column and a NOT VALID constraint; then, in a migration of its
+# own, VALIDATE and an index built CONCURRENTLY outside the migration's transaction.
+ONLINE_ADD = """
+import sqlalchemy as sa
+from alembic import op
+
+revision = "online_add"
+down_revision = "{head}"
+
+
+def upgrade() -> None:
+    op.add_column("push_subscription", sa.Column("topic_hint", sa.Text(), nullable=True))
+    if op.get_context().dialect.name == "postgresql":
+        op.execute(
+            "ALTER TABLE push_subscription ADD CONSTRAINT ck_push_subscription_topic_hint_len "
+            "CHECK (length(topic_hint) <= 64) NOT VALID"
+        )
+
+
+def downgrade() -> None:
+    op.drop_column("push_subscription", "topic_hint")
+"""
+ONLINE_VALIDATE = """
+import sqlalchemy as sa
+from alembic import op
+
+revision = "online_validate"
+down_revision = "online_add"
+
+
+def upgrade() -> None:
+    if op.get_context().dialect.name == "postgresql":
+        op.execute(
+            "ALTER TABLE push_subscription VALIDATE CONSTRAINT ck_push_subscription_topic_hint_len"
+        )
+    with op.get_context().autocommit_block():
+        op.create_index(
+            "ix_push_subscription_topic_hint",
+            "push_subscription",
+            ["topic_hint"],
+            postgresql_concurrently=True,
+            postgresql_where=sa.text("deleted_at IS NULL"),
+        )
+
+
+def downgrade() -> None:
+    op.drop_index("ix_push_subscription_topic_hint", table_name="push_subscription")
+"""
+
+
+def test_the_readme_recipes_for_online_changes_run(empty_engine, backend, tmp_path, monkeypatch):
+    from portal import migrate
+
+    head = ScriptDirectory.from_config(migrate.alembic_config()).get_current_head()
+    scripts = tmp_path / "migrations"
+    shutil.copytree(migrate.MIGRATIONS, scripts, ignore=shutil.ignore_patterns("__pycache__"))
+    (scripts / "versions" / "9001_online_add.py").write_text(ONLINE_ADD.format(head=head))
+    (scripts / "versions" / "9002_online_validate.py").write_text(ONLINE_VALIDATE)
+    monkeypatch.setattr(migrate, "MIGRATIONS", scripts)
+
+    upgrade(empty_engine)  # CREATE INDEX CONCURRENTLY fails inside a transaction block
+
+    inspector = sa.inspect(empty_engine)
+    assert "topic_hint" in {c["name"] for c in inspector.get_columns("push_subscription")}
+    assert "ix_push_subscription_topic_hint" in {
+        i["name"] for i in inspector.get_indexes("push_subscription")
+    }
+    with empty_engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar_one() == (
+            "online_validate"
+        )
+        if backend == "postgresql":
+            valid = conn.execute(
+                sa.text(
+                    "SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+                    "WHERE c.relname = 'ix_push_subscription_topic_hint'"
+                )
+            ).scalar_one()
+            validated = conn.execute(
+                sa.text(
+                    "SELECT convalidated FROM pg_constraint "
+                    "WHERE conname = 'ck_push_subscription_topic_hint_len'"
+                )
+            ).scalar_one()
+            assert (valid, validated) == (True, True)
+    downgrade(empty_engine, head)
+    assert "topic_hint" not in {
+        c["name"] for c in sa.inspect(empty_engine).get_columns("push_subscription")
+    }
+
+
+MIGRATE = """
+import sys
+from portal.db import create_engine
+from portal.migrate import upgrade
+engine = create_engine(sys.argv[1])
+upgrade(engine)
+engine.dispose()
+"""
+
+
+def test_processes_migrating_at_once_take_turns(empty_engine, tmp_path):
+    """Several processes starting together (auto-migrate, or an operator's upgrade beside
+    them) all end well, on one schema."""
+    root = Path(__file__).resolve().parent.parent
+    url = empty_engine.url.render_as_string(hide_password=False)
+    environ = {**os.environ, "PYTHONPATH": str(root)}
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", MIGRATE, url],
+            cwd=root,
+            env=environ,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        for _ in range(3)
+    ]
+    outputs = [process.communicate(timeout=120)[0].decode() for process in processes]
+    assert [process.returncode for process in processes] == [0, 0, 0], outputs
+    with empty_engine.connect() as conn:
+        versions = conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalars().all()
+        head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    assert versions == [head]

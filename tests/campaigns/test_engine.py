@@ -414,6 +414,38 @@ def test_one_batch_of_mixed_answers_records_each_answer(
     assert {len(fake_push.received(sub)) for sub in subs} == {1}
 
 
+def test_a_row_sealed_under_an_unknown_key_version_fails_alone(
+    push_app, dispatcher, fake_push, clock, engine, caplog
+):
+    subs = [_subscribe(push_app, fake_push, topics=["weekly-digest"]) for _ in range(3)]
+    with engine.begin() as conn:  # sealed under a key this process does not hold
+        conn.execute(
+            sa.text("UPDATE push_subscription SET auth_key_version = 9 WHERE endpoint = :e"),
+            {"e": subs[1].endpoint},
+        )
+    _launch(push_app, clock)
+
+    report = dispatcher.tick()
+
+    assert (report.accepted, report.skipped) == (2, 1)
+    assert fake_push.received(subs[1]) == []
+    for sub in (subs[0], subs[2]):
+        assert len(fake_push.plaintexts(sub)) == 1
+    by_id = {r["id"]: r for r in _rows(push_app, PushSubscription)}
+    deliveries = {by_id[d["subscription_id"]]["endpoint"]: d for d in _rows(push_app, Delivery)}
+    unreadable = deliveries.pop(subs[1].endpoint)
+    assert (unreadable["status"], unreadable["reason"]) == ("skipped", "unreadable_keys")
+    assert {d["status"] for d in deliveries.values()} == {"accepted"}
+    row = next(r for r in by_id.values() if r["endpoint"] == subs[1].endpoint)
+    # Not the subscription's fault: its lifecycle is untouched, and the log says why.
+    assert (row["state"], row["consecutive_failures"], row["auth_key_version"]) == (
+        "pending",
+        0,
+        9,
+    )
+    assert "no data key for auth_key_version 9" in caplog.text
+
+
 def _one_at_a_time(push_app, dispatcher, **settings):
     """A dispatcher on the same transport sending one delivery per batch, so consecutive
     batches meet: on PostgreSQL a batch is planned while the previous one is written."""

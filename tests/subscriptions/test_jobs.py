@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 import sqlalchemy as sa
 
-from portal.jobs import run_job
+from portal.jobs import NoProgress, run_job
 from portal.subscriptions.validation import endpoint_hash
 from tests.helpers import all_rows
 
@@ -77,3 +78,48 @@ def test_cli_db_current_names_the_head(app):
     result = app.test_cli_runner().invoke(args=["db", "current"])
     assert result.exit_code == 0
     assert "(head)" in result.output
+
+
+class _Interrupted(Exception):
+    pass
+
+
+class _StopAfterOneBatch:
+    def __init__(self) -> None:
+        self.batches: list[int] = []
+
+    def start(self, total: int) -> None:
+        self.total = total
+
+    def advance(self, count: int) -> None:
+        self.batches.append(count)
+        raise _Interrupted
+
+
+def test_backfill_walks_in_chunks_and_picks_up_after_an_interruption(
+    app, client, engine, subscriptions
+):
+    from portal.subscriptions.jobs import backfill_endpoint_hash
+
+    _subscribe(client, subscriptions, 5)
+    with engine.begin() as conn:
+        ids = conn.execute(sa.text("SELECT id FROM push_subscription ORDER BY id")).scalars().all()
+        for index, row_id in enumerate(ids):
+            conn.execute(
+                sa.text("UPDATE push_subscription SET endpoint_hash = :h WHERE id = :i"),
+                {"h": bytes([index + 1]) * 32, "i": row_id},
+            )
+    stopped = _StopAfterOneBatch()
+    with pytest.raises(_Interrupted):
+        backfill_endpoint_hash(app, batch_size=2, progress=stopped)
+    assert (stopped.total, stopped.batches) == (5, [2])
+    repaired = [
+        bytes(row["endpoint_hash"]) == endpoint_hash(row["endpoint"])
+        for row in sorted(all_rows(engine, "push_subscription"), key=lambda r: str(r["id"]))
+    ]
+    assert sum(repaired) == 2  # the first chunk committed; the rest waits for the next run
+
+    report = backfill_endpoint_hash(app, batch_size=2, progress=NoProgress())
+    assert (report.processed, report.changed, report.problems) == (5, 3, [])
+    for row in all_rows(engine, "push_subscription"):
+        assert bytes(row["endpoint_hash"]) == endpoint_hash(row["endpoint"])

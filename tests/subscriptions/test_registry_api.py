@@ -94,6 +94,34 @@ def test_change_moves_the_subscriber_and_ends_the_old_endpoint(app, engine, subs
     assert len(_rows(engine)) == 2
 
 
+def test_change_is_one_transaction(app, engine, subscriptions, monkeypatch):
+    """A failure after the new row is written but before the old one ends leaves both
+    as they were: never both endpoints carrying the subscriber, never neither."""
+    from portal.subscriptions import services
+
+    old = subscriptions()
+    app.test_client().post(SUBSCRIBE, json={"subscription": old.to_json()})
+    before = {t: all_rows(engine, t) for t in ("push_subscription", "subscriber", "consent_event")}
+
+    def broken(*_args, **_kwargs):
+        raise RuntimeError("the process died half-way")
+
+    monkeypatch.setattr(services, "end_subscription", broken)
+    new = subscriptions()
+    app.config["PROPAGATE_EXCEPTIONS"] = False
+    response = app.test_client().post(
+        "/api/push/change", json={"oldEndpoint": old.endpoint, "subscription": new.to_json()}
+    )
+    assert response.status_code == 500
+    assert before == {t: all_rows(engine, t) for t in before}
+
+    monkeypatch.undo()
+    response = app.test_client().post(
+        "/api/push/change", json={"oldEndpoint": old.endpoint, "subscription": new.to_json()}
+    )
+    assert (response.status_code, response.json["moved"]) == (201, True)
+
+
 def test_change_from_an_unknown_endpoint_still_registers_the_new_one(client, engine, subscriptions):
     new = subscriptions()
     response = client.post(

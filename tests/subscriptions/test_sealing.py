@@ -129,3 +129,59 @@ def test_run_job_rejects_an_unknown_name(app):
     result = app.test_cli_runner().invoke(args=["portal", "run-job", "nope"])
     assert result.exit_code != 0
     assert "unknown job" in result.output
+
+
+class _Interrupted(Exception):
+    pass
+
+
+class _Recording:
+    """Progress as the job reports it; optionally stops the job (an operator's Ctrl-C, a
+    killed process) after some batches have committed."""
+
+    def __init__(self, stop_after: int | None = None) -> None:
+        self.total: int | None = None
+        self.batches: list[int] = []
+        self.stop_after = stop_after
+
+    def start(self, total: int) -> None:
+        self.total = total
+
+    def advance(self, count: int) -> None:
+        self.batches.append(count)
+        if self.stop_after is not None and len(self.batches) >= self.stop_after:
+            raise _Interrupted
+
+
+def test_reseal_goes_in_chunks_and_picks_up_after_an_interruption(settings, clock, subscriptions):
+    from portal.subscriptions.jobs import reseal
+
+    old_app = _app(settings, clock, {1: K1}, 1)
+    subs = [subscriptions() for _ in range(5)]
+    for sub in subs:
+        assert (
+            old_app.test_client().post(URL, json={"subscription": sub.to_json()}).status_code == 201
+        )
+    old_app.extensions["portal.db"].engine.dispose()
+    app = _app(settings, clock, {1: K1, 2: K2}, 2)
+    engine = app.extensions["portal.db"].engine
+    keys = app.extensions["portal"].keys
+
+    stopped = _Recording(stop_after=1)
+    with pytest.raises(_Interrupted):
+        reseal(app, keys, batch_size=2, progress=stopped)
+    assert (stopped.total, stopped.batches) == (5, [2])
+    rows = all_rows(engine, "push_subscription")
+    assert sorted(r["auth_key_version"] for r in rows) == [1, 1, 1, 2, 2]
+    by_endpoint = {r["endpoint"]: r for r in rows}
+    for sub in subs:  # every row opens, whichever version it is under
+        row = by_endpoint[sub.endpoint]
+        assert keys.open(bytes(row["auth_sealed"]), row["auth_key_version"]) == sub.auth
+
+    resumed = _Recording()
+    report = reseal(app, keys, batch_size=2, progress=resumed)
+    assert (resumed.total, resumed.batches) == (3, [2, 1])  # only what was left
+    assert (report.processed, report.changed, report.problems) == (3, 3, [])
+    for row in all_rows(engine, "push_subscription"):
+        assert row["auth_key_version"] == 2
+    engine.dispose()

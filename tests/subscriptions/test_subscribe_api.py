@@ -376,8 +376,28 @@ def test_malformed_request_is_refused_and_writes_nothing(
     headers = {"Content-Type": content_type} if content_type else {}
     response = client.post(URL, data=data, headers=headers)
     assert response.status_code == status
-    assert response.json["error"]["code"] == code
+    error = response.json["error"]
+    assert error["code"] == code
+    assert isinstance(error["message"], str) and error["message"]
     assert count_rows(engine, "push_subscription") == 0
+    assert count_rows(engine, "subscriber") == 0
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "code", "message"),
+    [
+        ("p256dh", SIXTY_FOUR, "invalid_length", "must decode to 65 bytes, not 64"),
+        ("p256dh", OFF_CURVE, "invalid_key", "is not a point on P-256"),
+        ("auth", AUTH_15, "invalid_length", "must decode to 16 bytes, not 15"),
+        ("auth", AUTH_17, "invalid_length", "must decode to 16 bytes, not 17"),
+    ],
+)
+def test_bad_keys_are_refused_for_the_right_reason(client, key, value, code, message):
+    response = client.post(URL, json=_with(f"subscription.keys.{key}", value))
+    assert response.status_code == 422
+    error = response.json["error"]
+    assert (error["code"], error["field"]) == (code, f"subscription.keys.{key}")
+    assert message in error["message"]
 
 
 def test_cross_site_post_is_refused(client, engine, subscriptions):

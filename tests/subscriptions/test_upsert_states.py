@@ -7,6 +7,7 @@ import os
 
 import pytest
 import sqlalchemy as sa
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from tests.helpers import all_rows
 
@@ -84,9 +85,11 @@ def test_reregistration_refreshes_keys_and_last_seen(app, engine, subscriptions,
     (before,) = all_rows(engine, "push_subscription")
     clock.advance(hours=5)
     sub.auth = os.urandom(16)
+    sub.private_key = ec.generate_private_key(ec.SECP256R1())  # a new p256dh as well
     client.post(URL, json={"subscription": sub.to_json()}, headers={"User-Agent": "Firefox/140"})
     (after,) = all_rows(engine, "push_subscription")
     assert bytes(after["auth_sealed"]) != bytes(before["auth_sealed"])
+    assert after["p256dh"] == sub.p256dh != before["p256dh"]
     assert after["user_agent"] == "Firefox/140"
     assert str(after["last_seen_at"]) > str(before["last_seen_at"])
     portal = app.extensions["portal"]
