@@ -5,12 +5,14 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import os
+import runpy
 import signal
 import subprocess
 import sys
 import textwrap
 import threading
 import time
+import types
 from collections import defaultdict
 from pathlib import Path
 
@@ -102,11 +104,21 @@ def test_the_embedded_scheduler_starts_with_the_first_request_and_stops_cleanly(
     engine.dispose()
 
 
+def _gunicorn_hooks(monkeypatch, tmp_path: Path) -> dict:
+    """gunicorn.conf.py's settings and hooks, read without touching this process's
+    metrics folder."""
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path / "metrics"))
+    return runpy.run_path(str(ROOT / "gunicorn.conf.py"))
+
+
+@pytest.mark.parametrize("by", ["shutdown", "gunicorn worker exit"])
 def test_shutdown_waits_for_the_batch_in_hand_and_the_job_stops_after_it(
-    settings, clock, monkeypatch
+    settings, clock, monkeypatch, tmp_path, by
 ):
     """Graceful shutdown: the running job finishes its batch, sees the stop flag, returns
-    before the next one, and its run is recorded as a clean run."""
+    before the next one, and its run is recorded as a clean run. A gunicorn worker does
+    this in its exit hook: left to the interpreter's exit, the job would first run to its
+    end (the interpreter joins the job's thread before it runs atexit functions)."""
     in_batch, release = threading.Event(), threading.Event()
     batches: list[int] = []
 
@@ -132,7 +144,12 @@ def test_shutdown_waits_for_the_batch_in_hand_and_the_job_stops_after_it(
     scheduler.start()
     try:
         assert in_batch.wait(20)
-        stopping = threading.Thread(target=scheduler.shutdown)
+        if by == "shutdown":
+            stopping = threading.Thread(target=scheduler.shutdown)
+        else:
+            worker_exit = _gunicorn_hooks(monkeypatch, tmp_path)["worker_exit"]
+            worker = types.SimpleNamespace(wsgi=app)
+            stopping = threading.Thread(target=worker_exit, args=(None, worker))
         stopping.start()
         deadline = time.monotonic() + 10
         while not scheduler.stop.is_set() and time.monotonic() < deadline:
