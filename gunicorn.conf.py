@@ -33,3 +33,14 @@ def child_exit(server, worker):  # noqa: ANN001, ANN201
     from prometheus_client import multiprocess
 
     multiprocess.mark_process_dead(worker.pid)
+
+
+def worker_exit(server, worker):  # noqa: ANN001, ANN201
+    # Stop this worker's scheduler now, while the interpreter still runs: a job checks
+    # the stop flag between batches, so it ends after the batch in hand. Left to atexit,
+    # the stop would come only after the job had run to its end (the interpreter joins
+    # the job's thread first), or never, once graceful_timeout had passed.
+    extensions = getattr(getattr(worker, "wsgi", None), "extensions", None) or {}
+    scheduler = extensions.get("portal.scheduler")
+    if scheduler is not None:
+        scheduler.shutdown()

@@ -30,6 +30,9 @@ class ClickProgress:
         self._bar: Any = None
 
     def start(self, total: int) -> None:
+        # A job of several phases (the sweep: stale, then expired) starts one bar each;
+        # the one before is finished first, so each keeps a line of its own.
+        self.close()
         self._bar = click.progressbar(length=max(total, 1), label=self.label, file=sys.stderr)
         self._bar.__enter__()
 
@@ -40,6 +43,7 @@ class ClickProgress:
     def close(self) -> None:
         if self._bar is not None:
             self._bar.__exit__(None, None, None)
+            self._bar = None
 
 
 @portal_cli.command("run-job")

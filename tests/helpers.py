@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import threading
 from typing import Any
 
 import sqlalchemy as sa
@@ -26,3 +27,20 @@ def csrf_token(html: str) -> str:
     match = re.search(r'name="csrf_token" value="([^"]+)"', html)
     assert match, "the page has no CSRF token"
     return match.group(1)
+
+
+class StopAfterFirstBatch:
+    """A job's progress hook that asks the job to stop once its first batch is done, as
+    the scheduler does when its process shuts down mid-run."""
+
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        self.totals: list[int] = []
+        self.batches: list[int] = []
+
+    def start(self, total: int) -> None:
+        self.totals.append(total)
+
+    def advance(self, count: int) -> None:
+        self.batches.append(count)
+        self.stop.set()

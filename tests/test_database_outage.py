@@ -9,8 +9,11 @@ version, with a server stopped and restarted under load, is ``test_fault_injecti
 
 from __future__ import annotations
 
+import json
 import logging
+import time
 from pathlib import Path
+from typing import Any
 
 import flask
 import pytest
@@ -20,6 +23,7 @@ from flask_wtf.csrf import generate_csrf
 from portal import create_app
 from portal.config import ScheduleSettings
 from portal.db import create_engine
+from portal.feedback.signature import header_value
 from portal.migrate import upgrade
 from portal.operations.scheduler import PortalScheduler
 from tests.conftest import make_settings
@@ -140,3 +144,59 @@ def test_scheduler_ticks_survive_the_outage_and_run_after_it(unreachable, caplog
     with engine.connect() as connection:
         runs = connection.execute(sa.text("SELECT name, error FROM job_run")).all()
     assert [(r.name, r.error) for r in runs] == [("sweep", None)]
+
+
+def test_a_feedback_digest_is_answered_503_while_the_database_is_down_then_applies(
+    unreachable,
+):
+    """The sender retries until a 2xx: a digest that could not be committed is never
+    acknowledged, and the same bytes, sent again once the database is back, apply."""
+    app, bring_up = unreachable
+    client = app.test_client()
+    subscription = SubscriptionFactory()()
+    raw = json.dumps(
+        {
+            "organization": "acme",
+            "events": [
+                {
+                    "deliveryId": "d-1",
+                    "provider": "webpush",
+                    "endpoint": subscription.endpoint,
+                    "status": "FAILED",
+                    "reason": "INVALID_TARGET",
+                    "attempts": 1,
+                }
+            ],
+            "truncated": False,
+            "eventsOmitted": 0,
+        }
+    ).encode()
+
+    def send() -> Any:
+        signed = header_value("feedback-secret-one", int(time.time() * 1000), raw)
+        return client.post(
+            "/api/push/feedback",
+            data=raw,
+            headers={"X-CN1-Signature": signed, "Content-Type": "application/json"},
+        )
+
+    down = send()
+    assert down.status_code == 503
+    assert down.json["error"]["code"] == "unavailable"
+
+    bring_up()
+    assert (
+        client.post(
+            "/api/push/subscribe", json={"subscription": subscription.to_json()}
+        ).status_code
+        == 201
+    )
+    up = send()
+    assert up.status_code == 200
+    assert (up.json["applied"], up.json["revoked"]) == (1, 1)
+    engine = app.extensions["portal.db"].engine
+    with engine.connect() as connection:
+        digests = connection.execute(sa.text("SELECT result FROM feedback_digest")).scalars()
+        state = connection.execute(sa.text("SELECT state FROM push_subscription")).scalar_one()
+    assert list(digests) == ["accepted"]  # the refusal during the outage could not be noted
+    assert state == "revoked"

@@ -17,6 +17,7 @@ from portal.compliance.services import REASON_LABELS, LookupKind
 from portal.compliance.signing import SigningKey, SigningKeyMissing
 from portal.consent import catalogue
 from portal.db import db
+from portal.retention.views import RECEIPT_FLASH, receipt_token
 from portal.staff.access import StaffPage, current_staff, register_page, staff_required
 from portal.staff.catalogue_forms import form_errors
 from portal.staff.forms import ConfirmForm
@@ -147,6 +148,8 @@ def compliance_erase(subscriber_id: uuid.UUID) -> Any:
                 f"Erased. {receipt.subscriptions} subscription(s) ended; the consent log "
                 f"records it as event {receipt.event_seq}."
             )
+            # The subscriber page offers the receipt once, to pass on to the person.
+            flash(receipt_token(receipt), RECEIPT_FLASH)
             return redirect(
                 url_for("staff.compliance_subscriber", subscriber_id=subscriber_id), 303
             )

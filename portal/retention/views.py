@@ -13,15 +13,31 @@ from portal.consent.models import Source
 from portal.consent.views import _current_subscriber
 from portal.db import db
 from portal.identity import DEVICE_COOKIE, SUBSCRIBER_COOKIE
-from portal.retention.services import erase_subscriber
+from portal.retention.services import ErasureReceipt, erase_subscriber
 from portal.useragent import family
 
 bp = Blueprint("erasure", __name__)
 _CONFIRM_ERROR = "Tick the box to confirm you want everything erased"
+# The flash category that carries a receipt's token to the page shown after an erasure.
+RECEIPT_FLASH = "erasure-receipt"
 
 
 def _receipts() -> URLSafeSerializer:
     return URLSafeSerializer(current_app.config["SECRET_KEY"], salt="portal.erasure-receipt")
+
+
+def receipt_token(receipt: ErasureReceipt) -> str:
+    """The signed token of an erasure's receipt: ``/preferences/erasure-receipt/<token>``
+    downloads it, whoever asked for the erasure (the person, or staff on their behalf)."""
+    return _receipts().dumps(
+        {
+            "subscriber": str(receipt.subscriber_id),
+            "erasedAt": receipt.erased_at.isoformat(),
+            "consentEventSeq": receipt.event_seq,
+            "consentEventHash": receipt.event_hash,
+            "subscriptionsEnded": receipt.subscriptions,
+        }
+    )
 
 
 @bp.get("/preferences/erase")
@@ -54,15 +70,7 @@ def erase() -> Any:
         ),
     )
     session.commit()
-    token = _receipts().dumps(
-        {
-            "subscriber": str(receipt.subscriber_id),
-            "erasedAt": receipt.erased_at.isoformat(),
-            "consentEventSeq": receipt.event_seq,
-            "consentEventHash": receipt.event_hash,
-            "subscriptionsEnded": receipt.subscriptions,
-        }
-    )
+    token = receipt_token(receipt)
     response = Response(render_template("preferences/erased.html", receipt=receipt, token=token))
     response.delete_cookie(SUBSCRIBER_COOKIE, path="/")
     response.delete_cookie(DEVICE_COOKIE, path="/")

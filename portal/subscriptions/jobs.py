@@ -7,6 +7,7 @@ committed is done, and the next run picks up what is left.
 
 from __future__ import annotations
 
+import threading
 import uuid
 
 import sqlalchemy as sa
@@ -22,11 +23,19 @@ from portal.subscriptions.validation import endpoint_hash
 _t = PushSubscription.__table__
 
 
-def reseal(app: Flask, keys: KeyRing, *, batch_size: int, progress: Progress) -> JobReport:
+def reseal(
+    app: Flask,
+    keys: KeyRing,
+    *,
+    batch_size: int,
+    progress: Progress,
+    stop: threading.Event | None = None,
+) -> JobReport:
     """Move every sealed auth secret to the current key version.
 
     A row whose version has no key (or whose seal does not open) is reported and left
-    as it is; every other row still moves.
+    as it is; every other row still moves. With ``stop`` set (the scheduler shutting
+    down) it returns after the batch in hand; the next run moves the rest.
     """
     report = JobReport("reseal")
     current = keys.current_version
@@ -34,7 +43,7 @@ def reseal(app: Flask, keys: KeyRing, *, batch_size: int, progress: Progress) ->
     with db.begin(app) as session:
         progress.start(session.execute(sa.select(sa.func.count()).where(pending)).scalar_one())
     last_id: uuid.UUID | None = None
-    while True:
+    while stop is None or not stop.is_set():
         with db.begin(app) as session:
             query = sa.select(_t.c.id, _t.c.auth_sealed, _t.c.auth_key_version).where(pending)
             if last_id is not None:
@@ -112,7 +121,13 @@ def backfill_endpoint_hash(app: Flask, *, batch_size: int, progress: Progress) -
 @job("reseal")
 def _reseal_job(app: Flask, progress: Progress) -> JobReport:
     portal = app.extensions["portal"]
-    return reseal(app, portal.keys, batch_size=portal.settings.reseal_batch_size, progress=progress)
+    return reseal(
+        app,
+        portal.keys,
+        batch_size=portal.settings.reseal_batch_size,
+        progress=progress,
+        stop=app.extensions.get("portal.stop"),
+    )
 
 
 @job("backfill-hash")

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from axe_playwright_python.sync_playwright import Axe
 from playwright.sync_api import Page
 
@@ -146,6 +147,14 @@ def _erase(new_context: Callable[..., Any], submit: bool) -> Page:
     return page
 
 
+def _erased(new_context: Callable[..., Any], server: LiveServer) -> Page:
+    page = _erase(new_context, False)
+    page.check("#erase-confirm")
+    page.click("button[type=submit]")
+    page.wait_for_selector("text=Download your receipt")
+    return page
+
+
 STAFF_EMAIL = "officer@example.test"
 STAFF_PASSWORD = "correct horse battery staple"
 
@@ -239,6 +248,61 @@ def _compliance_subscriber(new_context: Callable[..., Any], server: LiveServer) 
     return page
 
 
+def _compliance_erase(outcome: str) -> Reach:
+    """A compliance officer's erasure: the confirmation, refused unticked, or done (the
+    person's history with the receipt to pass on)."""
+
+    def reach(new_context: Callable[..., Any], server: LiveServer) -> Page:
+        page = _compliance_subscriber(new_context, server)
+        page.click("text=Erase this person's data")
+        page.wait_for_selector("#confirm")
+        if outcome == "error":
+            page.locator("main button[type=submit]").click()
+            page.wait_for_selector(".error-summary")
+        elif outcome == "done":
+            page.check("#confirm")
+            page.locator("main button[type=submit]").click()
+            page.wait_for_selector("text=Download the erasure receipt")
+        return page
+
+    return reach
+
+
+def _staff_feedback_test(refused: bool) -> Reach:
+    """The feedback page after a test digest: accepted, or refused (no secret configured)."""
+
+    def reach(new_context: Callable[..., Any], server: LiveServer) -> Page:
+        if refused:
+            app = server.app
+            settings = app.extensions["portal.settings"].with_overrides(feedback_secrets=())
+            app.extensions["portal"].settings = app.extensions["portal.settings"] = settings
+        page = _staff(new_context, server)
+        page.goto("/staff/ops/feedback")
+        page.click("form[action$='/ops/feedback/test'] button")
+        page.wait_for_selector(".banner")
+        return page
+
+    return reach
+
+
+def _staff_job_failed(new_context: Callable[..., Any], server: LiveServer) -> Page:
+    """The jobs page with a failed run in its history."""
+    import datetime as dt
+
+    with server.session() as session, session.begin():
+        session.execute(
+            sa.text(
+                "INSERT INTO job_run (name, trigger, host, started_at, seconds, processed, "
+                "changed, error) VALUES ('purge', 'scheduler', 'web-1:4242', :t, 0.5, 0, 0, "
+                "'OperationalError: the database is starting up')"
+            ),
+            {"t": dt.datetime.now(dt.UTC)},
+        )
+    page = _staff(new_context, server)
+    page.goto("/staff/ops/jobs")
+    return page
+
+
 def _campaign_form(action: str, fill: bool) -> Reach:
     def reach(new_context: Callable[..., Any], server: LiveServer) -> Page:
         page = _staff(new_context, server)
@@ -298,6 +362,9 @@ STAFF_PAGES = [
         error_summary=True,
     ),
     PageState("staff-compliance-subscriber", _compliance_subscriber),
+    PageState("staff-compliance-erase", _compliance_erase("confirm")),
+    PageState("staff-compliance-erase-error", _compliance_erase("error"), error_summary=True),
+    PageState("staff-compliance-erased", _compliance_erase("done")),
     PageState("staff-compliance-export", _staff_page("/staff/compliance/export")),
     PageState("staff-compliance-signing-key", _staff_page("/staff/compliance/signing-key")),
     PageState("staff-login", _open("/staff/login")),
@@ -309,7 +376,10 @@ STAFF_PAGES = [
     PageState("staff-audit", _staff_page("/staff/admin/audit")),
     PageState("staff-ops-jobs", _staff_page("/staff/ops/jobs")),
     PageState("staff-ops-jobs-ran", _staff_job_ran),
+    PageState("staff-ops-jobs-failed-run", _staff_job_failed),
     PageState("staff-ops-feedback", _staff_page("/staff/ops/feedback")),
+    PageState("staff-ops-feedback-test-accepted", _staff_feedback_test(refused=False)),
+    PageState("staff-ops-feedback-test-refused", _staff_feedback_test(refused=True)),
 ]
 
 PAGES = [
@@ -343,6 +413,7 @@ PAGES = [
     PageState(
         "erase-error", lambda new_context, server: _erase(new_context, True), error_summary=True
     ),
+    PageState("erase-done", _erased),
     *STAFF_PAGES,
 ]
 

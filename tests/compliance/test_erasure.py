@@ -55,6 +55,19 @@ def test_an_officer_erases_a_person(app, engine, clock, officer, person, make_st
     assert response.status_code == 303
     page = officer.get(response.location).text
     assert "Erased. 1 subscription(s) ended; the consent log records it as event 7." in page
+    # The officer downloads the receipt to give to the person who asked.
+    link = page.split('href="/preferences/erasure-receipt/')[1].split('"')[0]
+    assert page.count(link) == 1  # the link only, never shown as a message
+    receipt = app.test_client().get(f"/preferences/erasure-receipt/{link}")
+    assert receipt.headers["Content-Disposition"].startswith("attachment")
+    body = json.loads(receipt.data)
+    assert (body["receipt"], body["consentEventSeq"], body["subscriptionsEnded"]) == (
+        "erasure",
+        7,
+        1,
+    )
+    assert body["subscriber"].replace("-", "") == str(person.subscriber_id).replace("-", "")
+    assert "Download the erasure receipt" not in officer.get(response.location).text  # once
     assert _subscriber(app, person.subscriber_id).erased_at == clock.now()
     with app.app_context():
         sub = db.session.get(PushSubscription, person.subscription_id)

@@ -292,6 +292,28 @@ def test_unauthentic_digests_are_refused_before_anything(
     assert _metric("portal_feedback_rejections_total", reason=reason) == before + 1
 
 
+@pytest.mark.parametrize("case", ["missing header", "wrong secret", "stale", "malformed"])
+def test_an_unauthentic_body_is_never_parsed(sender, engine, monkeypatch, case):
+    """401 comes before any parsing: a body that is not even JSON is refused for its
+    signature, and the parser is never reached."""
+
+    def never(*_args, **_kwargs):
+        raise AssertionError("an unauthentic body was parsed")
+
+    monkeypatch.setattr(services, "parse_digest", never)
+    monkeypatch.setattr(services, "_organization_hint", never)
+    monkeypatch.setattr(services.json, "loads", never)
+    raw = b"{not json at all"
+    response = {
+        "missing header": lambda: sender.client.post(URL, data=raw),
+        "wrong secret": lambda: sender.post(raw, secret="not-the-secret"),
+        "stale": lambda: sender.post(raw, t=sender.now_ms() - 300_001),
+        "malformed": lambda: sender.post(raw, signature="t=1,v1=zz"),
+    }[case]()
+    assert response.status_code == 401
+    assert count_rows(engine, "feedback_digest") == 0
+
+
 def test_the_edges_of_the_age_window_are_accepted(sender, engine):
     raw = digest([])
     now = sender.now_ms()

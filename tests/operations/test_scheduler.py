@@ -4,20 +4,29 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+import os
+import runpy
+import signal
 import subprocess
 import sys
 import textwrap
 import threading
 import time
+import types
+from collections import defaultdict
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 
 from portal import create_app
-from portal.jobs import JOBS, JobReport, job
-from portal.operations.scheduler import JobBusy, job_lock, run_recorded
+from portal.config import Settings
+from portal.jobs import JOBS, JobReport, job, job_names
+from portal.operations import scheduler as scheduling
+from portal.operations.scheduler import SINGLETON_JOBS, JobBusy, job_lock, run_recorded
+from tests.conftest import KEY_V1, VAPID_PRIVATE, VAPID_PUBLIC
 from tests.helpers import all_rows
-from tests.support import ROOT
+from tests.support import ROOT, clean_environ
 
 
 def test_a_job_lock_is_exclusive(app):
@@ -93,6 +102,209 @@ def test_the_embedded_scheduler_starts_with_the_first_request_and_stops_cleanly(
     assert scheduler.stop.is_set()
     assert scheduler.started is False
     engine.dispose()
+
+
+def _gunicorn_hooks(monkeypatch, tmp_path: Path) -> dict:
+    """gunicorn.conf.py's settings and hooks, read without touching this process's
+    metrics folder."""
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path / "metrics"))
+    return runpy.run_path(str(ROOT / "gunicorn.conf.py"))
+
+
+@pytest.mark.parametrize("by", ["shutdown", "gunicorn worker exit"])
+def test_shutdown_waits_for_the_batch_in_hand_and_the_job_stops_after_it(
+    settings, clock, monkeypatch, tmp_path, by
+):
+    """Graceful shutdown: the running job finishes its batch, sees the stop flag, returns
+    before the next one, and its run is recorded as a clean run. A gunicorn worker does
+    this in its exit hook: left to the interpreter's exit, the job would first run to its
+    end (the interpreter joins the job's thread before it runs atexit functions)."""
+    in_batch, release = threading.Event(), threading.Event()
+    batches: list[int] = []
+
+    def batched(app, progress) -> JobReport:
+        stop = app.extensions["portal.stop"]
+        report = JobReport("sweep")
+        for number in range(1, 6):
+            if stop.is_set():
+                break
+            in_batch.set()
+            release.wait(20)  # the batch is being worked on
+            batches.append(number)
+            report.processed += 10
+            report.changed += 10
+        return report
+
+    job_names()  # registers every real job first, so none replaces this one later
+    monkeypatch.setitem(JOBS, "sweep", batched)
+    monkeypatch.setattr(scheduling, "SINGLETON_JOBS", ("sweep",))
+    app = create_app(settings.with_overrides(scheduler=True), clock=clock)
+    engine = app.extensions["portal.db"].engine
+    scheduler = app.extensions["portal.scheduler"]
+    scheduler.start()
+    try:
+        assert in_batch.wait(20)
+        if by == "shutdown":
+            stopping = threading.Thread(target=scheduler.shutdown)
+        else:
+            worker_exit = _gunicorn_hooks(monkeypatch, tmp_path)["worker_exit"]
+            worker = types.SimpleNamespace(wsgi=app)
+            stopping = threading.Thread(target=worker_exit, args=(None, worker))
+        stopping.start()
+        deadline = time.monotonic() + 10
+        while not scheduler.stop.is_set() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert scheduler.stop.is_set()
+        time.sleep(0.2)
+        assert stopping.is_alive()  # shutdown waits for the batch in hand...
+        release.set()
+        stopping.join(20)
+        assert not stopping.is_alive()
+        assert batches == [1]  # ...which finishes, and no other batch starts
+        (run,) = all_rows(engine, "job_run")
+        assert (run["name"], run["processed"], run["changed"], run["error"]) == (
+            "sweep",
+            10,
+            10,
+            None,
+        )
+        assert run["seconds"] is not None
+    finally:
+        release.set()
+        scheduler.shutdown()
+        engine.dispose()
+
+
+def _scheduler_environ(settings: Settings, tmp_path: Path, **extra: str) -> dict[str, str]:
+    """``portal scheduler``'s whole configuration, from the environment alone."""
+    return clean_environ(
+        PORTAL_ENV="development",
+        PORTAL_INSTANCE_PATH=str(tmp_path / "instance"),
+        PORTAL_AUTO_MIGRATE="off",
+        PORTAL_DEMO_DATA="off",
+        DATABASE_URL=settings.database_url,
+        SECRET_KEY=settings.secret_key,
+        VAPID_PRIVATE_KEY=VAPID_PRIVATE,
+        VAPID_PUBLIC_KEY=VAPID_PUBLIC,
+        VAPID_SUBJECT="mailto:ops@example.test",
+        SUBSCRIPTION_AUTH_KEY_V1=KEY_V1,
+        SUBSCRIPTION_AUTH_KEY_VERSION="1",
+        **extra,
+    )
+
+
+class SchedulerProcess:
+    """``flask --app app portal scheduler``, its output in a file."""
+
+    def __init__(self, environ: dict[str, str], log: Path) -> None:
+        self.log = log
+        with log.open("wb") as out:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "flask", "--app", "app", "portal", "scheduler"],
+                cwd=ROOT,
+                env=environ,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_ready(self, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while "scheduler running" not in self.output():
+            assert self.process.poll() is None, self.output()[-3000:]
+            assert time.monotonic() < deadline, self.output()[-3000:]
+            time.sleep(0.1)
+
+    def terminate(self) -> int:
+        """SIGTERM, as a service manager stops it; its exit status."""
+        if self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGTERM)
+        try:
+            return self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise
+
+
+@pytest.fixture
+def scheduler_processes():
+    started: list[SchedulerProcess] = []
+
+    def start(environ: dict[str, str], log: Path) -> SchedulerProcess:
+        started.append(SchedulerProcess(environ, log))
+        return started[-1]
+
+    yield start
+    for each in started:  # before the database is emptied: a live one holds locks
+        if each.process.poll() is None:
+            each.process.kill()
+            each.process.wait()
+
+
+def test_the_scheduler_command_runs_the_jobs_and_stops_cleanly_on_sigterm(
+    settings, engine, tmp_path, scheduler_processes
+):
+    process = scheduler_processes(
+        _scheduler_environ(settings, tmp_path), tmp_path / "scheduler.log"
+    )
+    process.wait_ready()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        names = {r["name"] for r in all_rows(engine, "job_run")}
+        if set(SINGLETON_JOBS) <= names:
+            break
+        time.sleep(0.2)
+    assert set(SINGLETON_JOBS) <= names
+    assert process.terminate() == 0
+    assert "finishing the current batch" in process.output()
+    assert "Traceback" not in process.output()
+    runs = all_rows(engine, "job_run")
+    assert all(r["error"] is None and r["seconds"] is not None for r in runs)
+    assert {r["host"].rpartition(":")[2] for r in runs} == {str(process.process.pid)}
+
+
+INTERVAL = 2
+
+
+def test_three_scheduler_processes_run_each_singleton_job_once_per_interval(
+    settings, engine, tmp_path, scheduler_processes
+):
+    """Three ``portal scheduler`` processes on one database, every singleton job due
+    every 2 s: each job runs once per interval across all three, whichever runs it."""
+    environ = _scheduler_environ(
+        settings,
+        tmp_path,
+        **{
+            f"{name.upper().replace('-', '_')}_INTERVAL_SECONDS": str(INTERVAL)
+            for name in SINGLETON_JOBS
+        },
+    )
+    processes = [scheduler_processes(environ, tmp_path / f"scheduler-{n}.log") for n in range(3)]
+    for process in processes:
+        process.wait_ready()
+    time.sleep(5 * INTERVAL)
+    for process in processes:
+        assert process.terminate() == 0, process.output()[-3000:]
+
+    runs = all_rows(engine, "job_run")
+    assert all(r["error"] is None for r in runs)
+    starts: defaultdict[str, list[dt.datetime]] = defaultdict(list)
+    for run in runs:
+        started = run["started_at"]  # SQLite answers text
+        starts[run["name"]].append(
+            dt.datetime.fromisoformat(started) if isinstance(started, str) else started
+        )
+    assert set(starts) == set(SINGLETON_JOBS)
+    for name, times in starts.items():
+        times.sort()
+        assert len(times) >= 3, name  # the job kept running over 10 s...
+        gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(times)]
+        assert min(gaps) >= INTERVAL, (name, gaps)  # ...never twice in one interval
+    # More than one process took its turn: the database, not one process, decides.
+    assert len({r["host"] for r in runs}) >= 2
 
 
 WORKER = textwrap.dedent(

@@ -8,7 +8,7 @@ import time
 import sqlalchemy as sa
 
 from portal.identity import sign_assertion
-from tests.helpers import count_rows, csrf_token
+from tests.helpers import all_rows, count_rows, csrf_token
 
 UA = "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/140.0.0.0 Safari/537.36 Unique/7f3a"
 
@@ -51,8 +51,15 @@ def test_erasure_leaves_nothing_of_the_person_and_the_log_still_verifies(
         + sign_assertion({"sub": "customer-8812", "exp": time.time() + 60}, secret)
     )
     before = _dump_everything(engine)
-    assert phone.endpoint.encode() in before
+    sealed = [bytes(r["auth_sealed"]) for r in all_rows(engine, "push_subscription")]
+    # Every needle the scan looks for afterwards is really there before: the scan can see it.
+    for sub in (phone, laptop):
+        assert sub.endpoint.encode() in before
+        assert sub.p256dh.encode() in before
+    assert len(sealed) == 2 and all(blob in before for blob in sealed)
+    assert UA.encode() in before
     assert b"customer-8812" in before
+    assert b"fr-CA" in before
 
     page = browser.get("/preferences/erase")
     assert page.status_code == 200
@@ -74,6 +81,8 @@ def test_erasure_leaves_nothing_of_the_person_and_the_log_still_verifies(
     for sub in (phone, laptop):
         for needle in (sub.endpoint.encode(), sub.p256dh.encode(), sub.auth_b64.encode(), sub.auth):
             assert needle not in after
+    for blob in sealed:  # the stored keys themselves, sealed as they were
+        assert blob not in after
     assert UA.encode() not in after
     assert b"Unique/7f3a" not in after
     assert b"customer-8812" not in after

@@ -7,10 +7,12 @@ import datetime as dt
 import pytest
 import sqlalchemy as sa
 
-from portal.jobs import run_job
+from portal.config import RetentionSettings
+from portal.jobs import NoProgress, run_job
+from portal.retention import services
 from portal.retention.services import months_before
 from portal.subscriptions.validation import endpoint_hash
-from tests.helpers import all_rows, count_rows
+from tests.helpers import StopAfterFirstBatch, all_rows, count_rows
 
 DAY = dt.timedelta(days=1)
 
@@ -95,6 +97,55 @@ def test_expiration_time_passed_expires_at_once(app, engine, clock, subscription
     assert _events(engine, "expired") == 1
 
 
+def test_an_active_subscription_reached_long_ago_turns_stale(app, engine, clock, subscriptions):
+    (sub,) = _subscribe(app, subscriptions)
+    with engine.begin() as conn:  # a send reached it today: active
+        conn.execute(
+            sa.text(
+                "UPDATE push_subscription SET state = 'active', last_success_at = :t "
+                "WHERE endpoint = :e"
+            ),
+            {"t": clock.now(), "e": sub.endpoint},
+        )
+    clock.advance(days=29, hours=23)
+    run_job(app, "sweep")
+    assert _state(engine, sub) == "active"
+    clock.advance(hours=2)
+    assert run_job(app, "sweep").changed == 1
+    assert _state(engine, sub) == "stale"
+
+
+def test_a_stale_subscription_past_its_expiration_time_expires_and_is_tombstoned_a_week_later(
+    app, engine, clock, subscriptions
+):
+    expires = clock.now() + dt.timedelta(days=40)
+    (sub,) = _subscribe(app, subscriptions, expiration_time=expires.timestamp() * 1000)
+    clock.advance(days=31)
+    run_job(app, "sweep")
+    assert _state(engine, sub) == "stale"
+    clock.set(expires - dt.timedelta(minutes=1))  # stale for 9 days: not yet
+    run_job(app, "sweep")
+    assert _state(engine, sub) == "stale"
+    clock.advance(minutes=2)
+    run_job(app, "sweep")
+    row = _row(engine, sub)
+    assert (row["state"], row["end_reason"]) == ("expired", "expired")
+    with engine.connect() as conn:
+        previous = conn.execute(
+            sa.text("SELECT previous_state FROM consent_event WHERE kind = 'expired'")
+        ).scalar_one()
+    assert previous == "stale"
+
+    # An expired subscription, like a revoked one, is tombstoned after the grace period.
+    clock.advance(days=6, hours=23)
+    assert run_job(app, "tombstone").changed == 0
+    clock.advance(hours=2)
+    assert run_job(app, "tombstone").changed == 1
+    row = _row(engine, sub)
+    assert row["deleted_at"] is not None
+    assert (row["endpoint"], row["p256dh"], row["auth_sealed"]) == (None, None, None)
+
+
 def test_tombstone_after_the_grace_period_keeps_only_the_proof(
     app, client, engine, clock, subscriptions
 ):
@@ -170,3 +221,45 @@ def test_purge_adds_to_existing_counters(app, client, engine, clock, subscriptio
 )
 def test_months_before(when, months, expected):
     assert months_before(when, months) == expected
+
+
+def _five_due(job, app, client, clock, subscriptions):
+    """Five subscriptions that ``job`` will change, at a clock where it is due for all."""
+    subs = _subscribe(app, subscriptions, 5)
+    if job == "sweep":
+        clock.advance(days=31)
+        return
+    for sub in subs:
+        client.post("/api/push/unsubscribe", json={"endpoint": sub.endpoint})
+    clock.advance(days=8)
+    if job == "purge":
+        run_job(app, "tombstone")
+        clock.advance(days=400)
+
+
+@pytest.mark.parametrize("job", ["sweep", "tombstone", "purge"])
+def test_a_job_asked_to_stop_finishes_its_batch_and_leaves_the_rest_for_the_next_run(
+    app, client, engine, clock, subscriptions, job
+):
+    """Graceful shutdown: the scheduler sets the stop flag; a job returns after the batch
+    in hand, which is committed, and the next run picks up the rest."""
+    _five_due(job, app, client, clock, subscriptions)
+    progress = StopAfterFirstBatch()
+    function = getattr(services, job)
+    settings = RetentionSettings(batch_size=2)
+    stopped = function(
+        app, now=clock.now(), retention=settings, progress=progress, stop=progress.stop
+    )
+    assert progress.batches == [2]
+    assert (stopped.processed, stopped.changed) == (2, 2)
+    rows = all_rows(engine, "push_subscription")
+    if job == "sweep":
+        assert sorted(r["state"] for r in rows) == ["pending"] * 3 + ["stale"] * 2
+    elif job == "tombstone":
+        assert sorted(r["deleted_at"] is None for r in rows) == [False] * 2 + [True] * 3
+    else:
+        assert len(rows) == 3
+    rest = function(app, now=clock.now(), retention=settings, progress=NoProgress())
+    assert rest.changed == 3
+    again = function(app, now=clock.now(), retention=settings, progress=NoProgress())
+    assert again.changed == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 from portal.feedback.signature import header_value
 from portal.staff.models import Role
@@ -43,6 +44,40 @@ def test_admins_see_recent_digests_and_never_the_secret(app, admin_browser, cloc
     assert "Accepted" in html and "Rejected: <code>invalid_digest</code>" in html
     assert "More follow" in html
     assert SECRET not in html
+
+
+def _digest_rows(html: str) -> list[list[str]]:
+    body = html.split('aria-labelledby="digests-heading"')[1].split("</tbody>", maxsplit=1)[0]
+    return [
+        [re.sub(r"<[^>]+>", "", cell).strip() for cell in re.findall(r"<td>(.*?)</td>", row, re.S)]
+        for row in re.findall(r"<tr>(.*?)</tr>", body.split("<tbody>")[1], re.S)
+    ]
+
+
+def test_each_digest_shows_its_events_applied_duplicates_and_omitted(app, admin_browser, clock):
+    client = app.test_client()
+    gone = {
+        "deliveryId": "d-1",
+        "provider": "webpush",
+        "endpoint": "https://fcm.googleapis.com/fcm/send/gone",
+        "status": "FAILED",
+        "reason": "INVALID_TARGET",
+        "attempts": 1,
+    }
+    transient = {"provider": "webpush", "status": "DEAD", "reason": "TIMEOUT", "attempts": 5}
+    body = {"organization": "acme", "events": [gone, transient], "eventsOmitted": 120}
+    assert _signed_digest(client, clock, body) == 200
+    clock.advance(seconds=1)
+    assert _signed_digest(client, clock, body) == 200  # the same again: a duplicate
+
+    rows = _digest_rows(admin_browser.get("/staff/ops/feedback").text)
+
+    # Received, organization, result, events, applied, revoked, duplicates, ignored, page.
+    assert [row[1:9] for row in rows] == [
+        ["acme", "Accepted", "2", "0", "0", "1", "1", "Last; 120 accepted summarised"],
+        ["acme", "Accepted", "2", "1", "0", "0", "1", "Last; 120 accepted summarised"],
+    ]
+    assert rows[0][0] > rows[1][0]  # newest first, with the time
 
 
 def test_an_admin_sends_a_signed_test_digest(app, admin_browser, engine):

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import re
+
+import pytest
+
+from portal.jobs import JOBS, JobReport, job
 from portal.operations.scheduler import run_recorded
 from tests.helpers import all_rows
 
@@ -32,3 +37,26 @@ def test_an_admin_runs_a_job_now_and_it_is_audited(app, admin_browser, engine):
 def test_an_unknown_job_changes_nothing(app, admin_browser, engine):
     assert admin_browser.post("/staff/ops/jobs/nope/run").status_code == 303
     assert all_rows(engine, "job_run") == []
+
+
+def test_each_run_shows_its_start_duration_rows_and_error(app, admin_browser, engine, clock):
+    @job("explodes")
+    def _explodes(app, progress) -> JobReport:
+        raise RuntimeError("disk on fire")
+
+    try:
+        with pytest.raises(RuntimeError):
+            run_recorded(app, "explodes", trigger="scheduler")
+    finally:
+        JOBS.pop("explodes")
+    run_recorded(app, "tombstone", trigger="command")
+
+    html = admin_browser.get("/staff/ops/jobs").text
+    runs = html.split('aria-labelledby="runs-heading"')[1]
+    started = clock.now().strftime("%Y-%m-%d %H:%M:%S")
+    failed = runs.split('<th scope="row">explodes</th>')[1].split("</tr>")[0]
+    assert f"<td>{started}</td>" in failed
+    assert re.search(r"<td>\d+\.\d\d s</td>", failed)  # how long it took
+    assert "<td>RuntimeError: disk on fire</td>" in failed
+    clean = runs.split('<th scope="row">tombstone</th>')[1].split("</tr>")[0]
+    assert "<td>0</td>" in clean and "<td>command</td>" in clean and "<td>—</td>" in clean

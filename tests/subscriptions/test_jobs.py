@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import datetime as dt
+import io
+import sys
+
 import pytest
 import sqlalchemy as sa
 
+from portal.cli import ClickProgress
 from portal.jobs import NoProgress, run_job
+from portal.operations.scheduler import run_recorded
 from portal.subscriptions.validation import endpoint_hash
 from tests.helpers import all_rows
 
@@ -58,6 +64,33 @@ def test_cli_run_job_prints_progress_and_summary(app, client, subscriptions):
     result = app.test_cli_runner().invoke(args=["portal", "run-job", "backfill-hash"])
     assert result.exit_code == 0, result.output
     assert "backfill-hash: 3 rows looked at, 0 changed" in result.output
+
+
+def test_run_job_draws_a_bar_per_phase_on_a_terminal(
+    app, client, clock, subscriptions, monkeypatch
+):
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    _subscribe(client, subscriptions, 2)  # go quiet: phase one turns them stale
+    ending = subscriptions(expiration_time=(clock.now() + dt.timedelta(days=1)).timestamp() * 1000)
+    client.post("/api/push/subscribe", json={"subscription": ending.to_json()})
+    clock.advance(days=31)  # ...and phase two expires the one past its expiration time
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    progress = ClickProgress("sweep")
+    try:
+        report = run_recorded(app, "sweep", trigger="command", progress=progress)
+    finally:
+        progress.close()
+
+    assert report is not None and (report.processed, report.changed) == (3, 3)
+    # Each phase's bar is finished on a line of its own; the last drawing of each is full.
+    bars = [line.rsplit("\r", 1)[-1] for line in terminal.getvalue().split("\n") if line]
+    assert len(bars) == 2
+    for bar in bars:
+        assert "sweep" in bar and "[####" in bar and "100%" in bar
 
 
 def test_cli_vapid_keys_prints_a_matching_pair(app):

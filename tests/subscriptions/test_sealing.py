@@ -10,9 +10,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from portal import create_app
-from portal.jobs import run_job
+from portal.jobs import NoProgress, run_job
+from portal.subscriptions.jobs import reseal
 from portal.subscriptions.sealing import KeyRing, SealBroken, UnknownKeyVersion
-from tests.helpers import all_rows
+from tests.helpers import StopAfterFirstBatch, all_rows
 
 URL = "/api/push/subscribe"
 K1, K2 = os.urandom(32), os.urandom(32)
@@ -90,6 +91,31 @@ def test_rotation_old_rows_open_new_rows_use_v2_and_reseal_moves_all(
     again = run_job(app, "reseal")  # safe to run again: nothing left to move
     assert (again.processed, again.changed) == (0, 0)
     old_app.extensions["portal.db"].engine.dispose()
+    engine.dispose()
+
+
+def test_a_reseal_asked_to_stop_finishes_its_batch_and_the_next_run_moves_the_rest(
+    settings, clock, subscriptions
+):
+    old_app = _app(settings, clock, {1: K1}, 1)
+    for _ in range(5):
+        sub = subscriptions()
+        old_app.test_client().post(URL, json={"subscription": sub.to_json()})
+    old_app.extensions["portal.db"].engine.dispose()
+    app = _app(settings, clock, {1: K1, 2: K2}, 2)
+    engine = app.extensions["portal.db"].engine
+    keys = app.extensions["portal"].keys
+
+    progress = StopAfterFirstBatch()
+    stopped = reseal(app, keys, batch_size=2, progress=progress, stop=progress.stop)
+
+    assert (progress.totals, progress.batches) == ([5], [2])
+    assert (stopped.processed, stopped.changed) == (2, 2)
+    versions = sorted(r["auth_key_version"] for r in all_rows(engine, "push_subscription"))
+    assert versions == [1, 1, 1, 2, 2]
+    assert reseal(app, keys, batch_size=2, progress=NoProgress()).changed == 3
+    versions = {r["auth_key_version"] for r in all_rows(engine, "push_subscription")}
+    assert versions == {2}
     engine.dispose()
 
 
