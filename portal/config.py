@@ -162,6 +162,10 @@ class Settings:
     # renews it while sending); past it (the process died) another may send it again.
     dispatch_lease_seconds: float = 60.0
     reseal_batch_size: int = 500
+    # The hash backfill rewrites a live table: it pauses between chunks and stops when a
+    # replica falls behind (seed 000 §9), so it can run during the day.
+    backfill_pause_seconds: float = 0.075
+    backfill_max_replication_lag_seconds: float = 10.0
     staff: StaffAuthSettings = field(default_factory=StaffAuthSettings)
     auto_migrate: bool = False
     identity_assertion_secrets: tuple[str, ...] = ()
@@ -276,6 +280,10 @@ class Settings:
             ),
             dispatch_lease_seconds=_lease(environ),
             reseal_batch_size=_int(environ, "RESEAL_BATCH_SIZE", 500),
+            backfill_pause_seconds=_int(environ, "BACKFILL_PAUSE_MS", 75) / 1000,
+            backfill_max_replication_lag_seconds=_float(
+                environ, "BACKFILL_MAX_REPLICATION_LAG_SECONDS", 10.0
+            ),
             staff=StaffAuthSettings(
                 lockout_attempts=_positive(environ, "STAFF_LOCKOUT_ATTEMPTS", 5),
                 lockout_minutes=_positive(environ, "STAFF_LOCKOUT_MINUTES", 15),

@@ -8,11 +8,14 @@ committed is done, and the next run picks up what is left.
 from __future__ import annotations
 
 import threading
+import time
 import uuid
+from collections.abc import Callable
 
 import sqlalchemy as sa
 from flask import Flask
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 from portal.db import db, is_postgres
 from portal.jobs import JobReport, Progress, job
@@ -78,12 +81,33 @@ def reseal(
     return report
 
 
-def backfill_endpoint_hash(app: Flask, *, batch_size: int, progress: Progress) -> JobReport:
+def replication_lag_seconds(session: Session) -> float:
+    """How far the slowest streaming replica is behind this primary (0 without replicas)."""
+    if not is_postgres(session):
+        return 0.0
+    lag = session.execute(
+        sa.text("SELECT EXTRACT(EPOCH FROM max(replay_lag)) FROM pg_stat_replication")
+    ).scalar_one()
+    return float(lag or 0.0)
+
+
+def backfill_endpoint_hash(
+    app: Flask,
+    *,
+    batch_size: int,
+    progress: Progress,
+    pause_seconds: float = 0.0,
+    max_lag_seconds: float | None = None,
+    lag: Callable[[Session], float] = replication_lag_seconds,
+    sleep: Callable[[float], None] = time.sleep,
+) -> JobReport:
     """Make every live row's ``endpoint_hash`` the SHA-256 of its endpoint.
 
     The repair half of an online hash migration (migrations/README.md): rows written
     before the column existed, or under an older algorithm, get the right digest. A row
-    whose endpoint already belongs to another row is reported, never merged.
+    whose endpoint already belongs to another row is reported, never merged. Between
+    chunks it sleeps ``pause_seconds`` and stops (reporting it; run it again to go on)
+    when replication lag is over ``max_lag_seconds``.
     """
     report = JobReport("backfill-hash")
     has_endpoint = _t.c.endpoint.is_not(None)
@@ -115,6 +139,18 @@ def backfill_endpoint_hash(app: Flask, *, batch_size: int, progress: Progress) -
             last_id = rows[-1].id
         report.processed += len(rows)
         progress.advance(len(rows))
+        if len(rows) < batch_size:
+            break
+        if max_lag_seconds is not None:
+            with db.begin(app) as session:
+                behind = lag(session)
+            if behind > max_lag_seconds:
+                report.problems.append(
+                    f"stopped after {report.processed} rows: replication lag {behind:.1f} s is "
+                    f"over {max_lag_seconds:g} s; run the job again to go on"
+                )
+                break
+        sleep(pause_seconds)
     return report
 
 
@@ -133,6 +169,11 @@ def _reseal_job(app: Flask, progress: Progress) -> JobReport:
 @job("backfill-hash")
 def _backfill_job(app: Flask, progress: Progress) -> JobReport:
     portal = app.extensions["portal"]
+    settings = portal.settings
     return backfill_endpoint_hash(
-        app, batch_size=portal.settings.reseal_batch_size, progress=progress
+        app,
+        batch_size=settings.reseal_batch_size,
+        progress=progress,
+        pause_seconds=settings.backfill_pause_seconds,
+        max_lag_seconds=settings.backfill_max_replication_lag_seconds,
     )

@@ -156,3 +156,82 @@ def test_backfill_walks_in_chunks_and_picks_up_after_an_interruption(
     assert (report.processed, report.changed, report.problems) == (5, 3, [])
     for row in all_rows(engine, "push_subscription"):
         assert bytes(row["endpoint_hash"]) == endpoint_hash(row["endpoint"])
+
+
+def test_backfill_pauses_between_chunks_and_stops_when_a_replica_falls_behind(
+    app, client, engine, subscriptions
+):
+    from portal.subscriptions.jobs import backfill_endpoint_hash
+
+    _subscribe(client, subscriptions, 5)
+    with engine.begin() as conn:
+        ids = conn.execute(sa.text("SELECT id FROM push_subscription ORDER BY id")).scalars().all()
+        for index, row_id in enumerate(ids):
+            conn.execute(
+                sa.text("UPDATE push_subscription SET endpoint_hash = :h WHERE id = :i"),
+                {"h": bytes([index + 1]) * 32, "i": row_id},
+            )
+    pauses: list[float] = []
+    lags = iter([0.5, 42.0])
+    report = backfill_endpoint_hash(
+        app,
+        batch_size=2,
+        progress=NoProgress(),
+        pause_seconds=0.075,
+        max_lag_seconds=10.0,
+        lag=lambda session: next(lags),
+        sleep=pauses.append,
+    )
+    # chunk 1, lag 0.5 s, pause; chunk 2, lag 42 s: stop before the third chunk
+    assert pauses == [0.075]
+    assert (report.processed, report.changed) == (4, 4)
+    assert report.problems == [
+        "stopped after 4 rows: replication lag 42.0 s is over 10 s; run the job again to go on"
+    ]
+    assert (
+        sum(
+            bytes(row["endpoint_hash"]) == endpoint_hash(row["endpoint"])
+            for row in all_rows(engine, "push_subscription")
+        )
+        == 4
+    )
+
+    pauses.clear()
+    again = backfill_endpoint_hash(
+        app,
+        batch_size=2,
+        progress=NoProgress(),
+        pause_seconds=0.075,
+        max_lag_seconds=10.0,
+        lag=lambda session: 0.0,
+        sleep=pauses.append,
+    )
+    assert (again.processed, again.changed, again.problems) == (5, 1, [])
+    assert pauses == [0.075, 0.075]  # between the three chunks, not after the last
+
+
+def test_replication_lag_reads_zero_without_replicas(app):
+    from portal.db import db
+    from portal.subscriptions.jobs import replication_lag_seconds
+
+    with db.begin(app) as session:
+        assert replication_lag_seconds(session) == 0.0
+
+
+def test_the_backfill_job_takes_its_pause_and_lag_limit_from_the_settings(
+    app, client, subscriptions, monkeypatch
+):
+    from portal.subscriptions import jobs
+
+    seen: dict[str, object] = {}
+    real = jobs.backfill_endpoint_hash
+
+    def spy(app, **kwargs):
+        seen.update(kwargs)
+        return real(app, **kwargs)
+
+    monkeypatch.setattr(jobs, "backfill_endpoint_hash", spy)
+    settings = app.extensions["portal"].settings
+    run_job(app, "backfill-hash")
+    assert seen["pause_seconds"] == settings.backfill_pause_seconds == 0.075
+    assert seen["max_lag_seconds"] == settings.backfill_max_replication_lag_seconds == 10.0
