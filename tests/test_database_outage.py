@@ -182,6 +182,7 @@ def test_a_feedback_digest_is_answered_503_while_the_database_is_down_then_appli
 
     down = send()
     assert down.status_code == 503
+    assert down.headers["Retry-After"] == "30"
     assert down.json["error"]["code"] == "unavailable"
 
     bring_up()

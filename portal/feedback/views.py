@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from flask import Blueprint, Response, current_app, jsonify, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
+from portal.api import RETRY_AFTER_SECONDS
 from portal.db import db
 from portal.feedback import services
 
@@ -44,4 +45,7 @@ def receive() -> tuple[Response, int]:
         response.headers["WWW-Authenticate"] = (
             f'HMAC-SHA256 header="{settings.feedback_signature_header}"'
         )
+    if receipt.status == 503:
+        # As every other 503 of the API: when to try again (the database is coming back).
+        response.headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
     return response, receipt.status

@@ -531,6 +531,7 @@ def test_a_failure_between_marker_and_revocation_answers_503_and_keeps_nothing(
 
     assert marked == [True]  # the marker was written, then rolled back with the rest
     assert failed.status_code == 503
+    assert failed.headers["Retry-After"] == "30"
     assert failed.json["error"]["code"] == "unavailable"
     _nothing_applied(engine, sub.endpoint)
     [received] = all_rows(engine, "feedback_digest")
