@@ -22,6 +22,7 @@ from portal.compliance.export import (
     ExportFilter,
     canonical,
     data_chunks,
+    manifest_bytes,
     plan_export,
     restore,
 )
@@ -224,6 +225,60 @@ def test_one_byte_changed_in_the_manifest_is_caught(app, bundle):
     assert "FAILED consent-events.csv: row count: 6 rows, the manifest says 5" in result.output
 
 
+# Each JSON space becomes another: the manifest means the same, so its signature holds.
+_OTHER_SPACE = {0x20: 0x09, 0x09: 0x0A, 0x0A: 0x0D, 0x0D: 0x20}
+
+
+def _other_byte(byte: int) -> int:
+    """What one byte becomes: another space for a space, else the byte with a bit flipped."""
+    return _OTHER_SPACE.get(byte, byte ^ 0x01)
+
+
+def test_any_one_byte_changed_in_the_manifest_is_caught_there(bundle):
+    path = bundle / "manifest.json"
+    original = path.read_bytes()
+    assert verify_bundle(bundle).ok
+    for offset, byte in enumerate(original):
+        path.write_bytes(original[:offset] + bytes([_other_byte(byte)]) + original[offset + 1 :])
+        report = verify_bundle(bundle)
+        assert not report.ok, (offset, chr(byte))
+        assert "manifest.json" in {p.file for p in report.problems}, (offset, report.problems)
+    path.write_bytes(original)
+    assert verify_bundle(bundle).ok
+
+
+def test_spacing_changed_in_the_manifest_is_located(app, bundle):
+    path = bundle / "manifest.json"
+    original = path.read_bytes()
+    offset = original.index(b'"rows": 6') + len(b'"rows":')
+    line = original.count(b"\n", 0, offset) + 1
+    path.write_bytes(original[:offset] + b"\t" + original[offset + 1 :])
+    result = _verify(app, bundle)
+    assert result.exit_code == 1
+    assert (
+        f"FAILED manifest.json: layout: byte {offset} (line {line}) is not what the exporter "
+        "wrote there: the file was edited after export" in result.output
+    )
+    assert "signature" not in result.output  # the content, and so the signature, is intact
+
+
+def test_any_one_byte_changed_in_the_data_is_caught_there(bundle):
+    path = bundle / "consent-events.csv"
+    original = path.read_bytes()
+    # The file's SHA-256 catches any byte by construction: every third byte and every line
+    # end are enough to show it, and that the problem is put on the data file.
+    ends = {i for i, byte in enumerate(original) if byte == 0x0A}
+    for offset in sorted(set(range(0, len(original), 3)) | ends):
+        byte = original[offset]
+        path.write_bytes(original[:offset] + bytes([byte ^ 0x01]) + original[offset + 1 :])
+        report = verify_bundle(bundle)
+        assert not report.ok, offset
+        assert "consent-events.csv" in {p.file for p in report.problems}, offset
+        assert all(p.file != "manifest.json" for p in report.problems), report.problems
+    path.write_bytes(original)
+    assert verify_bundle(bundle).ok
+
+
 def test_a_changed_policy_text_is_caught(app, bundle):
     _flip(bundle / "policies/v1.txt", b"choose", b"chose")
     result = _verify(app, bundle)
@@ -263,7 +318,7 @@ def _resign(bundle: Path, change) -> None:
     manifest["data"]["rows"] = len(rows) - 1
     manifest.pop("signature")
     manifest["signature"] = KEY.sign(canonical(manifest)).hex()
-    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    (bundle / "manifest.json").write_bytes(manifest_bytes(manifest))
 
 
 def test_an_edited_event_fails_even_when_re_signed(app, bundle):
