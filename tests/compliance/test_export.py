@@ -75,8 +75,16 @@ def test_export_then_verify_passes(app, engine, tmp_path, person, data_format):
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["data"]["rows"] == 6
     assert manifest["data"]["columns"] == list(COLUMNS)
-    assert manifest["events"]["first"]["seq"] == 1
-    assert manifest["events"]["last"]["seq"] == 6
+    data_file = out / ("consent-events." + data_format)
+    assert manifest["data"]["sha256"] == hashlib.sha256(data_file.read_bytes()).hexdigest()
+    assert manifest["data"]["bytes"] == data_file.stat().st_size
+    with app.app_context():
+        chain = db.session.execute(
+            sa.text("SELECT seq, hash FROM consent_event ORDER BY seq")
+        ).all()
+    first, last = chain[0], chain[-1]
+    assert manifest["events"]["first"] == {"seq": 1, "hash": bytes(first.hash).hex()}
+    assert manifest["events"]["last"] == {"seq": 6, "hash": bytes(last.hash).hex()}
     assert manifest["exporter"]["kind"] == "command line"
     assert manifest["filters"]["from"] == manifest["filters"]["to"] == "2026-01-01"
     assert manifest["public_key"] == KEY.public.hex
