@@ -2,7 +2,9 @@
 
 Every problem names the file and the check that failed. The checks: the manifest's
 Ed25519 signature (with the key given, else the manifest's own — which proves the bundle
-is intact, not who made it), the data file's SHA-256 and row count, each policy text's
+is intact, not who made it), that the manifest is byte for byte as the exporter lays it
+out (the signature covers its content, so this catches an edit that changes only
+spacing), the data file's SHA-256 and row count, each policy text's
 SHA-256, each event's hash against its content, the chain between consecutive events,
 and that the rows are the ones the manifest describes (order, first and last events,
 filters, cited policy versions).
@@ -23,7 +25,14 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
-from portal.compliance.export import COLUMNS, MANIFEST, TEXT_COLUMNS, canonical, restore
+from portal.compliance.export import (
+    COLUMNS,
+    MANIFEST,
+    TEXT_COLUMNS,
+    canonical,
+    manifest_bytes,
+    restore,
+)
 from portal.compliance.signing import ALGORITHM, PublicKey
 from portal.consent.log import chain_hash, event_fields
 
@@ -150,6 +159,7 @@ def verify_bundle(path: Path, public_key: PublicKey | None = None) -> Report:
         report.add(MANIFEST, "format", f"not a JSON object ({problem})")
         return report
     _check_signature(manifest, public_key, report)
+    _check_layout(raw, manifest, report)
     data = manifest.get("data")
     if not isinstance(data, dict):
         report.add(MANIFEST, "format", "no data section")
@@ -210,6 +220,24 @@ def _check_signature(
             "the signature does not verify: the manifest was changed after signing, "
             "or another key signed it",
         )
+
+
+def _check_layout(raw: bytes, manifest: dict[str, Any], report: Report) -> None:
+    """The exporter writes one layout only: any other byte, even spacing, is an edit."""
+    expected = manifest_bytes(manifest)
+    if raw == expected:
+        return
+    offset = next(
+        (i for i, (a, b) in enumerate(zip(raw, expected, strict=False)) if a != b),
+        min(len(raw), len(expected)),
+    )
+    line = raw.count(b"\n", 0, offset) + 1
+    report.add(
+        MANIFEST,
+        "layout",
+        f"byte {offset} (line {line}) is not what the exporter wrote there: "
+        "the file was edited after export",
+    )
 
 
 def _check_policies(bundle: _Bundle, manifest: dict[str, Any], report: Report) -> set[str]:

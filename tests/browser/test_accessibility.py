@@ -11,6 +11,7 @@ least 24×24 CSS pixels (links inside running text excepted, as WCAG 2.5.8 allow
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -238,8 +239,6 @@ def _compliance_subscriber(new_context: Callable[..., Any], server: LiveServer) 
 
     visitor = new_context()
     subscribe_through_api(visitor, SubscriptionFactory()())
-    import uuid
-
     subscriber_id = uuid.UUID(
         str(server.scalar("SELECT subscriber_id FROM push_subscription LIMIT 1"))
     )
@@ -337,6 +336,146 @@ def _campaign_page(new_context: Callable[..., Any], server: LiveServer) -> Page:
     return page
 
 
+def _banner(page: Page) -> Page:
+    page.wait_for_selector(".banner")
+    return page
+
+
+def _colleague(server: LiveServer) -> str:
+    """Another member of staff (campaigns role) to look at; their id."""
+    from portal.db import db
+    from portal.staff import services
+    from portal.staff.models import Role
+
+    app = server.app
+    with app.app_context(), db.begin() as session:
+        user = services.create_staff(
+            session,
+            email="colleague@example.test",
+            password=STAFF_PASSWORD,
+            roles=(Role.CAMPAIGNS,),
+            actor=None,
+            passwords=app.extensions["portal.staff.passwords"],
+            clock=app.extensions["portal"].clock,
+            via="test",
+        )
+        return str(user.id)
+
+
+def _staff_detail(roles: tuple[str, ...] | None) -> Reach:
+    """A staff account's page: as opened (``roles`` None), or with ``roles`` saved (an
+    empty tuple is the error state)."""
+
+    def reach(new_context: Callable[..., Any], server: LiveServer) -> Page:
+        colleague = _colleague(server)
+        page = _staff(new_context, server)
+        page.goto(f"/staff/admin/staff/{colleague}")
+        page.wait_for_selector("input[name=roles]")
+        if roles is None:
+            return page
+        for box in page.locator("input[name=roles]").all():
+            box.set_checked(box.get_attribute("value") in roles)
+        page.click("text=Save roles")
+        page.wait_for_selector(".error-summary" if not roles else ".banner")
+        return page
+
+    return reach
+
+
+def _staff_added(new_context: Callable[..., Any], server: LiveServer) -> Page:
+    page = _staff(new_context, server)
+    page.goto("/staff/admin/staff")
+    page.fill("#email", "newcomer@example.test")
+    page.check("#roles-compliance")
+    page.fill("#password", "a long and lovely passphrase")
+    page.click("text=Add staff user")
+    return _banner(page)
+
+
+def _password_changed(new_context: Callable[..., Any], server: LiveServer) -> Page:
+    page = _staff(new_context, server)
+    page.goto("/staff/password")
+    page.fill("#current_password", STAFF_PASSWORD)
+    page.fill("#new_password", "a long and lovely passphrase")
+    page.fill("#confirm_password", "a long and lovely passphrase")
+    page.click("main button[type=submit]")
+    return _banner(page)
+
+
+def _signed_out(new_context: Callable[..., Any], server: LiveServer) -> Page:
+    page = _staff(new_context, server)
+    page.click("text=Sign out")
+    page.wait_for_url("**/staff/login")
+    return _banner(page)
+
+
+def _topic_added(new_context: Callable[..., Any], server: LiveServer) -> Page:
+    page = _staff(new_context, server)
+    page.goto("/staff/admin/topics/new")
+    page.fill("#slug", "service-news")
+    page.fill("#category", "News")
+    page.fill("#label", "Service news")
+    page.check("#topic_class")  # marketing
+    page.check("#default_state")  # off
+    page.click("text=Add topic")
+    return _banner(page)
+
+
+def _topic_edit_error(new_context: Callable[..., Any], server: LiveServer) -> Page:
+    page = _staff(new_context, server)
+    page.goto("/staff/admin/topics/offers/edit")
+    page.fill("#label", "")
+    page.click("text=Save wording")
+    page.wait_for_selector(".error-summary")
+    return page
+
+
+def _topic_retired(new_context: Callable[..., Any], server: LiveServer) -> Page:
+    page = _staff(new_context, server)
+    page.goto("/staff/admin/topics/offers/retire")
+    page.locator("main button[type=submit]").last.click()
+    return _banner(page)
+
+
+POLICY_TEXT = "We send only what you choose.\nYou can change your mind at any time."
+
+
+def _policy(publish: bool) -> Reach:
+    """A new policy version previewed (its text and the diff from the current one), or
+    then published (the version's page, with the same diff)."""
+
+    def reach(new_context: Callable[..., Any], server: LiveServer) -> Page:
+        page = _staff(new_context, server)
+        page.goto("/staff/admin/policies/new")
+        page.fill("#version", "2026-02")
+        page.fill("#text", POLICY_TEXT)
+        page.click("button[value=preview]")
+        page.wait_for_selector(".preview")
+        if publish:
+            page.click("button[value=publish]")
+            _banner(page)
+        return page
+
+    return reach
+
+
+def _export_error(new_context: Callable[..., Any], server: LiveServer) -> Page:
+    page = _staff(new_context, server)
+    page.goto("/staff/compliance/export")
+    page.fill("#date_from", "2026-01-02")
+    page.fill("#date_to", "2026-01-01")
+    page.click("main button[type=submit]")
+    page.wait_for_selector(".error-summary")
+    return page
+
+
+def _log_check_requested(new_context: Callable[..., Any], server: LiveServer) -> Page:
+    page = _staff(new_context, server)
+    page.goto("/staff/compliance/")
+    page.click("text=Check the whole log now")
+    return _banner(page)
+
+
 STAFF_PAGES = [
     PageState("staff-campaigns", _staff_page("/staff/campaigns")),
     PageState("staff-campaign-new", _staff_page("/staff/campaigns/new")),
@@ -380,6 +519,30 @@ STAFF_PAGES = [
     PageState("staff-ops-feedback", _staff_page("/staff/ops/feedback")),
     PageState("staff-ops-feedback-test-accepted", _staff_feedback_test(refused=False)),
     PageState("staff-ops-feedback-test-refused", _staff_feedback_test(refused=True)),
+    PageState("staff-admin-staff-added", _staff_added),
+    PageState("staff-admin-staff-detail", _staff_detail(None)),
+    PageState("staff-admin-staff-detail-error", _staff_detail(()), error_summary=True),
+    PageState("staff-admin-staff-detail-saved", _staff_detail(("compliance",))),
+    PageState("staff-password-error", _staff_submit("/staff/password"), error_summary=True),
+    PageState("staff-password-changed", _password_changed),
+    PageState("staff-signed-out", _signed_out),
+    PageState(
+        "staff-audit-error",
+        _staff_page("/staff/admin/audit?date_from=2026-02-30&action=nope"),
+        error_summary=True,
+    ),
+    PageState("staff-admin-topic-added", _topic_added),
+    PageState("staff-admin-topic-edit-error", _topic_edit_error, error_summary=True),
+    PageState("staff-admin-topic-retired", _topic_retired),
+    PageState(
+        "staff-admin-policy-new-error",
+        _staff_submit("/staff/admin/policies/new"),
+        error_summary=True,
+    ),
+    PageState("staff-admin-policy-preview", _policy(publish=False)),
+    PageState("staff-admin-policy-published", _policy(publish=True)),
+    PageState("staff-compliance-export-error", _export_error, error_summary=True),
+    PageState("staff-compliance-log-check-requested", _log_check_requested),
 ]
 
 PAGES = [

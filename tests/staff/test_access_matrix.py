@@ -69,13 +69,25 @@ EXPECTED: dict[tuple[str, str], frozenset[Role]] = {
 PUBLIC = {"/staff/login"}
 
 
+def is_staff_rule(app, rule) -> bool:
+    """A staff route wherever it is mounted: under /staff, on the staff blueprint, or
+    guarded by @staff_required (the sign-in page aside)."""
+    if rule.rule in PUBLIC:
+        return False
+    view = app.view_functions[rule.endpoint]
+    return (
+        rule.rule.startswith("/staff")
+        or rule.endpoint.startswith("staff.")
+        or hasattr(view, "staff_roles")
+    )
+
+
 def staff_routes(app) -> set[tuple[str, str]]:
     found = set()
     for rule in app.url_map.iter_rules():
-        if not rule.rule.startswith("/staff") or rule.rule in PUBLIC:
-            continue
-        for method in rule.methods - {"HEAD", "OPTIONS"}:
-            found.add((rule.rule, method))
+        if is_staff_rule(app, rule):
+            for method in rule.methods - {"HEAD", "OPTIONS"}:
+                found.add((rule.rule, method))
     return found
 
 
@@ -89,12 +101,33 @@ def test_the_table_lists_every_staff_route(app):
 
 def test_every_staff_view_declares_its_roles(app):
     for rule in app.url_map.iter_rules():
-        if rule.rule.startswith("/staff") and rule.rule not in PUBLIC:
+        if is_staff_rule(app, rule):
             view = app.view_functions[rule.endpoint]
             assert hasattr(view, "staff_roles"), f"{rule.rule} has no @staff_required"
             method_roles = {EXPECTED[(rule.rule, m)] for m in rule.methods - {"HEAD", "OPTIONS"}}
             declared = view.staff_roles or ANY
             assert method_roles == {declared}, rule.rule
+
+
+def test_the_walk_finds_staff_routes_mounted_anywhere(make_app):
+    """A guarded view outside /staff, or a staff endpoint at another path, is still a
+    staff route: the table above must then name it too."""
+    from portal.staff.access import staff_required
+
+    other = make_app()
+    other.add_url_rule(
+        "/reports/weekly",
+        endpoint="reports.weekly",
+        view_func=staff_required(Role.ADMIN)(lambda: "report"),
+    )
+    other.add_url_rule(
+        "/elsewhere", endpoint="staff.elsewhere", view_func=lambda: "x", methods=["POST"]
+    )
+    other.add_url_rule("/not-staff", endpoint="pages.not_staff", view_func=lambda: "x")
+    found = staff_routes(other)
+    assert {("/reports/weekly", "GET"), ("/elsewhere", "POST")} <= found
+    assert ("/not-staff", "GET") not in found
+    assert found - EXPECTED.keys() == {("/reports/weekly", "GET"), ("/elsewhere", "POST")}
 
 
 def _url(rule: str, staff_id) -> str:

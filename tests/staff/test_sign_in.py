@@ -5,6 +5,8 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import re
+from pathlib import Path
 from urllib.parse import quote
 
 import pytest
@@ -308,6 +310,32 @@ def test_the_sign_in_page_allows_paste_and_autofill(app, browser):
     assert 'type="email"' in html and 'type="password"' in html
     for blocker in ("onpaste", "oncopy", "oncut", "ondrop", "readonly"):
         assert blocker not in html
+
+
+def test_every_password_field_allows_paste_and_a_password_manager(app, browser, admin_browser):
+    """WCAG 3.3.8: nothing on a page with a password field blocks pasting into it, and
+    each field tells a password manager what it is for."""
+    pages = {
+        "/staff/login": browser().get("/staff/login").text,
+        "/staff/password": admin_browser.get("/staff/password").text,
+        "/staff/admin/staff": admin_browser.get("/staff/admin/staff").text,
+    }
+    scripts: set[str] = set()
+    for url, html in pages.items():
+        fields = re.findall(r'<input[^>]*type="password"[^>]*>', html)
+        assert fields, url
+        for field in fields:
+            for blocker in ("onpaste", "oncopy", "oncut", "ondrop", "readonly", "disabled"):
+                assert blocker not in field, (url, field)
+            assert re.search(r'autocomplete="(current|new)-password"', field), (url, field)
+        assert not re.search(r"<script(?![^>]*\bsrc=)[^>]*>", html), url  # no inline script
+        scripts |= set(re.findall(r'<script[^>]*\bsrc="/static/([^"?]+)', html))
+    assert scripts  # the pages' own scripts (focus handling …) are read below
+    for name in scripts:  # nor does any script those pages load
+        source = (Path(app.static_folder) / name).read_text(encoding="utf-8")
+        for event in ("paste", "copy", "cut", "drop"):
+            assert f'"{event}"' not in source and f"'{event}'" not in source, (name, event)
+            assert f"on{event}" not in source, (name, event)
 
 
 @pytest.mark.parametrize(
