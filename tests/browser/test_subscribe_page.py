@@ -87,6 +87,7 @@ def test_the_page_explains_topics_and_the_policy_before_anything_is_asked(page):
     assert page.locator("#topic-security-alerts").count() == 0
     assert "Security alerts" in page.locator("#subscribe-form").inner_text()
     assert "Notice version 2026-01" in page.inner_text("#subscribe-form")
+    assert "only about the topics you choose" in page.inner_text(".policy__text")
     assert page.get_attribute("#subscribe-page", "data-policy-version") == "2026-01"
     assert page.get_attribute("#subscribe-page", "data-vapid-public-key") == VAPID_PUBLIC
     assert page.is_visible("#subscribe-button")
