@@ -213,15 +213,20 @@ async function focusOrOpen(url) {
   return self.clients.openWindow(url);
 }
 
-self.addEventListener("notificationclick", function (event) {
-  event.notification.close();
-  var data = event.notification.data || {};
+/* A click on one of our notifications: close it, bring its link forward, report it. */
+function notificationClicked(notification) {
+  notification.close();
+  var data = notification.data || {};
   var url = sameOrigin(data.url, new URL("/", self.location.origin).href);
   var work = [focusOrOpen(url)];
   if (data.deliveryId) {
     work.push(report(data.deliveryId, "clicked"));
   }
-  event.waitUntil(Promise.all(work));
+  return Promise.all(work);
+}
+
+self.addEventListener("notificationclick", function (event) {
+  event.waitUntil(notificationClicked(event.notification));
 });
 
 function keyBytes(base64url) {

@@ -5,25 +5,38 @@ adding one entry: a function that takes the browser-context factory and the live
 and returns a Page showing that state.
 
 axe-core checks WCAG 2.0/2.1/2.2 A and AA rules; the hand-written checks cover what it
-cannot see: a visible focus indicator on every element Tab reaches, and targets of at
-least 24×24 CSS pixels (links inside running text excepted, as WCAG 2.5.8 allows).
+cannot see: a visible focus indicator on every element Tab reaches, targets of at least
+24×24 CSS pixels (links inside running text excepted, as WCAG 2.5.8 allows), a plain-text
+title naming the page, fieldsets that point at their hint and error, and, in error
+states, a focused error summary whose links lead to the fields.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import tempfile
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 from axe_playwright_python.sync_playwright import Axe
 from playwright.sync_api import Page
+from sqlalchemy.orm import sessionmaker
 
+from portal.db import create_engine
 from tests.browser.conftest import LiveServer, subscribe_through_api, subscribe_through_page
 from tests.browser.test_preference_centre import publish_new_policy
-from tests.browser.test_subscribe_page import IPHONE_UA, NO_PUSH, answering
+from tests.browser.test_subscribe_page import (
+    IPHONE_UA,
+    NO_PUSH,
+    REFUSING_PUSH_SERVICE,
+    answering,
+    erase_behind_the_browser,
+)
 
 pytestmark = pytest.mark.browser
 
@@ -44,6 +57,8 @@ class PageState:
     name: str
     reach: Reach
     error_summary: bool = False  # a server-rendered error summary (GOV.UK pattern)
+    # Its links lead to form fields; False where the error is about a section, not a field.
+    summary_links_to_fields: bool = True
 
     def __str__(self) -> str:
         return self.name
@@ -58,11 +73,15 @@ def _open(path: str, **context_options: Any) -> Reach:
     return reach
 
 
-def _subscribe_page_after(click_state: str, *, answer: str | None = None, abort: bool = False):
+def _subscribe_page_after(
+    click_state: str, *, answer: str | None = None, abort: bool = False, init: str = ""
+):
     def reach(new_context: Callable[..., Any], server: LiveServer) -> Page:
         context = new_context(permission=answer is None)
         if answer is not None:
             context.add_init_script(answering(answer))
+        if init:
+            context.add_init_script(init)
         page = context.new_page()
         page.goto("/")
         if abort:
@@ -101,6 +120,31 @@ def _unsubscribed(new_context: Callable[..., Any], server: LiveServer) -> Page:
     return page
 
 
+def _unsubscribe_failed(new_context: Callable[..., Any], server: LiveServer) -> Page:
+    page = _already_subscribed(new_context, server)
+    page.route("**/api/push/unsubscribe", lambda route: route.abort("internetdisconnected"))
+    page.click("#unsubscribe-button")
+    page.wait_for_selector("#state-unsubscribe-failed:not([hidden])")
+    return page
+
+
+def _cancelled(new_context: Callable[..., Any], server: LiveServer) -> Page:
+    page = _subscribe_page_after("state-failed", abort=True)(new_context, server)
+    page.click("#cancel-button")
+    page.wait_for_selector("#state-cancelled:not([hidden])")
+    return page
+
+
+def _ended(new_context: Callable[..., Any], server: LiveServer) -> Page:
+    page = new_context().new_page()
+    subscribe_through_page(page)
+    erase_behind_the_browser(server)
+    page.evaluate("localStorage.removeItem('portal.heartbeatAt')")
+    page.reload()
+    page.wait_for_selector("#state-ended:not([hidden])")
+    return page
+
+
 def _known(new_context: Callable[..., Any]) -> Page:
     from tests.factories import SubscriptionFactory
 
@@ -119,6 +163,13 @@ def _preferences_saved(new_context: Callable[..., Any], server: LiveServer) -> P
     page = _known(new_context)
     page.check("#topic-weekly-digest")
     page.click("text=Save my choices")
+    page.wait_for_selector(".banner--success")
+    return page
+
+
+def _preferences_device_stopped(new_context: Callable[..., Any], server: LiveServer) -> Page:
+    page = _known(new_context)
+    page.click("text=Stop notifications on this device")
     page.wait_for_selector(".banner--success")
     return page
 
@@ -156,24 +207,50 @@ def _erased(new_context: Callable[..., Any], server: LiveServer) -> Page:
     return page
 
 
+def _database_down(new_context: Callable[..., Any], server: LiveServer) -> Page:
+    """The preference centre while the database cannot be reached: a real driver failure
+    (a database file in a folder that does not exist), for this one page load."""
+    page = _known(new_context)
+    state = server.app.extensions["portal.db"]
+    missing = Path(tempfile.gettempdir()) / f"absent-{uuid.uuid4().hex}" / "portal.sqlite3"
+    engine = create_engine(f"sqlite:///{missing}")
+    server.app.extensions["portal.db"] = dataclasses.replace(
+        state, engine=engine, session_factory=sessionmaker(engine, expire_on_commit=False)
+    )
+    try:
+        response = page.reload(wait_until="load")
+    finally:
+        server.app.extensions["portal.db"] = state
+        engine.dispose()
+    assert response is not None and response.status == 503
+    return page
+
+
 STAFF_EMAIL = "officer@example.test"
 STAFF_PASSWORD = "correct horse battery staple"
 
 
-def _staff(new_context: Callable[..., Any], server: LiveServer) -> Page:
-    """A member of staff with every role, signed in through the sign-in page."""
+def _staff(
+    new_context: Callable[..., Any],
+    server: LiveServer,
+    *,
+    email: str = STAFF_EMAIL,
+    roles: tuple[str, ...] | None = None,
+) -> Page:
+    """A member of staff (every role unless ``roles`` says), signed in through the
+    sign-in page."""
     from portal.db import db
     from portal.staff import services
     from portal.staff.models import Role
 
     app = server.app
     with app.app_context(), db.begin() as session:
-        if services.find_by_email(session, STAFF_EMAIL) is None:
+        if services.find_by_email(session, email) is None:
             services.create_staff(
                 session,
-                email=STAFF_EMAIL,
+                email=email,
                 password=STAFF_PASSWORD,
-                roles=tuple(Role),
+                roles=tuple(Role(role) for role in roles) if roles else tuple(Role),
                 actor=None,
                 passwords=app.extensions["portal.staff.passwords"],
                 clock=app.extensions["portal"].clock,
@@ -181,7 +258,7 @@ def _staff(new_context: Callable[..., Any], server: LiveServer) -> Page:
             )
     page = new_context().new_page()
     page.goto("/staff/login")
-    page.fill("#email", STAFF_EMAIL)
+    page.fill("#email", email)
     page.fill("#password", STAFF_PASSWORD)
     page.click("button[type=submit]")
     page.wait_for_url("**/staff/")
@@ -195,6 +272,111 @@ def _staff_page(path: str) -> Reach:
         return page
 
     return reach
+
+
+def _staff_signed_out(new_context: Callable[..., Any], server: LiveServer) -> Page:
+    page = _staff(new_context, server)
+    page.click("text=Sign out")
+    page.wait_for_url("**/staff/login")
+    page.wait_for_selector(".banner")
+    return page
+
+
+def _staff_forbidden(new_context: Callable[..., Any], server: LiveServer) -> Page:
+    page = _staff(new_context, server, email="sender@example.test", roles=("campaigns",))
+    response = page.goto("/staff/admin/staff")
+    assert response is not None and response.status == 403
+    return page
+
+
+def _staff_missing(path: str) -> Reach:
+    def reach(new_context: Callable[..., Any], server: LiveServer) -> Page:
+        page = _staff(new_context, server)
+        response = page.goto(path)
+        assert response is not None and response.status == 404
+        return page
+
+    return reach
+
+
+def _staff_expired_form(new_context: Callable[..., Any], server: LiveServer) -> Page:
+    """A form whose CSRF token no longer matches: the "form has expired" page."""
+    page = _staff(new_context, server)
+    page.goto("/staff/password")
+    page.evaluate("document.querySelector('main input[name=csrf_token]').value = 'expired'")
+    with page.expect_response("**/staff/password") as answered:
+        page.locator("main button[type=submit]").click()
+    assert answered.value.status == 400
+    page.wait_for_load_state()
+    return page
+
+
+def _staff_id(server: LiveServer, email: str = STAFF_EMAIL) -> str:
+    return str(uuid.UUID(str(server.scalar("SELECT id FROM staff_user WHERE email = :e", e=email))))
+
+
+def _own_staff_detail(new_context: Callable[..., Any], server: LiveServer) -> Page:
+    page = _staff(new_context, server)
+    page.goto(f"/staff/admin/staff/{_staff_id(server)}")
+    return page
+
+
+def _staff_detail_error(new_context: Callable[..., Any], server: LiveServer) -> Page:
+    """Their own roles, all unticked: they may not remove their own admin role."""
+    page = _own_staff_detail(new_context, server)
+    for box in page.locator("input[name=roles]").all():
+        box.uncheck()
+    page.click("text=Save roles")
+    page.wait_for_selector(".error-summary")
+    return page
+
+
+def _staff_added(new_context: Callable[..., Any], server: LiveServer) -> Page:
+    page = _staff(new_context, server)
+    page.goto("/staff/admin/staff")
+    page.fill("#email", "new.colleague@example.test")
+    page.fill("#password", "a long enough first password")
+    page.check("#roles-compliance")
+    page.locator("form:has(#email) button[type=submit]").last.click()
+    page.wait_for_selector(".banner")
+    return page
+
+
+def _staff_form(
+    path: str, fill: dict[str, str], done: str = ".banner", check: tuple[str, ...] = ()
+) -> Reach:
+    """A staff form filled in (``fill``: selector → value, "" empties a field; ``check``:
+    boxes and radios to choose) and submitted; the state is reached when ``done`` shows."""
+
+    def reach(new_context: Callable[..., Any], server: LiveServer) -> Page:
+        page = _staff(new_context, server)
+        page.goto(path)
+        for selector, value in fill.items():
+            page.fill(selector, value)
+        for selector in check:
+            page.check(selector)
+        page.locator("main button[type=submit]").first.click()
+        page.wait_for_selector(done)
+        return page
+
+    return reach
+
+
+def _policy_preview(new_context: Callable[..., Any], server: LiveServer) -> Page:
+    page = _staff(new_context, server)
+    page.goto("/staff/admin/policies/new")
+    page.fill("#version", "2026-02")
+    page.fill("#text", "We send what you choose.\nNow also a monthly summary, if you ask.")
+    page.click("button[value=preview]")
+    page.wait_for_selector("#preview-heading")
+    return page
+
+
+def _policy_published(new_context: Callable[..., Any], server: LiveServer) -> Page:
+    page = _policy_preview(new_context, server)
+    page.click("button[value=publish]")
+    page.wait_for_selector(".banner")
+    return page
 
 
 def _staff_login_error(new_context: Callable[..., Any], server: LiveServer) -> Page:
@@ -341,6 +523,13 @@ def _banner(page: Page) -> Page:
     return page
 
 
+def _campaign_launched(new_context: Callable[..., Any], server: LiveServer) -> Page:
+    page = _campaign_form("review", fill=True)(new_context, server)
+    page.click("button[value=launch]")
+    page.wait_for_selector(".banner")
+    return page
+
+
 def _colleague(server: LiveServer) -> str:
     """Another member of staff (campaigns role) to look at; their id."""
     from portal.db import db
@@ -382,16 +571,6 @@ def _staff_detail(roles: tuple[str, ...] | None) -> Reach:
     return reach
 
 
-def _staff_added(new_context: Callable[..., Any], server: LiveServer) -> Page:
-    page = _staff(new_context, server)
-    page.goto("/staff/admin/staff")
-    page.fill("#email", "newcomer@example.test")
-    page.check("#roles-compliance")
-    page.fill("#password", "a long and lovely passphrase")
-    page.click("text=Add staff user")
-    return _banner(page)
-
-
 def _password_changed(new_context: Callable[..., Any], server: LiveServer) -> Page:
     page = _staff(new_context, server)
     page.goto("/staff/password")
@@ -402,30 +581,16 @@ def _password_changed(new_context: Callable[..., Any], server: LiveServer) -> Pa
     return _banner(page)
 
 
-def _signed_out(new_context: Callable[..., Any], server: LiveServer) -> Page:
-    page = _staff(new_context, server)
-    page.click("text=Sign out")
-    page.wait_for_url("**/staff/login")
-    return _banner(page)
+def _campaigns_listed(new_context: Callable[..., Any], server: LiveServer) -> Page:
+    page = _campaign_page(new_context, server)
+    page.goto("/staff/campaigns")
+    page.wait_for_selector("main table")
+    return page
 
 
-def _topic_added(new_context: Callable[..., Any], server: LiveServer) -> Page:
-    page = _staff(new_context, server)
-    page.goto("/staff/admin/topics/new")
-    page.fill("#slug", "service-news")
-    page.fill("#category", "News")
-    page.fill("#label", "Service news")
-    page.check("#topic_class")  # marketing
-    page.check("#default_state")  # off
-    page.click("text=Add topic")
-    return _banner(page)
-
-
-def _topic_edit_error(new_context: Callable[..., Any], server: LiveServer) -> Page:
-    page = _staff(new_context, server)
-    page.goto("/staff/admin/topics/offers/edit")
-    page.fill("#label", "")
-    page.click("text=Save wording")
+def _campaign_cancel_error(new_context: Callable[..., Any], server: LiveServer) -> Page:
+    page = _campaign_page(new_context, server)
+    page.click("text=Cancel campaign")
     page.wait_for_selector(".error-summary")
     return page
 
@@ -435,38 +600,6 @@ def _topic_retired(new_context: Callable[..., Any], server: LiveServer) -> Page:
     page.goto("/staff/admin/topics/offers/retire")
     page.locator("main button[type=submit]").last.click()
     return _banner(page)
-
-
-POLICY_TEXT = "We send only what you choose.\nYou can change your mind at any time."
-
-
-def _policy(publish: bool) -> Reach:
-    """A new policy version previewed (its text and the diff from the current one), or
-    then published (the version's page, with the same diff)."""
-
-    def reach(new_context: Callable[..., Any], server: LiveServer) -> Page:
-        page = _staff(new_context, server)
-        page.goto("/staff/admin/policies/new")
-        page.fill("#version", "2026-02")
-        page.fill("#text", POLICY_TEXT)
-        page.click("button[value=preview]")
-        page.wait_for_selector(".preview")
-        if publish:
-            page.click("button[value=publish]")
-            _banner(page)
-        return page
-
-    return reach
-
-
-def _export_error(new_context: Callable[..., Any], server: LiveServer) -> Page:
-    page = _staff(new_context, server)
-    page.goto("/staff/compliance/export")
-    page.fill("#date_from", "2026-01-02")
-    page.fill("#date_to", "2026-01-01")
-    page.click("main button[type=submit]")
-    page.wait_for_selector(".error-summary")
-    return page
 
 
 def _log_check_requested(new_context: Callable[..., Any], server: LiveServer) -> Page:
@@ -483,15 +616,39 @@ STAFF_PAGES = [
     PageState("staff-campaign-preview", _campaign_form("preview", fill=True)),
     PageState("staff-campaign-review", _campaign_form("review", fill=True)),
     PageState("staff-campaign", _campaign_page),
+    PageState("staff-campaign-launched", _campaign_launched),
+    PageState("staff-campaigns-listed", _campaigns_listed),
+    PageState("staff-campaign-cancel-error", _campaign_cancel_error, error_summary=True),
+    PageState("staff-campaign-not-found", _staff_missing(f"/staff/campaigns/{uuid.uuid4()}")),
     PageState("staff-admin-topics", _staff_page("/staff/admin/topics")),
     PageState("staff-admin-topic-new", _staff_page("/staff/admin/topics/new")),
     PageState(
         "staff-admin-topic-new-error", _staff_submit("/staff/admin/topics/new"), error_summary=True
     ),
+    PageState(
+        "staff-admin-topic-added",
+        _staff_form(
+            "/staff/admin/topics/new",
+            {"#slug": "monthly-summary", "#category": "News", "#label": "Monthly summary"},
+            check=("#topic_class", "#default_state"),
+        ),
+    ),
     PageState("staff-admin-topic-edit", _staff_page("/staff/admin/topics/offers/edit")),
+    PageState(
+        "staff-admin-topic-edit-error",
+        _staff_form("/staff/admin/topics/offers/edit", {"#label": ""}, ".error-summary"),
+        error_summary=True,
+    ),
     PageState("staff-admin-topic-retire", _staff_page("/staff/admin/topics/offers/retire")),
     PageState("staff-admin-policies", _staff_page("/staff/admin/policies")),
     PageState("staff-admin-policy-new", _staff_page("/staff/admin/policies/new")),
+    PageState(
+        "staff-admin-policy-new-error",
+        _staff_submit("/staff/admin/policies/new"),
+        error_summary=True,
+    ),
+    PageState("staff-admin-policy-preview", _policy_preview),
+    PageState("staff-admin-policy-published", _policy_published),
     PageState("staff-admin-policy-version", _staff_page("/staff/admin/policies/versions/2026-01")),
     PageState("staff-compliance-dashboard", _staff_page("/staff/compliance/")),
     PageState("staff-compliance-lookup", _staff_page("/staff/compliance/lookup")),
@@ -505,43 +662,41 @@ STAFF_PAGES = [
     PageState("staff-compliance-erase-error", _compliance_erase("error"), error_summary=True),
     PageState("staff-compliance-erased", _compliance_erase("done")),
     PageState("staff-compliance-export", _staff_page("/staff/compliance/export")),
+    PageState(
+        "staff-compliance-export-error",
+        _staff_form("/staff/compliance/export", {"#date_from": ""}, ".error-summary"),
+        error_summary=True,
+    ),
     PageState("staff-compliance-signing-key", _staff_page("/staff/compliance/signing-key")),
     PageState("staff-login", _open("/staff/login")),
     PageState("staff-login-error", _staff_login_error, error_summary=True),
+    PageState("staff-signed-out", _staff_signed_out),
     PageState("staff-dashboard", _staff_page("/staff/")),
+    PageState("staff-forbidden", _staff_forbidden),
+    PageState("staff-not-found", _staff_missing(f"/staff/admin/staff/{uuid.uuid4()}")),
+    PageState("staff-form-expired", _staff_expired_form),
     PageState("staff-password", _staff_page("/staff/password")),
+    PageState("staff-password-error", _staff_submit("/staff/password"), error_summary=True),
     PageState("staff-admin-staff", _staff_page("/staff/admin/staff")),
     PageState("staff-admin-staff-error", _staff_add_error, error_summary=True),
+    PageState("staff-admin-staff-added", _staff_added),
+    PageState("staff-admin-staff-detail", _own_staff_detail),
+    PageState("staff-admin-staff-detail-error", _staff_detail_error, error_summary=True),
     PageState("staff-audit", _staff_page("/staff/admin/audit")),
+    PageState(
+        "staff-audit-error",
+        _staff_page("/staff/admin/audit?date_from=not-a-day"),
+        error_summary=True,
+    ),
     PageState("staff-ops-jobs", _staff_page("/staff/ops/jobs")),
     PageState("staff-ops-jobs-ran", _staff_job_ran),
     PageState("staff-ops-jobs-failed-run", _staff_job_failed),
     PageState("staff-ops-feedback", _staff_page("/staff/ops/feedback")),
     PageState("staff-ops-feedback-test-accepted", _staff_feedback_test(refused=False)),
     PageState("staff-ops-feedback-test-refused", _staff_feedback_test(refused=True)),
-    PageState("staff-admin-staff-added", _staff_added),
-    PageState("staff-admin-staff-detail", _staff_detail(None)),
-    PageState("staff-admin-staff-detail-error", _staff_detail(()), error_summary=True),
     PageState("staff-admin-staff-detail-saved", _staff_detail(("compliance",))),
-    PageState("staff-password-error", _staff_submit("/staff/password"), error_summary=True),
     PageState("staff-password-changed", _password_changed),
-    PageState("staff-signed-out", _signed_out),
-    PageState(
-        "staff-audit-error",
-        _staff_page("/staff/admin/audit?date_from=2026-02-30&action=nope"),
-        error_summary=True,
-    ),
-    PageState("staff-admin-topic-added", _topic_added),
-    PageState("staff-admin-topic-edit-error", _topic_edit_error, error_summary=True),
     PageState("staff-admin-topic-retired", _topic_retired),
-    PageState(
-        "staff-admin-policy-new-error",
-        _staff_submit("/staff/admin/policies/new"),
-        error_summary=True,
-    ),
-    PageState("staff-admin-policy-preview", _policy(publish=False)),
-    PageState("staff-admin-policy-published", _policy(publish=True)),
-    PageState("staff-compliance-export-error", _export_error, error_summary=True),
     PageState("staff-compliance-log-check-requested", _log_check_requested),
 ]
 
@@ -553,6 +708,13 @@ PAGES = [
     PageState("subscribe-success", _subscribe_page_after("state-success")),
     PageState("subscribe-already-subscribed", _already_subscribed),
     PageState("subscribe-unsubscribed", _unsubscribed),
+    PageState("subscribe-unsubscribe-failed", _unsubscribe_failed),
+    PageState(
+        "subscribe-browser-error",
+        _subscribe_page_after("state-browser-error", init=REFUSING_PUSH_SERVICE),
+    ),
+    PageState("subscribe-cancelled", _cancelled),
+    PageState("subscribe-ended", _ended),
     PageState("subscribe-unsupported", _subscribe_page_with(NO_PUSH, "state-unsupported")),
     PageState(
         "subscribe-ios",
@@ -566,8 +728,15 @@ PAGES = [
     PageState("preferences-no-identity", _open("/preferences")),
     PageState("preferences", _preferences),
     PageState("preferences-saved", _preferences_saved),
+    PageState("preferences-device-stopped", _preferences_device_stopped),  # no devices left
     PageState("preferences-stale-policy", _preferences_stale_policy, error_summary=True),
-    PageState("preferences-unknown-device", _preferences_unknown_device, error_summary=True),
+    PageState(
+        "preferences-unknown-device",
+        _preferences_unknown_device,
+        error_summary=True,
+        summary_links_to_fields=False,  # the error is about this device: it leads to them
+    ),
+    PageState("preferences-database-down", _database_down),
     PageState("policy", _open("/policy/2026-01")),
     PageState("link-error", _open("/preferences?token=not-a-valid-token")),
     PageState("not-found", _open("/no/such/page")),
@@ -686,8 +855,11 @@ def test_targets_are_at_least_24_pixels(page_state: Page):
     assert page_state.evaluate(TARGETS) == []
 
 
-def test_error_states_focus_the_summary_and_its_links_move_focus(error_state: Page):
+def test_error_states_focus_the_summary_and_its_links_move_focus(
+    error_state: Page, request: pytest.FixtureRequest
+):
     page = error_state
+    state: PageState = request.node.callspec.params["error_state"]
     assert page.title().startswith("Error: ")
     assert "error-summary" in page.evaluate("document.activeElement.className")
     links = page.locator(".error-summary a")
@@ -696,5 +868,53 @@ def test_error_states_focus_the_summary_and_its_links_move_focus(error_state: Pa
         target = links.nth(index).get_attribute("href")
         assert target.startswith("#")
         assert page.locator(target).count() == 1, f"{target} names no element"
+        if state.summary_links_to_fields:
+            tag = page.locator(target).evaluate("el => el.tagName")
+            assert tag in ("INPUT", "SELECT", "TEXTAREA"), f"{target} is a {tag}, not a field"
         links.nth(index).click()
         assert page.evaluate("document.activeElement.id") == target[1:]
+
+
+TITLE_SUFFIX = " – Push consent portal"
+
+DESCRIPTIONS = """() => {
+  const problems = [];
+  const ids = (el) => (el.getAttribute('aria-describedby') || '').split(/\\s+/).filter(Boolean);
+  const name = (el) => el.tagName + (el.id ? '#' + el.id : '');
+  for (const el of document.querySelectorAll('[aria-describedby]')) {
+    for (const id of ids(el)) {
+      if (!document.getElementById(id)) problems.push(`${name(el)} names missing #${id}`);
+    }
+  }
+  // A fieldset's own hint and error (not an item's, inside a choice) are named by it.
+  for (const fieldset of document.querySelectorAll('fieldset')) {
+    const named = ids(fieldset);
+    for (const text of fieldset.querySelectorAll('.hint, .field-error')) {
+      if (text.closest('fieldset') !== fieldset) continue;
+      if (text.closest('.choice, .radio, .checkbox')) continue;
+      if (text.closest('.form-group') !== fieldset.closest('.form-group')) continue;
+      if (!text.id || !named.includes(text.id)) {
+        problems.push(`fieldset "${fieldset.querySelector('legend').textContent.trim()}" ` +
+                      `does not name its ${text.className} "${text.textContent.trim().slice(0, 40)}"`);
+      }
+    }
+  }
+  // An invalid field names its error, itself or through its fieldset.
+  for (const el of document.querySelectorAll('[aria-invalid=true]')) {
+    const fieldset = el.closest('fieldset');
+    const named = ids(el).concat(fieldset ? ids(fieldset) : []);
+    const error = named.some((id) => {
+      const target = document.getElementById(id);
+      return target && target.classList.contains('field-error');
+    });
+    if (!error) problems.push(`${name(el)} is invalid but names no error message`);
+  }
+  return problems;
+}"""
+
+
+def test_titles_are_plain_and_fields_name_their_hints_and_errors(page_state: Page):
+    title = page_state.title()
+    assert title.endswith(TITLE_SUFFIX), title
+    assert "<" not in title and len(title) > len(TITLE_SUFFIX) + 3, title
+    assert page_state.evaluate(DESCRIPTIONS) == []

@@ -1,4 +1,5 @@
-"""The preference centre in Chromium: saving, the error summary, the keyboard alone."""
+"""The preference centre in Chromium: saving, the error summary, the keyboard alone, and
+all of it without JavaScript."""
 
 from __future__ import annotations
 
@@ -129,3 +130,42 @@ def test_every_fieldset_names_hints_that_exist(known_page):
     )
     assert missing == []
     assert page.locator("fieldset[aria-describedby]").count() >= 1
+
+
+def test_the_preference_centre_works_without_javascript(new_context, server, browser_subscription):
+    context = new_context(java_script_enabled=False, stub=False, permission=False)
+    subscribe_through_api(context, browser_subscription)
+    page = context.new_page()
+    page.goto("/preferences")
+    assert page.evaluate("typeof window.PortalPush") == "undefined"  # nothing ran
+
+    page.check("#topic-offers")
+    page.check("#topic-weekly-digest")
+    page.click("text=Save my choices")
+    assert "Your choices are saved." in page.inner_text(".banner--success")
+    assert preferences(server) == {"offers": "opt_in", "weekly-digest": "opt_in"}
+
+    # A failed save shows the error summary, whose link leads to the field.
+    page.check("#topic-product-news")
+    publish_new_policy(server)
+    page.click("text=Save my choices")
+    assert page.title().startswith("Error: ")
+    page.click(".error-summary a[href='#policy-ack']")
+    assert page.url.endswith("#policy-ack")
+    page.check("#policy-ack")
+    page.click("text=Save my choices")
+    assert page.locator(".banner--success").count() == 1
+    assert preferences(server)["product-news"] == "opt_in"
+
+    page.click("text=Turn off all marketing")
+    assert "All marketing notifications are off" in page.inner_text(".banner--success")
+    assert preferences(server) == {
+        "offers": "opt_out",
+        "weekly-digest": "opt_out",
+        "product-news": "opt_out",
+    }
+
+    page.click("text=Stop notifications on this device")
+    assert page.locator(".banner--success").count() == 1
+    assert "No device gets notifications from us" in page.inner_text("main")
+    assert server.scalar("SELECT state FROM push_subscription") == "revoked"

@@ -1,4 +1,5 @@
-"""The service worker in Chromium: pushes delivered through the DevTools protocol."""
+"""The service worker in Chromium: pushes delivered through the DevTools protocol, clicks
+and subscription changes run in the worker itself."""
 
 from __future__ import annotations
 
@@ -8,7 +9,11 @@ import uuid
 from typing import Any
 
 import pytest
-from playwright.sync_api import BrowserContext, CDPSession, Page
+from playwright.sync_api import BrowserContext, CDPSession, Page, Worker
+
+from tests.browser.conftest import subscribe_through_page
+from tests.conftest import VAPID_PUBLIC
+from tests.factories import SubscriptionFactory
 
 pytestmark = pytest.mark.browser
 
@@ -224,3 +229,108 @@ def test_a_push_without_a_delivery_id_or_json_still_shows(worker_page):
     (shown,) = wait_for_notifications(page, 1, channel)
     assert shown["title"] == "Notification"
     assert shown["body"] == "hello"
+
+
+def worker(context: BrowserContext) -> Worker:
+    """The portal's service worker, to run code in its own global scope."""
+    for candidate in context.service_workers:
+        if candidate.url.endswith("/sw.js"):
+            return candidate
+    return context.wait_for_event("serviceworker", timeout=10_000)
+
+
+# A headless browser cannot click a notification, and a click is what lets a worker open or
+# focus a window, so those two calls are recorded instead of made. The rest is the worker's
+# own click handler on a notification it showed: its link check, the tab lookup
+# (clients.matchAll), closing the notification and the "clicked" receipt.
+CLICK = """async () => {
+  const opened = [], focused = [];
+  Clients.prototype.openWindow = async function (url) { opened.push(url); return null; };
+  WindowClient.prototype.focus = async function () { focused.push(this.url); return this; };
+  const [notification] = await self.registration.getNotifications();
+  await notificationClicked(notification);
+  const left = (await self.registration.getNotifications()).length;
+  return {opened, focused, left};
+}"""
+
+
+def test_a_click_focuses_the_tab_already_at_the_link_and_is_reported(context, worker_page, server):
+    page, channel = worker_page
+    sent = message()  # its link is /preferences?from=push
+    channel.push(sent)
+    wait_for_notifications(page, 1, channel)
+    wait_for_receipts(server, sent["deliveryId"], 1)
+    tab = context.new_page()
+    tab.goto("/preferences?from=push")
+    clicked = worker(context).evaluate(CLICK)
+    assert clicked == {
+        "opened": [],
+        "focused": [server.url + "/preferences?from=push"],
+        "left": 0,
+    }
+    assert wait_for_receipts(server, sent["deliveryId"], 2) == ["shown", "clicked"]
+
+
+def test_a_click_opens_the_link_when_no_tab_shows_it(context, worker_page, server):
+    page, channel = worker_page
+    sent = message(url="/policy/2026-01")
+    channel.push(sent)
+    wait_for_notifications(page, 1, channel)
+    clicked = worker(context).evaluate(CLICK)
+    assert clicked == {"opened": [server.url + "/policy/2026-01"], "focused": [], "left": 0}
+    assert "clicked" in wait_for_receipts(server, sent["deliveryId"], 2)
+
+
+def test_a_click_never_leaves_the_site(context, worker_page, server):
+    page, _ = worker_page
+    # A notification whose data names another site (not one a push can make: the push
+    # handler already refuses such links), to show the click handler checks again.
+    worker(context).evaluate(
+        """() => self.registration.showNotification('Hello', {
+             data: {url: 'https://phishing.example/login', deliveryId: null}})"""
+    )
+    wait_for_notifications(page, 1)
+    clicked = worker(context).evaluate(CLICK)
+    # The site's root instead, which the page that registered the worker shows already.
+    assert page.url == server.url + "/"
+    assert clicked == {"opened": [], "focused": [server.url + "/"], "left": 0}
+
+
+def test_a_changed_subscription_is_renewed_and_moves_the_person_over(
+    context, server, browser_subscription
+):
+    page = context.new_page()
+    subscribe_through_page(page, topics=("offers",))
+    renewed = SubscriptionFactory()("fcm")
+    # The browser's push service is out of reach here too: the worker's
+    # pushManager.subscribe() answers with a subscription the test holds.
+    answer = worker(context).evaluate(
+        """async ([oldEndpoint, fresh]) => {
+          const asked = [];
+          PushManager.prototype.subscribe = async function (options) {
+            const key = new Uint8Array(options.applicationServerKey);
+            asked.push({
+              userVisibleOnly: options.userVisibleOnly,
+              key: btoa(String.fromCharCode(...key))
+                .replace(/\\+/g, '-').replace(/\\//g, '_').replace(/=+$/, ''),
+            });
+            return {endpoint: fresh.endpoint, toJSON: () => fresh};
+          };
+          const response = await resubscribe({endpoint: oldEndpoint}, null);
+          return {asked, status: response.status, body: await response.json()};
+        }""",
+        [browser_subscription.endpoint, renewed.to_json()],
+    )
+    assert answer["asked"] == [{"userVisibleOnly": True, "key": VAPID_PUBLIC}]
+    assert answer["status"] == 201
+    assert answer["body"]["moved"] is True
+    rows = {
+        row.endpoint: row
+        for row in server.rows(
+            "SELECT endpoint, state, end_reason, subscriber_id FROM push_subscription"
+        )
+    }
+    old, new = rows[browser_subscription.endpoint], rows[renewed.endpoint]
+    assert (old.state, old.end_reason) == ("revoked", "rotated")
+    assert new.state in ("pending", "active")
+    assert new.subscriber_id == old.subscriber_id  # the same person, choices and all

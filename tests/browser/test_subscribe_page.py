@@ -41,10 +41,32 @@ def answering(answer: str) -> str:
 
 
 NO_PUSH = "delete window.PushManager; delete Navigator.prototype.serviceWorker;"
+# The browser's push service does not answer: pushManager.subscribe() fails after the
+# permission is granted (it runs after push_stub.js, so it replaces the stub).
+REFUSING_PUSH_SERVICE = """
+PushManager.prototype.subscribe = function () {
+  var log = JSON.parse(localStorage.getItem("__pushStub.log") || "[]");
+  log.push({call: "subscribe-refused"});
+  localStorage.setItem("__pushStub.log", JSON.stringify(log));
+  return Promise.reject(new DOMException("Registration failed - push service error", "AbortError"));
+};
+"""
 IPHONE_UA = (
     "Mozilla/5.0 (iPhone; CPU iPhone OS 17_5 like Mac OS X) AppleWebKit/605.1.15 "
     "(KHTML, like Gecko) Version/17.5 Mobile/15E148 Safari/604.1"
 )
+
+
+def erase_behind_the_browser(server) -> None:
+    """Erasure done elsewhere leaves a tombstone: credentials gone, revoked, deleted_at set."""
+    with server.session() as session, session.begin():
+        session.execute(
+            sa.text(
+                "UPDATE push_subscription SET state = 'revoked', end_reason = 'erased', "
+                "revoked_at = CURRENT_TIMESTAMP, deleted_at = CURRENT_TIMESTAMP, "
+                "endpoint = NULL, p256dh = NULL, auth_sealed = NULL, user_agent = NULL"
+            )
+        )
 
 
 def _subscription_row(server, subscription):
@@ -65,6 +87,7 @@ def test_the_page_explains_topics_and_the_policy_before_anything_is_asked(page):
     assert page.locator("#topic-security-alerts").count() == 0
     assert "Security alerts" in page.locator("#subscribe-form").inner_text()
     assert "Notice version 2026-01" in page.inner_text("#subscribe-form")
+    assert "only about the topics you choose" in page.inner_text(".policy__text")
     assert page.get_attribute("#subscribe-page", "data-policy-version") == "2026-01"
     assert page.get_attribute("#subscribe-page", "data-vapid-public-key") == VAPID_PUBLIC
     assert page.is_visible("#subscribe-button")
@@ -221,6 +244,50 @@ def test_an_already_subscribed_browser_sees_it_and_can_unsubscribe(
     assert page.is_visible("#subscribe-button")  # and can turn them on again
 
 
+def test_a_push_service_that_fails_is_explained_and_nothing_is_written(new_context, server):
+    context = new_context()
+    context.add_init_script(REFUSING_PUSH_SERVICE)
+    page = context.new_page()
+    page.goto("/")
+    page.check("#topic-offers")
+    posts: list[str] = []
+    page.on("request", lambda r: posts.append(r.url) if r.method == "POST" else None)
+    page.click("#subscribe-button")
+    page.wait_for_selector("#state-browser-error:not([hidden])")
+    assert active_element_id(page) == "state-browser-error"
+    assert page.title().startswith("Error: ")
+    assert "try again" in page.inner_text("#state-browser-error")
+    assert len(calls(page, "subscribe-refused")) == 1
+    assert posts == []  # the server was never told of a subscription that does not exist
+    assert page.evaluate("localStorage.getItem('portal.pendingSubscribe')") is None
+    assert server.scalar("SELECT count(*) FROM push_subscription") == 0
+    assert server.scalar("SELECT count(*) FROM topic_preference") == 0
+    assert page.is_visible("#subscribe-button") and page.is_checked("#topic-offers")
+
+
+def test_a_failed_unsubscribe_changes_nothing_and_can_be_retried(
+    page, server, browser_subscription
+):
+    subscribe_through_page(page)
+    page.reload()
+    page.wait_for_selector("#state-subscribed:not([hidden])")
+    page.route("**/api/push/unsubscribe", lambda route: route.abort("internetdisconnected"))
+    page.click("#unsubscribe-button")
+    page.wait_for_selector("#state-unsubscribe-failed:not([hidden])")
+    assert active_element_id(page) == "state-unsubscribe-failed"
+    assert page.title().startswith("Error: ")
+    # Server first: it could not be told, so the browser keeps its subscription too.
+    assert calls(page, "unsubscribe") == []
+    assert page.evaluate("window.PortalPush.currentSubscription().then(s => !!s)") is True
+    assert _subscription_row(server, browser_subscription).state == "pending"
+
+    page.unroute("**/api/push/unsubscribe")
+    page.click("#unsubscribe-retry-button")
+    page.wait_for_selector("#state-unsubscribed:not([hidden])")
+    assert len(calls(page, "unsubscribe")) == 1
+    assert _subscription_row(server, browser_subscription).state == "revoked"
+
+
 def test_a_failed_post_offers_a_retry_and_leaves_nothing_half_written(
     page, server, browser_subscription
 ):
@@ -279,15 +346,7 @@ def test_the_heartbeat_is_sent_at_most_hourly(page):
 
 def test_a_heartbeat_after_erasure_unsubscribes_the_browser(page, server, browser_subscription):
     subscribe_through_page(page)
-    # Erasure leaves a tombstone: credentials gone, revoked, deleted_at set.
-    with server.session() as session, session.begin():
-        session.execute(
-            sa.text(
-                "UPDATE push_subscription SET state = 'revoked', end_reason = 'erased', "
-                "revoked_at = CURRENT_TIMESTAMP, deleted_at = CURRENT_TIMESTAMP, "
-                "endpoint = NULL, p256dh = NULL, auth_sealed = NULL, user_agent = NULL"
-            )
-        )
+    erase_behind_the_browser(server)
     page.evaluate("localStorage.removeItem('portal.heartbeatAt')")
     with page.expect_response("**/api/push/heartbeat") as answered:
         page.reload()
