@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 import sqlalchemy as sa
@@ -178,6 +178,15 @@ def is_postgres(bind: sa.Connection | Session | Engine) -> bool:
     if isinstance(bind, Session):
         return bind.get_bind().dialect.name == "postgresql"
     return bind.dialect.name == "postgresql"
+
+
+def affected_rows(session: Session, statement: sa.Executable) -> int:
+    """Execute an INSERT, UPDATE or DELETE; the number of rows it wrote (or matched).
+
+    ``Session.execute`` is typed as returning a plain ``Result``; for these statements it
+    is a ``CursorResult``, which carries the count.
+    """
+    return cast(sa.CursorResult[Any], session.execute(statement)).rowcount
 
 
 @dataclass

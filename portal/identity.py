@@ -21,8 +21,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from flask import Flask, Request, Response, current_app
+from flask import Flask, Request, current_app
 from itsdangerous import BadSignature, SignatureExpired, URLSafeTimedSerializer
+from werkzeug.wrappers import Response
 
 SUBSCRIBER_COOKIE = "portal_subscriber"
 DEVICE_COOKIE = "portal_device"

@@ -8,6 +8,7 @@ and real answers validate against it.
 
 from __future__ import annotations
 
+from enum import EnumType
 from typing import Any
 
 from flask import Blueprint, Response, current_app, jsonify
@@ -42,7 +43,7 @@ def _error(description: str) -> dict[str, Any]:
 
 def _values(*members: Any) -> list[str]:
     """The string values of an enum's members, or of the members given."""
-    if len(members) == 1 and isinstance(members[0], type):
+    if len(members) == 1 and isinstance(members[0], EnumType):
         members = tuple(members[0])
     return [member.value for member in members]
 

@@ -20,7 +20,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import sqlalchemy as sa
 from flask import Flask
@@ -38,7 +38,7 @@ from portal.config import b64url_decode
 from portal.consent import log as consent_log
 from portal.consent.models import EventKind, Source
 from portal.consent.recipients import recipient_query
-from portal.db import db, is_postgres
+from portal.db import affected_rows, db, is_postgres
 from portal.dispatch.encryption import InvalidSubscriptionKeys
 from portal.dispatch.transport import PushRequest, PushResponse, PushTransport, Urgency
 from portal.subscriptions.lifecycle import (
@@ -60,9 +60,9 @@ from portal.subscriptions.sealing import KeyRing, SealBroken, UnknownKeyVersion
 
 log = logging.getLogger("portal.dispatch")
 audit = logging.getLogger("portal.audit")
-_d = Delivery.__table__
-_s = PushSubscription.__table__
-_c = Campaign.__table__
+_d = cast(sa.Table, Delivery.__table__)
+_s = cast(sa.Table, PushSubscription.__table__)
+_c = cast(sa.Table, Campaign.__table__)
 
 
 @dataclass
@@ -610,7 +610,8 @@ class Dispatcher:
         state_before: SubscriptionState,
         now: dt.datetime,
     ) -> None:
-        changed = session.execute(
+        changed = affected_rows(
+            session,
             sa.update(_s)
             .where(_s.c.id == item.subscription_id, _s.c.state != SubscriptionState.REVOKED.value)
             .values(
@@ -620,8 +621,8 @@ class Dispatcher:
                 end_reason=EndReason.REVOKED_BY_PUSH_SERVICE.value,
                 last_status_code=410,
                 last_failure_at=now,
-            )
-        ).rowcount
+            ),
+        )
         if changed and sub.subscriber_id is not None:
             consent_log.append(
                 session,

@@ -13,7 +13,7 @@ import re
 import uuid
 import zlib
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import sqlalchemy as sa
@@ -30,7 +30,7 @@ from portal.campaigns.models import (
 from portal.consent.catalogue import topic_by_slug
 from portal.consent.models import Topic
 from portal.consent.recipients import recipient_query
-from portal.db import is_postgres, uuid7
+from portal.db import affected_rows, is_postgres, uuid7
 from portal.errors import Conflict, ValidationError
 from portal.subscriptions.models import LIVE_STATES, PushSubscription, Subscriber
 
@@ -42,8 +42,8 @@ TEST_CONSENT_REASON = "test"
 URGENCIES = ("very-low", "low", "normal", "high")
 _COLLAPSE_KEY = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
 _LARGEST_DELIVERY_ID = 2**63 - 1
-_d = Delivery.__table__
-_c = Campaign.__table__
+_d = cast(sa.Table, Delivery.__table__)
+_c = cast(sa.Table, Campaign.__table__)
 _MATERIALISED = (
     "campaign_id",
     "subscription_id",
@@ -415,7 +415,7 @@ def materialise_batch(
         chosen = chosen.where(ids.c.id > lower)
     dialect_insert = postgresql.insert if is_postgres(session) else sqlite.insert
     statement = dialect_insert(_d).from_select(list(_MATERIALISED), chosen).on_conflict_do_nothing()
-    inserted = session.execute(statement).rowcount
+    inserted = affected_rows(session, statement)
     campaign.materialised_through = upper
     session.flush()
     return max(inserted, 0)

@@ -28,7 +28,7 @@ import zipfile
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 import sqlalchemy as sa
@@ -81,9 +81,9 @@ ESCAPE_RULE = (
 )
 BATCH_SIZE = 20_000
 
-_e = ConsentEvent.__table__
-_t = Topic.__table__
-_p = PolicyVersion.__table__
+_e = cast(sa.Table, ConsentEvent.__table__)
+_t = cast(sa.Table, Topic.__table__)
+_p = cast(sa.Table, PolicyVersion.__table__)
 
 
 def neutralise(value: str) -> str:

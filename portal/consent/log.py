@@ -15,7 +15,7 @@ import json
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
@@ -26,7 +26,7 @@ from portal.db import is_postgres
 GENESIS = bytes(32)
 # Any constant; names the one advisory lock that orders appends to the chain.
 _CHAIN_LOCK = 0x636F6E73656E74  # "consent"
-_t = ConsentEvent.__table__
+_t = cast(sa.Table, ConsentEvent.__table__)
 
 
 def _iso(value: dt.datetime) -> str:

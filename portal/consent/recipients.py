@@ -12,6 +12,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import cast
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
@@ -20,10 +21,10 @@ from portal.consent.models import Topic, TopicPreference
 from portal.consent.preferences import RESTRICTED_REGIONS, Reason
 from portal.subscriptions.models import PushSubscription, Subscriber
 
-_s = PushSubscription.__table__
-_sub = Subscriber.__table__
-_p = TopicPreference.__table__
-_topic = Topic.__table__
+_s = cast(sa.Table, PushSubscription.__table__)
+_sub = cast(sa.Table, Subscriber.__table__)
+_p = cast(sa.Table, TopicPreference.__table__)
+_topic = cast(sa.Table, Topic.__table__)
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,7 @@ import traceback
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 import sqlalchemy as sa
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -35,8 +36,8 @@ from portal.operations.models import JobRun, JobState
 
 log = logging.getLogger("portal.scheduler")
 _JOB_LOCK_SPACE = 0x6A6F62  # "job": the first key of the two-key advisory lock
-_state = JobState.__table__
-_run = JobRun.__table__
+_state = cast(sa.Table, JobState.__table__)
+_run = cast(sa.Table, JobRun.__table__)
 
 
 class JobBusy(RuntimeError):

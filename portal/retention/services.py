@@ -12,9 +12,9 @@ import datetime as dt
 import threading
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import sqlalchemy as sa
 from flask import Flask
@@ -24,12 +24,12 @@ from sqlalchemy.orm import Session
 from portal.config import RetentionSettings
 from portal.consent import log
 from portal.consent.models import EventKind, Source, TopicPreference
-from portal.db import db, is_postgres
+from portal.db import affected_rows, db, is_postgres
 from portal.jobs import JobReport, Progress
 from portal.retention.models import RetentionCounter
 from portal.subscriptions.models import EndReason, PushSubscription, Subscriber, SubscriptionState
 
-_t = PushSubscription.__table__
+_t = cast(sa.Table, PushSubscription.__table__)
 # Batches that append consent events hold the chain lock, which every subscribe, consent
 # change and erasure also needs, from their first row to their commit. At 50 a subscribe
 # waited at most ~120 ms for it on a busy 2-core machine (200: ~190 ms; 1000 rows with a
@@ -62,7 +62,7 @@ def _batches(
     *,
     batch_size: int,
     progress: Progress,
-    handle: Callable[[Session, list[Any]], int],
+    handle: Callable[[Session, Sequence[sa.Row[Any]]], int],
     stop: threading.Event | None,
     report: JobReport,
     columns: tuple[sa.ColumnElement[Any], ...] = (),
@@ -112,12 +112,13 @@ def sweep(
         & (_t.c.expiration_time.is_(None) | (_t.c.expiration_time > now))
     )
 
-    def to_stale(session: Session, rows: list[Any]) -> int:
-        return session.execute(
+    def to_stale(session: Session, rows: Sequence[sa.Row[Any]]) -> int:
+        return affected_rows(
+            session,
             sa.update(_t)
             .where(_t.c.id.in_([r.id for r in rows]), live)
-            .values(state=SubscriptionState.STALE.value, stale_at=now)
-        ).rowcount
+            .values(state=SubscriptionState.STALE.value, stale_at=now),
+        )
 
     _batches(
         app,
@@ -138,7 +139,7 @@ def sweep(
         | (_t.c.state.in_(["pending", "active", "stale"]) & (_t.c.expiration_time <= now))
     )
 
-    def to_expired(session: Session, rows: list[Any]) -> int:
+    def to_expired(session: Session, rows: Sequence[sa.Row[Any]]) -> int:
         # One UPDATE and one bulk append per batch. The candidate query locked these rows
         # (or, on SQLite, the whole database), so the states it read are still theirs.
         states = {r.id: r for r in rows}
@@ -211,12 +212,13 @@ def tombstone(
         & (sa.func.coalesce(_t.c.ended_at, _t.c.revoked_at, _t.c.last_seen_at) < cutoff)
     )
 
-    def bury(session: Session, rows: list[Any]) -> int:
-        return session.execute(
+    def bury(session: Session, rows: Sequence[sa.Row[Any]]) -> int:
+        return affected_rows(
+            session,
             sa.update(_t)
             .where(_t.c.id.in_([r.id for r in rows]), _t.c.deleted_at.is_(None))
-            .values(**tombstone_values(now))
-        ).rowcount
+            .values(**tombstone_values(now)),
+        )
 
     _batches(
         app,
@@ -242,9 +244,9 @@ def purge(
     report = JobReport("purge")
     cutoff = months_before(now, retention.audit_window_months)
     old = _t.c.deleted_at.is_not(None) & (_t.c.deleted_at < cutoff)
-    counters = RetentionCounter.__table__
+    counters = cast(sa.Table, RetentionCounter.__table__)
 
-    def fold(session: Session, rows: list[Any]) -> int:
+    def fold(session: Session, rows: Sequence[sa.Row[Any]]) -> int:
         tally: Counter[tuple[str, str, str]] = Counter()
         for row in rows:
             ended = row.ended_at or row.revoked_at or row.deleted_at
@@ -264,7 +266,7 @@ def purge(
                     set_={"count": counters.c.count + statement.excluded.count},
                 )
             )
-        return session.execute(sa.delete(_t).where(_t.c.id.in_([r.id for r in rows]))).rowcount
+        return affected_rows(session, sa.delete(_t).where(_t.c.id.in_([r.id for r in rows])))
 
     _batches(
         app,
@@ -315,7 +317,8 @@ def erase_subscriber(
     subscriber = session.get(Subscriber, subscriber_id, with_for_update=True)
     if subscriber is None or subscriber.erased_at is not None:
         raise LookupError("no such subscriber, or already erased")
-    ended = session.execute(
+    ended = affected_rows(
+        session,
         sa.update(_t)
         .where(_t.c.subscriber_id == subscriber_id, _t.c.deleted_at.is_(None))
         .values(
@@ -324,8 +327,8 @@ def erase_subscriber(
             ended_at=now,
             revoked_at=sa.func.coalesce(_t.c.revoked_at, now),
             **tombstone_values(now),
-        )
-    ).rowcount
+        ),
+    )
     # Tombstones from before also lose anything left beyond the hash.
     session.execute(
         sa.update(_t).where(_t.c.subscriber_id == subscriber_id).values(**_TOMBSTONE_EMPTIES)

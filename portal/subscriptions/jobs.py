@@ -11,19 +11,20 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from typing import cast
 
 import sqlalchemy as sa
 from flask import Flask
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from portal.db import db, is_postgres
+from portal.db import affected_rows, db, is_postgres
 from portal.jobs import JobReport, Progress, job
 from portal.subscriptions.models import PushSubscription
 from portal.subscriptions.sealing import KeyRing, SealBroken, UnknownKeyVersion
 from portal.subscriptions.validation import endpoint_hash
 
-_t = PushSubscription.__table__
+_t = cast(sa.Table, PushSubscription.__table__)
 
 
 def reseal(
@@ -65,16 +66,16 @@ def reseal(
                     report.problems.append(f"subscription {row.id}: {problem}")
                     continue
                 sealed = keys.seal(secret)
-                result = session.execute(
+                report.changed += affected_rows(
+                    session,
                     sa.update(_t)
                     .where(
                         _t.c.id == row.id,
                         _t.c.auth_key_version == row.auth_key_version,
                         _t.c.auth_sealed == row.auth_sealed,
                     )
-                    .values(auth_sealed=sealed.sealed, auth_key_version=sealed.key_version)
+                    .values(auth_sealed=sealed.sealed, auth_key_version=sealed.key_version),
                 )
-                report.changed += result.rowcount
             last_id = rows[-1].id
         report.processed += len(rows)
         progress.advance(len(rows))

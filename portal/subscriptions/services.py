@@ -10,7 +10,7 @@ import dataclasses
 import datetime as dt
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
@@ -32,7 +32,7 @@ from portal.subscriptions.sealing import KeyRing
 from portal.subscriptions.validation import ValidSubscription, endpoint_hash
 from portal.useragent import family
 
-_t = PushSubscription.__table__
+_t = cast(sa.Table, PushSubscription.__table__)
 
 
 @dataclass(frozen=True)
@@ -181,7 +181,7 @@ def upsert_subscription(
         if given
         else sa.func.coalesce(_t.c.subscriber_id, excluded.subscriber_id)
     )
-    returning = [_t.c.id, _t.c.state, _t.c.subscriber_id]
+    returning: list[sa.ColumnElement[Any]] = [_t.c.id, _t.c.state, _t.c.subscriber_id]
     if postgres:
         # xmax = 0 only on a row this statement inserted.
         returning.append(sa.literal_column("(xmax = 0)").label("inserted"))

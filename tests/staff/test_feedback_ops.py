@@ -116,3 +116,22 @@ def test_the_test_needs_a_csrf_token(admin_browser, engine):
     response = admin_browser.client.post("/staff/ops/feedback/test")
     assert response.status_code == 400
     assert all_rows(engine, "feedback_digest") == []
+
+
+def test_an_answer_not_in_the_error_shape_is_still_reported(admin_browser, engine, monkeypatch):
+    from portal.feedback import ops
+
+    answers = iter([(502, {"error": "Bad Gateway"}), (503, {"text": "<html>busy</html>"})])
+    monkeypatch.setattr(ops.services, "send_test_digest", lambda _app: next(answers))
+
+    for expected in ("The receiver answered 502.", "The receiver answered 503."):
+        response = admin_browser.post("/staff/ops/feedback/test")
+        assert response.status_code == 303
+        assert expected in admin_browser.get("/staff/ops/feedback").text
+
+    entries = [r for r in all_rows(engine, "staff_audit") if r["action"] == "feedback.test_sent"]
+    details = [
+        json.loads(e["detail"]) if isinstance(e["detail"], str) else e["detail"] for e in entries
+    ]
+    assert sorted(d["status"] for d in details) == [502, 503]
+    assert all(d["code"] is None for d in details)
