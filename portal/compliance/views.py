@@ -18,7 +18,13 @@ from portal.compliance.signing import SigningKey, SigningKeyMissing
 from portal.consent import catalogue
 from portal.db import db
 from portal.retention.views import RECEIPT_FLASH, receipt_token
-from portal.staff.access import StaffPage, current_staff, register_page, staff_required
+from portal.staff.access import (
+    StaffPage,
+    current_staff,
+    not_found_page,
+    register_page,
+    staff_required,
+)
 from portal.staff.catalogue_forms import form_errors
 from portal.staff.forms import ConfirmForm
 from portal.staff.models import Role
@@ -113,7 +119,7 @@ def compliance_lookup() -> Any:
 @staff_required(Role.COMPLIANCE)
 def compliance_subscriber(subscriber_id: uuid.UUID) -> Any:
     if not services.known_subscriber(db.session, subscriber_id):
-        return render_template("staff/not_found.html"), 404
+        return not_found_page("person", "staff.compliance_lookup", "the compliance look-up")
     record = services.history(db.session, subscriber_id, actor=_staff())
     db.session.commit()
     return render_template(
@@ -130,7 +136,7 @@ def compliance_subscriber(subscriber_id: uuid.UUID) -> Any:
 def compliance_erase(subscriber_id: uuid.UUID) -> Any:
     subscriber = db.session.get(Subscriber, subscriber_id)
     if subscriber is None:
-        return render_template("staff/not_found.html"), 404
+        return not_found_page("person", "staff.compliance_lookup", "the compliance look-up")
     form = EraseForm()
     status = 200
     if request.method == "POST" and subscriber.erased_at is None:

@@ -77,9 +77,17 @@ def feedback_test() -> Response:
 
 
 def _summary(status: int, body: dict[str, Any], error: dict[str, Any]) -> tuple[str, str]:
-    if status == 200:
-        counts = ", ".join(f"{body.get(k, 0)} {k}" for k in ("applied", "ignored", "revoked"))
+    counted = ("applied", "ignored", "revoked")
+    if status == 200 and all(isinstance(body.get(k), int) for k in counted):
+        counts = ", ".join(f"{body[k]} {k}" for k in counted)
         return f"Test digest accepted: {counts}.", "message"
+    if status == 200:
+        # Something answered that is not the receiver (a proxy's page, a wrong URL).
+        return (
+            "The address answered 200 but not as the feedback receiver does: "
+            "check FEEDBACK_TEST_URL.",
+            "error",
+        )
     if status == 0:
         return f"The receiver did not answer: {error.get('message', 'no answer')}.", "error"
     reason = f" ({error.get('code')}: {error.get('message')})" if error else ""

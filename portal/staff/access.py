@@ -134,3 +134,13 @@ def may_use(staff: SignedIn, endpoint: str) -> bool:
 
 def pages_for(staff: SignedIn) -> list[StaffPage]:
     return [p for p in STAFF_PAGES if may_use(staff, p.endpoint)]
+
+
+def not_found_page(what: str, endpoint: str, listing: str) -> tuple[str, int]:
+    """The console's 404: what was not found, and a way back to where such things are listed."""
+    return (
+        render_template(
+            "staff/not_found.html", what=what, back_url=url_for(endpoint), back_label=listing
+        ),
+        404,
+    )

@@ -11,7 +11,13 @@ from portal.consent.catalogue import text_digest
 from portal.db import db
 from portal.errors import ApiError
 from portal.staff import catalogue
-from portal.staff.access import StaffPage, current_staff, register_page, staff_required
+from portal.staff.access import (
+    StaffPage,
+    current_staff,
+    not_found_page,
+    register_page,
+    staff_required,
+)
 from portal.staff.catalogue_forms import PolicyForm, TopicEditForm, TopicForm, form_errors
 from portal.staff.forms import ConfirmForm
 from portal.staff.models import Role
@@ -111,7 +117,7 @@ def topic_new() -> Any:
 def topic_edit(slug: str) -> Any:
     topic = _topic_or_404(slug)
     if topic is None:
-        return render_template("staff/not_found.html"), 404
+        return not_found_page("topic", "staff.topics", "the topic list")
     if request.method == "GET" or topic.retired_at is not None:
         form = TopicEditForm(data={"label": topic.label, "description": topic.description})
         # A retired topic keeps the words it had: the page says so and offers no form.
@@ -149,7 +155,7 @@ def _edit_page(topic: Topic, form: TopicEditForm, status: int) -> Any:
 def topic_retire(slug: str) -> Any:
     topic = _topic_or_404(slug)
     if topic is None:
-        return render_template("staff/not_found.html"), 404
+        return not_found_page("topic", "staff.topics", "the topic list")
     form = ConfirmForm()
     if request.method == "POST" and form.validate():
         changed = catalogue.retire_topic(db.session, actor=current_staff(), slug=slug, now=_now())
@@ -174,7 +180,7 @@ def policies() -> Any:
 def policy_version(version: str) -> Any:
     policy = consent_catalogue.policy(db.session, version)
     if policy is None:
-        return render_template("staff/not_found.html"), 404
+        return not_found_page("policy version", "staff.policies", "the policy versions")
     previous = consent_catalogue.previous_policy(db.session, policy)
     current = consent_catalogue.current_policy(db.session)
     return render_template(

@@ -28,6 +28,7 @@ from portal.staff.access import (
     STAFF_COOKIE,
     StaffPage,
     current_staff,
+    not_found_page,
     pages_for,
     safe_next,
     staff_required,
@@ -312,7 +313,7 @@ def staff_detail(staff_id: uuid.UUID) -> Any:
     try:
         return _detail(staff_id)
     except services.NotFound:
-        return render_template("staff/not_found.html"), 404
+        return not_found_page("staff user", "staff.staff_list", "the staff list")
 
 
 @bp.post("/admin/staff/<uuid:staff_id>/roles")
@@ -330,7 +331,7 @@ def staff_roles(staff_id: uuid.UUID) -> Any:
             clock=_portal().clock,
         )
     except services.NotFound:
-        return render_template("staff/not_found.html"), 404
+        return not_found_page("staff user", "staff.staff_list", "the staff list")
     except StaffError as error:
         db.session.rollback()
         form.roles.errors = [error.message]
@@ -346,7 +347,7 @@ def _toggle(staff_id: uuid.UUID, *, enable: bool) -> Any:
         user = services.get_staff(db.session, staff_id)
         changed = change(db.session, staff_id, actor=_signed_in(), clock=_portal().clock)
     except services.NotFound:
-        return render_template("staff/not_found.html"), 404
+        return not_found_page("staff user", "staff.staff_list", "the staff list")
     except StaffError as error:
         db.session.rollback()
         flash(error.message, "error")

@@ -135,3 +135,15 @@ def test_an_answer_not_in_the_error_shape_is_still_reported(admin_browser, engin
     ]
     assert sorted(d["status"] for d in details) == [502, 503]
     assert all(d["code"] is None for d in details)
+
+
+def test_a_200_that_is_not_the_receiver_is_not_called_accepted(admin_browser, monkeypatch):
+    from portal.feedback import ops
+
+    answers = iter([(200, {"body": "<html>welcome</html>"}), (200, {})])
+    monkeypatch.setattr(ops.services, "send_test_digest", lambda _app: next(answers))
+    for _ in range(2):
+        assert admin_browser.post("/staff/ops/feedback/test").status_code == 303
+        page = admin_browser.get("/staff/ops/feedback").text
+        assert "answered 200 but not as the feedback receiver does" in page
+        assert "Test digest accepted" not in page
