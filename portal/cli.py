@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+import time
 from typing import Any
 
 import click
@@ -23,27 +24,50 @@ staff_cli.register(portal_cli)
 
 
 class ClickProgress:
-    """A progress bar on stderr for long jobs."""
+    """Progress on stderr for long jobs: a bar on a terminal; elsewhere (cron, a container's
+    log) a plain line every ``interval`` seconds and one when a phase ends."""
 
-    def __init__(self, label: str) -> None:
+    def __init__(self, label: str, *, interval: float = 10.0) -> None:
         self.label = label
+        self.interval = interval
         self._bar: Any = None
+        self._plain: list[int] | None = None  # [done, total] when not on a terminal
+        self._last = 0.0
 
     def start(self, total: int) -> None:
         # A job of several phases (the sweep: stale, then expired) starts one bar each;
         # the one before is finished first, so each keeps a line of its own.
         self.close()
+        if not sys.stderr.isatty():
+            self._plain = [0, total]
+            self._last = time.monotonic()
+            self._line()
+            return
         self._bar = click.progressbar(length=max(total, 1), label=self.label, file=sys.stderr)
         self._bar.__enter__()
 
     def advance(self, count: int) -> None:
         if self._bar is not None:
             self._bar.update(count)
+        elif self._plain is not None:
+            self._plain[0] += count
+            if time.monotonic() - self._last >= self.interval:
+                self._last = time.monotonic()
+                self._line()
 
     def close(self) -> None:
         if self._bar is not None:
             self._bar.__exit__(None, None, None)
             self._bar = None
+        elif self._plain is not None:
+            self._line()
+            self._plain = None
+
+    def _line(self) -> None:
+        assert self._plain is not None
+        done, total = self._plain
+        share = f" ({100 * done // total}%)" if total else ""
+        click.echo(f"{self.label}: {done:,} of {total:,}{share}", err=True)
 
 
 @portal_cli.command("run-job")

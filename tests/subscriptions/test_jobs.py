@@ -235,3 +235,32 @@ def test_the_backfill_job_takes_its_pause_and_lag_limit_from_the_settings(
     run_job(app, "backfill-hash")
     assert seen["pause_seconds"] == settings.backfill_pause_seconds == 0.075
     assert seen["max_lag_seconds"] == settings.backfill_max_replication_lag_seconds == 10.0
+
+
+def test_run_job_without_a_terminal_prints_plain_progress_lines(app, client, subscriptions):
+    _subscribe(client, subscriptions, 3)
+    result = app.test_cli_runner().invoke(args=["portal", "run-job", "backfill-hash"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    # A line when the phase starts and one when it ends, then the summary.
+    assert lines[0] == "backfill-hash: 0 of 3 (0%)"
+    assert "backfill-hash: 3 of 3 (100%)" in lines
+    assert "[####" not in result.output
+
+
+def test_plain_progress_reports_at_most_once_an_interval(monkeypatch, capsys):
+    from portal import cli
+
+    now = [100.0]
+    monkeypatch.setattr(cli.time, "monotonic", lambda: now[0])
+    progress = cli.ClickProgress("reseal", interval=10.0)
+    progress.start(1000)
+    for _ in range(5):
+        now[0] += 4.0
+        progress.advance(100)
+    progress.close()
+    assert capsys.readouterr().err.splitlines() == [
+        "reseal: 0 of 1,000 (0%)",
+        "reseal: 300 of 1,000 (30%)",  # 12 s after the start
+        "reseal: 500 of 1,000 (50%)",  # the end of the phase
+    ]
