@@ -30,7 +30,7 @@ from portal.operations.models import JobRun, JobState
 from portal.retention.services import ErasureReceipt, erase_subscriber
 from portal.staff import audit
 from portal.staff.models import StaffUser
-from portal.subscriptions.models import PushSubscription, Subscriber
+from portal.subscriptions.models import EndReason, PushSubscription, Subscriber
 from portal.subscriptions.validation import endpoint_hash
 from portal.useragent import family
 
@@ -526,14 +526,32 @@ def request_verification(session: Session, *, actor: audit.Actor, now: dt.dateti
     return True
 
 
-def pending_erasures(session: Session) -> int:
-    """Subscriptions of erased subscribers not yet tombstoned: erasure does both in one
-    transaction, so anything but zero means something went wrong."""
-    return int(
-        session.execute(
-            sa.select(sa.func.count())
-            .select_from(PushSubscription)
-            .join(Subscriber, Subscriber.id == PushSubscription.subscriber_id)
-            .where(Subscriber.erased_at.is_not(None), PushSubscription.deleted_at.is_(None))
-        ).scalar_one()
+@dataclass(frozen=True)
+class PendingErasures:
+    # Erased people's devices not yet told to drop their subscription: each is told at
+    # its next heartbeat (a visit to the site), and only then is the erasure complete on
+    # the device.
+    devices_not_told: int
+    # Erased people's subscriptions not tombstoned: erasure does both in one
+    # transaction, so anything but zero means something went wrong.
+    not_tombstoned: int
+
+
+def pending_erasures(session: Session) -> PendingErasures:
+    erased = (
+        sa.select(sa.func.count())
+        .select_from(PushSubscription)
+        .join(Subscriber, Subscriber.id == PushSubscription.subscriber_id)
+        .where(Subscriber.erased_at.is_not(None))
+    )
+    not_told = erased.where(
+        PushSubscription.deleted_at.is_not(None),
+        PushSubscription.end_reason == EndReason.ERASED.value,
+        PushSubscription.browser_told_at.is_(None),
+    )
+    return PendingErasures(
+        devices_not_told=int(session.execute(not_told).scalar_one()),
+        not_tombstoned=int(
+            session.execute(erased.where(PushSubscription.deleted_at.is_(None))).scalar_one()
+        ),
     )

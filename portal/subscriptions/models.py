@@ -115,6 +115,9 @@ class PushSubscription(Base):
     stale_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
     ended_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
     deleted_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    # When the browser was first told to drop this ended subscription (the heartbeat's
+    # "unsubscribe"): an erasure is complete on the device only from then on.
+    browser_told_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
 
     __table_args__ = (
         sa.CheckConstraint("length(endpoint_hash) = 32", name="endpoint_hash_len"),

@@ -203,6 +203,7 @@ def upsert_subscription(
             "end_reason": None,
             "ended_at": None,
             "stale_at": None,
+            "browser_told_at": None,
             "consecutive_failures": 0,
             "state": _next_state_on_register(),
         },
@@ -285,6 +286,8 @@ def heartbeat(
     if sub.deleted_at is not None or sub.state == SubscriptionState.REVOKED:
         # Erased, unsubscribed or revoked: the browser must drop its subscription, or the
         # next registration would silently recreate the relationship.
+        if sub.browser_told_at is None:
+            sub.browser_told_at = now
         return HeartbeatResult(sub.state.value, "unsubscribe", sub)
     expired = sub.expiration_time is not None and sub.expiration_time <= now
     if sub.state == SubscriptionState.EXPIRED or expired:

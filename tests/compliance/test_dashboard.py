@@ -190,16 +190,52 @@ def test_the_verify_log_job(app, person):
     assert "verify-log: 6 rows looked at" in result.output
 
 
-def test_pending_erasures(app, clock, officer, person):
-    assert "<strong>0</strong> subscriptions of erased people are not yet tombstoned" in (
-        officer.get("/staff/compliance/").text
+def test_pending_erasures_count_devices_until_they_are_told(app, engine, clock, officer, person):
+    page = officer.get("/staff/compliance/").text
+    assert "<strong>0</strong> devices of erased people have not yet been told to stop" in page
+    assert "not tombstoned" not in page
+
+    erased = officer.post(
+        f"/staff/compliance/subscribers/{person.subscriber_id}/erase", {"confirm": "y"}
     )
+    assert erased.status_code == 303
+    page = officer.get("/staff/compliance/").text
+    assert "<strong>1</strong> device of erased people has not yet been told to stop" in page
+    assert "the next time it visits the site" in page
+
+    clock.advance(minutes=1)
+    beat = app.test_client().post("/api/push/heartbeat", json={"endpoint": person.sub.endpoint})
+    assert beat.json["action"] == "unsubscribe"
+    [row] = [r for r in all_rows(engine, "push_subscription") if r["end_reason"] == "erased"]
+    assert row["browser_told_at"] is not None
+    page = officer.get("/staff/compliance/").text
+    assert "<strong>0</strong> devices of erased people have not yet been told to stop" in page
+
+    # Told once: a later heartbeat keeps the first time.
+    first = row["browser_told_at"]
+    clock.advance(minutes=1)
+    app.test_client().post("/api/push/heartbeat", json={"endpoint": person.sub.endpoint})
+    [row] = [r for r in all_rows(engine, "push_subscription") if r["end_reason"] == "erased"]
+    assert row["browser_told_at"] == first
+
+
+def test_an_erasure_that_left_a_subscription_behind_is_a_fault(app, clock, officer, person):
     # An erasure that (against the rules) left a subscription behind is counted.
     with db.begin(app) as session:
         session.get(Subscriber, person.subscriber_id).erased_at = clock.now()
     page = officer.get("/staff/compliance/").text
-    assert "<strong>1</strong> subscription of erased people is not yet tombstoned" in page
+    assert "<strong>1</strong> subscription of erased people is not tombstoned" in page
     assert "tell the operators" in page
+
+
+def test_a_device_registering_again_is_no_longer_pending(app, officer, person):
+    officer.post(f"/staff/compliance/subscribers/{person.subscriber_id}/erase", {"confirm": "y"})
+    again = app.test_client().post(
+        "/api/push/subscribe", json={"subscription": person.sub.to_json()}
+    )
+    assert again.status_code == 200  # the tombstone comes back for a new subscriber
+    page = officer.get("/staff/compliance/").text
+    assert "<strong>0</strong> devices of erased people have not yet been told to stop" in page
 
 
 def test_the_dashboard_is_listed_for_compliance(app, officer):
