@@ -8,6 +8,7 @@ the run, migrated, emptied after every test and dropped at the end.
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import os
 import shutil
 import uuid
@@ -218,13 +219,10 @@ TOPICS = [
 ]
 
 
-@pytest.fixture
-def catalogue_ready(app, clock):
-    """Four topics (each class × each default) and a published policy."""
+def publish_test_catalogue(app: Flask, now: dt.datetime) -> None:
+    """Policy v1 and the four TOPICS (each class × each default), published at ``now``."""
     with db.begin(app) as session:
-        catalogue.publish_policy(
-            session, version="v1", text="We send what you choose.", now=clock.now()
-        )
+        catalogue.publish_policy(session, version="v1", text="We send what you choose.", now=now)
         for slug, category, transactional, default in TOPICS:
             catalogue.add_topic(
                 session,
@@ -234,6 +232,12 @@ def catalogue_ready(app, clock):
                 description=f"About {slug}.",
                 transactional=transactional,
                 default_state=default,
-                now=clock.now(),
+                now=now,
             )
+
+
+@pytest.fixture
+def catalogue_ready(app, clock):
+    """Four topics (each class × each default) and a published policy."""
+    publish_test_catalogue(app, clock.now())
     return app

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import requests
 
+from portal.config import Settings
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -34,6 +36,27 @@ def clean_environ(**extra: str) -> dict[str, str]:
     environ = {k: v for k, v in os.environ.items() if not k.startswith(prefixes)}
     environ.update(extra)
     return environ
+
+
+def portal_process_environ(settings: Settings, tmp_path: Path, **extra: str) -> dict[str, str]:
+    """A portal process's whole configuration from the environment alone: this test's
+    database, secret and keys, in development mode with no migration or demo data."""
+    from tests.conftest import KEY_V1, VAPID_PRIVATE, VAPID_PUBLIC
+
+    return clean_environ(
+        PORTAL_ENV="development",
+        PORTAL_INSTANCE_PATH=str(tmp_path / "instance"),
+        PORTAL_AUTO_MIGRATE="off",
+        PORTAL_DEMO_DATA="off",
+        DATABASE_URL=settings.database_url,
+        SECRET_KEY=settings.secret_key,
+        VAPID_PRIVATE_KEY=VAPID_PRIVATE,
+        VAPID_PUBLIC_KEY=VAPID_PUBLIC,
+        VAPID_SUBJECT="mailto:ops@example.test",
+        SUBSCRIPTION_AUTH_KEY_V1=KEY_V1,
+        SUBSCRIPTION_AUTH_KEY_VERSION="1",
+        **extra,
+    )
 
 
 def wait_until_up(url: str, process: subprocess.Popen, timeout: float = 60) -> requests.Response:

@@ -100,21 +100,15 @@ def test_development_accepts_any_well_formed_data_key(tmp_path):
     assert settings.auth_keys[1] == bytes(32)
 
 
-@pytest.mark.parametrize(
-    ("name", "value"),
-    [
-        ("VAPID_PRIVATE_KEY", "changeme"),
-        ("SUBSCRIPTION_AUTH_KEY_V1", base64.b64encode(bytes(32)).decode()),
-    ],
-)
-def test_production_start_names_a_default_key_in_one_line(tmp_path, name, value):
+def _start(tmp_path: Path, settings: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``flask routes`` in a fresh process with only ``settings`` for configuration."""
     environ = {
         k: v
         for k, v in os.environ.items()
         if not k.startswith(("SECRET", "VAPID", "SUBSCRIPTION", "PORTAL", "DATABASE"))
     }
-    environ |= GOOD_PRODUCTION | {name: value, "PORTAL_INSTANCE_PATH": str(tmp_path)}
-    result = subprocess.run(
+    environ |= settings | {"PORTAL_INSTANCE_PATH": str(tmp_path)}
+    return subprocess.run(
         [sys.executable, "-m", "flask", "--app", "app", "routes"],
         cwd=ROOT,
         env=environ,
@@ -123,6 +117,17 @@ def test_production_start_names_a_default_key_in_one_line(tmp_path, name, value)
         timeout=60,
         check=False,
     )
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("VAPID_PRIVATE_KEY", "changeme"),
+        ("SUBSCRIPTION_AUTH_KEY_V1", base64.b64encode(bytes(32)).decode()),
+    ],
+)
+def test_production_start_names_a_default_key_in_one_line(tmp_path, name, value):
+    result = _start(tmp_path, GOOD_PRODUCTION | {name: value})
     assert result.returncode != 0
     assert result.stderr.strip().splitlines() == [
         f"portal: configuration error: {name} is missing or left at a default: "
@@ -151,22 +156,7 @@ def test_the_dispatch_lease_comes_from_the_environment_and_is_never_zero(tmp_pat
 
 
 def test_production_start_fails_with_one_line_naming_the_variable(tmp_path):
-    environ = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("SECRET", "VAPID", "SUBSCRIPTION", "PORTAL", "DATABASE"))
-    }
-    environ |= {k: v for k, v in GOOD_PRODUCTION.items() if k != "SECRET_KEY"}
-    environ["PORTAL_INSTANCE_PATH"] = str(tmp_path)
-    result = subprocess.run(
-        [sys.executable, "-m", "flask", "--app", "app", "routes"],
-        cwd=ROOT,
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = _start(tmp_path, {k: v for k, v in GOOD_PRODUCTION.items() if k != "SECRET_KEY"})
     assert result.returncode != 0
     lines = result.stderr.strip().splitlines()
     assert lines == [

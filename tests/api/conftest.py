@@ -17,9 +17,7 @@ from flask import Flask
 
 from portal.clock import FrozenClock
 from portal.config import b64url_encode
-from portal.consent import catalogue
-from portal.db import db
-from tests.conftest import TOPICS
+from tests.conftest import TOPICS, publish_test_catalogue
 
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 POLICY = "v1"
@@ -91,19 +89,7 @@ def api_app(app: Flask) -> Flask:
 @pytest.fixture
 def world(api_app: Flask) -> World:
     """Four topics, policy v1, and three subscriptions (one revoked) made through the API."""
-    with db.begin(api_app) as session:
-        catalogue.publish_policy(session, version=POLICY, text="We send what you choose.", now=NOW)
-        for slug, category, transactional, default in TOPICS:
-            catalogue.add_topic(
-                session,
-                slug=slug,
-                category=category,
-                label=slug.replace("-", " ").title(),
-                description=f"About {slug}.",
-                transactional=transactional,
-                default_state=default,
-                now=NOW,
-            )
+    publish_test_catalogue(api_app, NOW)
     client = api_app.test_client()
     endpoints = []
     for index, token in enumerate(("seed-one", "seed-two", "seed-three")):

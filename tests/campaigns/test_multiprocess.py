@@ -34,10 +34,9 @@ from portal.db import db, uuid7
 from portal.operations.models import JobRun
 from portal.subscriptions.models import PushSubscription, Subscriber, SubscriptionState
 from portal.subscriptions.validation import endpoint_hash
-from tests.conftest import KEY_V1, VAPID_PRIVATE, VAPID_PUBLIC
 from tests.factories import BrowserSubscription, SubscriptionFactory
 from tests.fakepush import Answer, FakePushProcess, Received, token_of
-from tests.support import ROOT, clean_environ, stop
+from tests.support import ROOT, portal_process_environ, stop
 
 log = logging.getLogger(__name__)
 pytestmark = [pytest.mark.postgres_only, pytest.mark.slow]
@@ -97,18 +96,9 @@ def launch(app: Flask) -> uuid.UUID:
 def environ(settings: Settings, push: FakePushProcess, tmp_path: Path, **extra: str) -> dict:
     """A dispatching process's whole configuration: this test's database and keys, the
     fake service allowed and its CA trusted, a dispatch tick every second."""
-    return clean_environ(
-        PORTAL_ENV="development",
-        PORTAL_INSTANCE_PATH=str(tmp_path / "instance"),
-        PORTAL_AUTO_MIGRATE="off",
-        PORTAL_DEMO_DATA="off",
-        DATABASE_URL=settings.database_url,
-        SECRET_KEY=settings.secret_key,
-        VAPID_PRIVATE_KEY=VAPID_PRIVATE,
-        VAPID_PUBLIC_KEY=VAPID_PUBLIC,
-        VAPID_SUBJECT="mailto:ops@example.test",
-        SUBSCRIPTION_AUTH_KEY_V1=KEY_V1,
-        SUBSCRIPTION_AUTH_KEY_VERSION="1",
+    return portal_process_environ(
+        settings,
+        tmp_path,
         PUSH_ALLOWED_HOSTS=push.origin.removeprefix("https://"),
         PUSH_CA_BUNDLE=push.ca_bundle,
         DISPATCH_TICK_SECONDS="1",

@@ -20,13 +20,11 @@ import pytest
 import sqlalchemy as sa
 
 from portal import create_app
-from portal.config import Settings
 from portal.jobs import JOBS, JobReport, job, job_names
 from portal.operations import scheduler as scheduling
 from portal.operations.scheduler import SINGLETON_JOBS, JobBusy, job_lock, run_recorded
-from tests.conftest import KEY_V1, VAPID_PRIVATE, VAPID_PUBLIC
 from tests.helpers import all_rows
-from tests.support import ROOT, clean_environ
+from tests.support import ROOT, portal_process_environ
 
 
 def test_a_job_lock_is_exclusive(app):
@@ -175,24 +173,6 @@ def test_shutdown_waits_for_the_batch_in_hand_and_the_job_stops_after_it(
         engine.dispose()
 
 
-def _scheduler_environ(settings: Settings, tmp_path: Path, **extra: str) -> dict[str, str]:
-    """``portal scheduler``'s whole configuration, from the environment alone."""
-    return clean_environ(
-        PORTAL_ENV="development",
-        PORTAL_INSTANCE_PATH=str(tmp_path / "instance"),
-        PORTAL_AUTO_MIGRATE="off",
-        PORTAL_DEMO_DATA="off",
-        DATABASE_URL=settings.database_url,
-        SECRET_KEY=settings.secret_key,
-        VAPID_PRIVATE_KEY=VAPID_PRIVATE,
-        VAPID_PUBLIC_KEY=VAPID_PUBLIC,
-        VAPID_SUBJECT="mailto:ops@example.test",
-        SUBSCRIPTION_AUTH_KEY_V1=KEY_V1,
-        SUBSCRIPTION_AUTH_KEY_VERSION="1",
-        **extra,
-    )
-
-
 class SchedulerProcess:
     """``flask --app app portal scheduler``, its output in a file."""
 
@@ -248,7 +228,7 @@ def test_the_scheduler_command_runs_the_jobs_and_stops_cleanly_on_sigterm(
     settings, engine, tmp_path, scheduler_processes
 ):
     process = scheduler_processes(
-        _scheduler_environ(settings, tmp_path), tmp_path / "scheduler.log"
+        portal_process_environ(settings, tmp_path), tmp_path / "scheduler.log"
     )
     process.wait_ready()
     deadline = time.monotonic() + 60
@@ -274,7 +254,7 @@ def test_three_scheduler_processes_run_each_singleton_job_once_per_interval(
 ):
     """Three ``portal scheduler`` processes on one database, every singleton job due
     every 2 s: each job runs once per interval across all three, whichever runs it."""
-    environ = _scheduler_environ(
+    environ = portal_process_environ(
         settings,
         tmp_path,
         **{

@@ -129,12 +129,8 @@ class _StopAfterOneBatch:
         raise _Interrupted
 
 
-def test_backfill_walks_in_chunks_and_picks_up_after_an_interruption(
-    app, client, engine, subscriptions
-):
-    from portal.subscriptions.jobs import backfill_endpoint_hash
-
-    _subscribe(client, subscriptions, 5)
+def _give_every_row_a_wrong_hash(engine) -> None:
+    """A distinct wrong digest on each row (the unique index holds meanwhile)."""
     with engine.begin() as conn:
         ids = conn.execute(sa.text("SELECT id FROM push_subscription ORDER BY id")).scalars().all()
         for index, row_id in enumerate(ids):
@@ -142,6 +138,15 @@ def test_backfill_walks_in_chunks_and_picks_up_after_an_interruption(
                 sa.text("UPDATE push_subscription SET endpoint_hash = :h WHERE id = :i"),
                 {"h": bytes([index + 1]) * 32, "i": row_id},
             )
+
+
+def test_backfill_walks_in_chunks_and_picks_up_after_an_interruption(
+    app, client, engine, subscriptions
+):
+    from portal.subscriptions.jobs import backfill_endpoint_hash
+
+    _subscribe(client, subscriptions, 5)
+    _give_every_row_a_wrong_hash(engine)
     stopped = _StopAfterOneBatch()
     with pytest.raises(_Interrupted):
         backfill_endpoint_hash(app, batch_size=2, progress=stopped)
@@ -164,13 +169,7 @@ def test_backfill_pauses_between_chunks_and_stops_when_a_replica_falls_behind(
     from portal.subscriptions.jobs import backfill_endpoint_hash
 
     _subscribe(client, subscriptions, 5)
-    with engine.begin() as conn:
-        ids = conn.execute(sa.text("SELECT id FROM push_subscription ORDER BY id")).scalars().all()
-        for index, row_id in enumerate(ids):
-            conn.execute(
-                sa.text("UPDATE push_subscription SET endpoint_hash = :h WHERE id = :i"),
-                {"h": bytes([index + 1]) * 32, "i": row_id},
-            )
+    _give_every_row_a_wrong_hash(engine)
     pauses: list[float] = []
     lags = iter([0.5, 42.0])
     report = backfill_endpoint_hash(
