@@ -12,7 +12,7 @@ import datetime as dt
 import threading
 import uuid
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -24,9 +24,10 @@ from sqlalchemy.orm import Session
 from portal.config import RetentionSettings
 from portal.consent import log
 from portal.consent.models import EventKind, Source, TopicPreference
-from portal.db import affected_rows, db, is_postgres
+from portal.db import affected_rows, is_postgres
 from portal.jobs import JobReport, Progress
 from portal.retention.models import RetentionCounter
+from portal.subscriptions.batches import subscription_batches
 from portal.subscriptions.models import EndReason, PushSubscription, Subscriber, SubscriptionState
 
 _t = cast(sa.Table, PushSubscription.__table__)
@@ -54,40 +55,6 @@ def months_before(when: dt.datetime, months: int) -> dt.datetime:
     next_month = dt.date(year + (month == 12), month % 12 + 1, 1)
     last_day = (next_month - dt.timedelta(days=1)).day
     return when.replace(year=year, month=month, day=min(when.day, last_day))
-
-
-def _batches(
-    app: Flask,
-    candidates: sa.ColumnElement[bool],
-    *,
-    batch_size: int,
-    progress: Progress,
-    handle: Callable[[Session, Sequence[sa.Row[Any]]], int],
-    stop: threading.Event | None,
-    report: JobReport,
-    columns: tuple[sa.ColumnElement[Any], ...] = (),
-    appends_events: bool = False,
-) -> None:
-    with db.begin(app) as session:
-        progress.start(session.execute(sa.select(sa.func.count()).where(candidates)).scalar_one())
-    last_id: uuid.UUID | None = None
-    while stop is None or not stop.is_set():
-        with db.begin(app) as session:
-            if appends_events:
-                log.lock_chain(session)  # before the row locks, as every appender does
-            query = sa.select(_t.c.id, *columns).where(candidates)
-            if last_id is not None:
-                query = query.where(_t.c.id > last_id)
-            query = query.order_by(_t.c.id).limit(batch_size)
-            if is_postgres(session):
-                query = query.with_for_update(skip_locked=True)
-            rows = session.execute(query).all()
-            if not rows:
-                return
-            report.changed += handle(session, rows)
-            last_id = rows[-1].id
-        report.processed += len(rows)
-        progress.advance(len(rows))
 
 
 def sweep(
@@ -120,7 +87,7 @@ def sweep(
             .values(state=SubscriptionState.STALE.value, stale_at=now),
         )
 
-    _batches(
+    subscription_batches(
         app,
         quiet,
         batch_size=retention.batch_size,
@@ -175,7 +142,7 @@ def sweep(
         )
         return len(ended)
 
-    _batches(
+    subscription_batches(
         app,
         overdue,
         # Every subscribe waits for the chain lock this phase holds for a whole batch.
@@ -220,7 +187,7 @@ def tombstone(
             .values(**tombstone_values(now)),
         )
 
-    _batches(
+    subscription_batches(
         app,
         ended,
         batch_size=retention.batch_size,
@@ -268,7 +235,7 @@ def purge(
             )
         return affected_rows(session, sa.delete(_t).where(_t.c.id.in_([r.id for r in rows])))
 
-    _batches(
+    subscription_batches(
         app,
         old,
         batch_size=retention.batch_size,

@@ -10,8 +10,8 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Callable
-from typing import cast
+from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 import sqlalchemy as sa
 from flask import Flask
@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 
 from portal.db import affected_rows, db, is_postgres
 from portal.jobs import JobReport, Progress, job
+from portal.subscriptions.batches import subscription_batches
 from portal.subscriptions.models import PushSubscription
 from portal.subscriptions.sealing import KeyRing, SealBroken, UnknownKeyVersion
 from portal.subscriptions.validation import endpoint_hash
@@ -43,42 +44,39 @@ def reseal(
     """
     report = JobReport("reseal")
     current = keys.current_version
-    pending = (_t.c.auth_sealed.is_not(None)) & (_t.c.auth_key_version != current)
-    with db.begin(app) as session:
-        progress.start(session.execute(sa.select(sa.func.count()).where(pending)).scalar_one())
-    last_id: uuid.UUID | None = None
-    while stop is None or not stop.is_set():
-        with db.begin(app) as session:
-            query = sa.select(_t.c.id, _t.c.auth_sealed, _t.c.auth_key_version).where(pending)
-            if last_id is not None:
-                query = query.where(_t.c.id > last_id)
-            query = query.order_by(_t.c.id).limit(batch_size)
-            if is_postgres(session):
-                # Another re-seal run (another process) takes other rows meanwhile.
-                query = query.with_for_update(skip_locked=True)
-            rows = session.execute(query).all()
-            if not rows:
-                break
-            for row in rows:
-                try:
-                    secret = keys.open(row.auth_sealed, row.auth_key_version)
-                except (UnknownKeyVersion, SealBroken) as problem:
-                    report.problems.append(f"subscription {row.id}: {problem}")
-                    continue
-                sealed = keys.seal(secret)
-                report.changed += affected_rows(
-                    session,
-                    sa.update(_t)
-                    .where(
-                        _t.c.id == row.id,
-                        _t.c.auth_key_version == row.auth_key_version,
-                        _t.c.auth_sealed == row.auth_sealed,
-                    )
-                    .values(auth_sealed=sealed.sealed, auth_key_version=sealed.key_version),
+
+    def move(session: Session, rows: Sequence[sa.Row[Any]]) -> int:
+        changed = 0
+        for row in rows:
+            try:
+                secret = keys.open(row.auth_sealed, row.auth_key_version)
+            except (UnknownKeyVersion, SealBroken) as problem:
+                report.problems.append(f"subscription {row.id}: {problem}")
+                continue
+            sealed = keys.seal(secret)
+            changed += affected_rows(
+                session,
+                sa.update(_t)
+                .where(
+                    _t.c.id == row.id,
+                    _t.c.auth_key_version == row.auth_key_version,
+                    _t.c.auth_sealed == row.auth_sealed,
                 )
-            last_id = rows[-1].id
-        report.processed += len(rows)
-        progress.advance(len(rows))
+                .values(auth_sealed=sealed.sealed, auth_key_version=sealed.key_version),
+            )
+        return changed
+
+    # Another re-seal run (another process) takes other rows meanwhile: SKIP LOCKED.
+    subscription_batches(
+        app,
+        (_t.c.auth_sealed.is_not(None)) & (_t.c.auth_key_version != current),
+        batch_size=batch_size,
+        progress=progress,
+        handle=move,
+        stop=stop,
+        report=report,
+        columns=(_t.c.auth_sealed, _t.c.auth_key_version),
+    )
     return report
 
 
