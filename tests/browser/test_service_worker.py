@@ -30,27 +30,31 @@ NOTIFICATIONS = """async () => {
 # a notification caught half-shown stays on screen but is never listed again. The probe runs
 # in the worker's global scope before the first push (through the worker's own showNotification
 # and waitUntil, which it only counts and passes on) and records, for each push event, how its
-# waitUntil promise ended, how many showNotification calls were still under way at that
-# moment (a push must not end before its notification is on screen) and, once none is, which
-# notifications are open. Reading only then never races a display.
+# waitUntil promise ended and, at that moment, how many showNotification calls were still
+# under way and the tags of those done (a push must not end before its notification is on
+# screen); then, once no call is under way, which notifications are open. Reading only then
+# never races a display.
 PUSH_PROBE = """() => {
   if (self.__pushProbe) return true;
-  const probe = {showing: 0, pushes: []};
+  const probe = {showing: 0, shown: [], pushes: []};
   const show = ServiceWorkerRegistration.prototype.showNotification;
-  ServiceWorkerRegistration.prototype.showNotification = function (...args) {
+  ServiceWorkerRegistration.prototype.showNotification = function (title, options) {
     probe.showing += 1;
-    return show.apply(this, args).finally(() => { probe.showing -= 1; });
+    return show.call(this, title, options).then(
+      (value) => { probe.shown.push((options && options.tag) || ''); return value; },
+    ).finally(() => { probe.showing -= 1; });
   };
   const waitUntil = ExtendableEvent.prototype.waitUntil;
   ExtendableEvent.prototype.waitUntil = function (promise) {
     if (this.type === 'push') {
-      const push = {outcome: 'pending', error: null, showing: null, open: null};
+      const push = {outcome: 'pending', error: null, showing: null, shown: null, open: null};
       probe.pushes.push(push);
       Promise.resolve(promise)
         .then(() => { push.outcome = 'fulfilled'; },
               (error) => { push.outcome = 'rejected'; push.error = String(error); })
         .then(async () => {
           push.showing = probe.showing;
+          push.shown = [...probe.shown];
           while (probe.showing > 0) await new Promise((r) => setTimeout(r, 10));
           push.open = (await self.registration.getNotifications()).map(n => ({
             title: n.title, body: n.body, tag: n.tag, icon: n.icon, data: n.data,
@@ -139,7 +143,8 @@ class PushChannel:
     def ended(self, count: int, timeout: float = 15) -> list[dict[str, Any]]:
         """The first ``count`` push events once each has ended: ``outcome`` of its
         waitUntil promise, ``showing`` (showNotification calls still under way when it
-        ended) and ``open`` (the notifications open afterwards)."""
+        ended), ``shown`` (the tags of those done by then) and ``open`` (the notifications
+        open afterwards)."""
         deadline = time.monotonic() + timeout
         pushes: list[dict[str, Any]] | None = []
         while time.monotonic() < deadline:
@@ -177,8 +182,9 @@ def notifications(page: Page) -> list[dict[str, Any]]:
 
 
 def on_screen(push: dict[str, Any]) -> list[dict[str, Any]]:
-    """What a push that ended left on screen, after checking what every push owes: its
-    promise fulfilled and nothing of it still on its way to the screen when it ended."""
+    """What a push that ended alone left on screen, after checking what every push owes:
+    its promise fulfilled and no notification still on its way to the screen when it ended
+    (with no other push under way, any such notification would be its own)."""
     assert push["outcome"] == "fulfilled", push["error"]
     assert push["showing"] == 0, f"the push ended before its notification was on screen: {push}"
     return push["open"]
@@ -260,6 +266,28 @@ def test_the_same_delivery_twice_shows_once(worker_page, server):
     wait_for_receipts(server, after["deliveryId"], 1)
     assert [n for n in notifications(page) if n["tag"] == "campaign-41"] == [first]
     assert receipts(server, sent["deliveryId"]) == ["shown"]
+
+
+def test_a_repeat_arriving_while_the_first_is_being_shown_replaces_it(worker_page, server):
+    # Two copies of a delivery a moment apart (a send repeated on a new connection, both
+    # handed over at once): neither push may end before the delivery's notification is on
+    # screen, and it ends as one notification. Each delivery has a tag of its own, so a
+    # tag among those shown when a push ended is that delivery's notification.
+    page, channel = worker_page
+    sent = [message(tag=f"campaign-{n}") for n in range(5)]
+    for index, delivery in enumerate(sent):
+        channel.push(delivery)
+        channel.push(delivery)
+        for push in channel.ended(2 * index + 2)[-2:]:
+            assert push["outcome"] == "fulfilled", push["error"]
+            assert delivery["tag"] in push["shown"], (
+                f"a push ended before its notification was on screen: {push}"
+            )
+            (shown,) = (n for n in push["open"] if n["tag"] == delivery["tag"])
+            assert shown["data"]["deliveryId"] == delivery["deliveryId"]
+    for delivery in sent:
+        assert wait_for_receipts(server, delivery["deliveryId"], 1) == ["shown"]
+    assert sorted(n["tag"] for n in notifications(page)) == [d["tag"] for d in sent]
 
 
 def test_a_repeat_of_a_dismissed_delivery_does_not_come_back(worker_page, server):
