@@ -253,9 +253,11 @@ def test_the_same_delivery_twice_shows_once(worker_page, server):
     channel.push(sent)
     (first,) = on_screen(channel.last_ended(1))
     channel.push(sent)  # the repeat a crashed sender may make
-    # The repeat replaced the notification in place: the push ended with it on screen,
-    # still the one notification of the delivery.
-    assert on_screen(channel.last_ended(2)) == [first]
+    # The repeat showed it again under its tag, which replaced it in place: the push ended
+    # with it on screen, still the one notification of the delivery.
+    repeat = channel.last_ended(2)
+    assert on_screen(repeat) == [first]
+    assert repeat["shown"] == ["campaign-41", "campaign-41"]
     wait_for_receipts(server, sent["deliveryId"], 1)
     after = message(tag="campaign-42", title="Later")
     channel.push(after)
@@ -302,7 +304,9 @@ def test_a_repeat_of_a_dismissed_delivery_does_not_come_back(worker_page, server
     assert notifications(page) == []
     channel.push(sent)
     # The one push that ends with nothing on screen, by design (README, the service worker).
-    assert on_screen(channel.last_ended(2)) == []
+    repeat = channel.last_ended(2)
+    assert on_screen(repeat) == []
+    assert repeat["shown"] == ["campaign-41"]  # not shown again
     assert notifications(page) == []
     assert receipts(server, sent["deliveryId"]) == ["shown"]
 
