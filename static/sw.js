@@ -13,6 +13,10 @@ var DB_NAME = "portal-sw";
 var DB_VERSION = 1;
 var SEEN = "seen-deliveries";
 var MAX_SEEN = 500; // repeats come from a crashed send, minutes apart: 500 ids is ample
+// First sightings whose notification is being shown right now, by delivery id. Their
+// transactions complete one after another, and a first sighting is entered here before the
+// next one completes, so a repeat in this worker finds it while it is still being shown.
+var showing = new Map();
 
 self.addEventListener("install", function () {
   self.skipWaiting();
@@ -171,9 +175,26 @@ async function handlePush(message) {
     first = true; // storage failed: showing twice is better than never showing
   }
   if (first) {
-    await self.registration.showNotification(title, options);
+    var shown = self.registration.showNotification(title, options);
+    showing.set(deliveryId, shown);
+    try {
+      await shown;
+    } finally {
+      showing.delete(deliveryId);
+    }
     await report(deliveryId, "shown");
     return undefined;
+  }
+
+  // A repeat that arrives while the first is still being shown waits for it: until then
+  // it is not among the open notifications, and this push would end with nothing on screen.
+  var pending = showing.get(deliveryId);
+  if (pending) {
+    try {
+      await pending;
+    } catch (_) {
+      /* it was not shown: there is nothing to replace */
+    }
   }
 
   // A repeat of a delivery already shown (a send repeated after a crash). If its

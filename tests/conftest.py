@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import os
+import re
 import shutil
 import uuid
 from collections.abc import Iterator
@@ -42,6 +43,29 @@ KEY_V1 = base64.b64encode(b"\x01" * 32).decode()
 KEY_V2 = base64.b64encode(b"\x02" * 32).decode()
 VAPID_PRIVATE, VAPID_PUBLIC = generate_vapid_keys()
 EXPORT_SIGNING_KEY = generate_signing_key()
+
+
+# A test that fails only sometimes is a defect to find, never one to run again until it
+# passes: the run refuses to start with a plugin that reruns or retries failed tests.
+RERUN_PLUGIN = re.compile(r"rerun|retry|flaky", re.IGNORECASE)
+
+
+def rerun_plugins(config: pytest.Config) -> list[str]:
+    """The loaded pytest plugins that rerun or retry failed tests, as "module (-p no:name)"."""
+    found = set()
+    for name, plugin in config.pluginmanager.list_name_plugin():
+        module = getattr(plugin, "__name__", None) or type(plugin).__module__
+        if RERUN_PLUGIN.search(module):
+            found.add(f"{module} (-p no:{name})")
+    return sorted(found)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if found := rerun_plugins(config):
+        raise pytest.UsageError(
+            f"a plugin that reruns failed tests is loaded: {', '.join(found)}; a flaky test "
+            "must fail the run: uninstall the plugin or disable it"
+        )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

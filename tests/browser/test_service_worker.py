@@ -24,13 +24,69 @@ NOTIFICATIONS = """async () => {
   }));
 }"""
 
+# How a test sees what a push did. Polling getNotifications() while a notification is being
+# shown is no way to watch: Chromium's getNotifications() drops from its notification
+# database every entry created before the call that is not yet among the displayed ones, so
+# a notification caught half-shown stays on screen but is never listed again. The probe runs
+# in the worker's global scope before the first push (through the worker's own showNotification
+# and waitUntil, which it only counts and passes on) and records, for each push event, how its
+# waitUntil promise ended and, at that moment, how many showNotification calls were still
+# under way and the tags of those done (a push must not end before its notification is on
+# screen); then, once no call is under way, which notifications are open. Reading only then
+# never races a display.
+PUSH_PROBE = """() => {
+  if (self.__pushProbe) return true;
+  const probe = {showing: 0, shown: [], pushes: []};
+  const show = ServiceWorkerRegistration.prototype.showNotification;
+  ServiceWorkerRegistration.prototype.showNotification = function (title, options) {
+    probe.showing += 1;
+    return show.call(this, title, options).then(
+      (value) => { probe.shown.push((options && options.tag) || ''); return value; },
+    ).finally(() => { probe.showing -= 1; });
+  };
+  const waitUntil = ExtendableEvent.prototype.waitUntil;
+  ExtendableEvent.prototype.waitUntil = function (promise) {
+    if (this.type === 'push') {
+      const push = {outcome: 'pending', error: null, showing: null, shown: null, open: null};
+      probe.pushes.push(push);
+      Promise.resolve(promise)
+        .then(() => { push.outcome = 'fulfilled'; },
+              (error) => { push.outcome = 'rejected'; push.error = String(error); })
+        .then(async () => {
+          push.showing = probe.showing;
+          push.shown = [...probe.shown];
+          while (probe.showing > 0) await new Promise((r) => setTimeout(r, 10));
+          push.open = (await self.registration.getNotifications()).map(n => ({
+            title: n.title, body: n.body, tag: n.tag, icon: n.icon, data: n.data,
+          }));
+        });
+    }
+    return waitUntil.call(this, promise);
+  };
+  self.__pushProbe = probe;
+  return true;
+}"""
+
+PUSHES = "() => self.__pushProbe ? self.__pushProbe.pushes : null"
+
+
+def worker(context: BrowserContext) -> Worker:
+    """The portal's service worker, to run code in its own global scope."""
+    for candidate in context.service_workers:
+        if candidate.url.endswith("/sw.js"):
+            return candidate
+    return context.wait_for_event("serviceworker", timeout=10_000)
+
 
 class PushChannel:
-    """A page-level DevTools session that knows the worker's registration id."""
+    """A page-level DevTools session that knows the worker's registration id, and the
+    worker's push probe that says when each push ended and what it left on screen."""
 
     def __init__(self, context: BrowserContext, page: Page, origin: str) -> None:
         self.origin = origin
         self.page = page
+        self.worker = worker(context)
+        assert self.worker.evaluate(PUSH_PROBE)
         self.cdp: CDPSession = context.new_cdp_session(page)
         self.registrations: dict[str, dict[str, Any]] = {}
         self.versions: dict[str, dict[str, Any]] = {}
@@ -74,15 +130,36 @@ class PushChannel:
             f"no activated service worker registration seen: {self.registrations} {self.versions}"
         )
 
-    def push(self, message: dict[str, Any]) -> None:
+    def deliver(self, data: str) -> None:
+        """A push whose decrypted body is ``data`` (empty: a push without a body)."""
         self.cdp.send(
             "ServiceWorker.deliverPushMessage",
-            {
-                "origin": self.origin,
-                "registrationId": self.registration_id(),
-                "data": json.dumps(message),
-            },
+            {"origin": self.origin, "registrationId": self.registration_id(), "data": data},
         )
+
+    def push(self, message: dict[str, Any]) -> None:
+        self.deliver(json.dumps(message))
+
+    def ended(self, count: int, timeout: float = 15) -> list[dict[str, Any]]:
+        """The first ``count`` push events once each has ended: ``outcome`` of its
+        waitUntil promise, ``showing`` (showNotification calls still under way when it
+        ended), ``shown`` (the tags of those done by then) and ``open`` (the notifications
+        open afterwards)."""
+        deadline = time.monotonic() + timeout
+        pushes: list[dict[str, Any]] | None = []
+        while time.monotonic() < deadline:
+            pushes = self.worker.evaluate(PUSHES)
+            if pushes is None:
+                raise AssertionError("the service worker restarted: its push probe is gone")
+            if len(pushes) >= count and all(p["open"] is not None for p in pushes[:count]):
+                return pushes[:count]
+            time.sleep(0.02)
+        raise AssertionError(
+            f"expected {count} push events to end, saw {pushes}; worker errors: {self.errors}"
+        )
+
+    def last_ended(self, count: int) -> dict[str, Any]:
+        return self.ended(count)[-1]
 
 
 @pytest.fixture
@@ -100,22 +177,17 @@ def worker_page(context: BrowserContext, server) -> tuple[Page, PushChannel]:
 
 
 def notifications(page: Page) -> list[dict[str, Any]]:
+    """The open notifications; read only when no push is under way (see PUSH_PROBE)."""
     return page.evaluate(NOTIFICATIONS)
 
 
-def wait_for_notifications(
-    page: Page, count: int, channel: PushChannel | None = None, timeout: float = 15
-) -> list[dict[str, Any]]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        shown = notifications(page)
-        if len(shown) >= count:
-            return shown
-        page.wait_for_timeout(50)
-    errors = channel.errors if channel else "not collected"
-    raise AssertionError(
-        f"expected {count} notifications, saw {notifications(page)}; worker errors: {errors}"
-    )
+def on_screen(push: dict[str, Any]) -> list[dict[str, Any]]:
+    """What a push that ended alone left on screen, after checking what every push owes:
+    its promise fulfilled and no notification still on its way to the screen when it ended
+    (with no other push under way, any such notification would be its own)."""
+    assert push["outcome"] == "fulfilled", push["error"]
+    assert push["showing"] == 0, f"the push ended before its notification was on screen: {push}"
+    return push["open"]
 
 
 def receipts(server, delivery_id: str) -> list[str]:
@@ -159,10 +231,10 @@ def test_sw_js_is_served_for_scope_root_without_caching(context, server):
 
 
 def test_a_push_shows_a_notification_with_its_data_and_reports_it(worker_page, server):
-    page, channel = worker_page
+    _, channel = worker_page
     sent = message()
     channel.push(sent)
-    (shown,) = wait_for_notifications(page, 1, channel)
+    (shown,) = on_screen(channel.last_ended(1))
     assert shown["title"] == sent["title"]
     assert shown["body"] == sent["body"]
     assert shown["tag"] == "campaign-41"
@@ -179,64 +251,144 @@ def test_the_same_delivery_twice_shows_once(worker_page, server):
     page, channel = worker_page
     sent = message()
     channel.push(sent)
-    wait_for_notifications(page, 1, channel)
+    (first,) = on_screen(channel.last_ended(1))
     channel.push(sent)  # the repeat a crashed sender may make
-    # A later, different delivery marks the point where the repeat has been handled.
+    # The repeat showed it again under its tag, which replaced it in place: the push ended
+    # with it on screen, still the one notification of the delivery.
+    repeat = channel.last_ended(2)
+    assert on_screen(repeat) == [first]
+    assert repeat["shown"] == ["campaign-41", "campaign-41"]
+    wait_for_receipts(server, sent["deliveryId"], 1)
     after = message(tag="campaign-42", title="Later")
     channel.push(after)
-    shown = wait_for_notifications(page, 2, channel)
+    assert sorted(n["tag"] for n in on_screen(channel.last_ended(3))) == [
+        "campaign-41",
+        "campaign-42",
+    ]
     wait_for_receipts(server, after["deliveryId"], 1)
-    page.wait_for_timeout(300)
-    assert sorted(n["tag"] for n in notifications(page)) == ["campaign-41", "campaign-42"]
-    assert [n["title"] for n in shown if n["tag"] == "campaign-41"] == [sent["title"]]
+    assert [n for n in notifications(page) if n["tag"] == "campaign-41"] == [first]
     assert receipts(server, sent["deliveryId"]) == ["shown"]
+
+
+def test_a_repeat_arriving_while_the_first_is_being_shown_replaces_it(worker_page, server):
+    # Two copies of a delivery a moment apart (a send repeated on a new connection, both
+    # handed over at once): neither push may end before the delivery's notification is on
+    # screen, and it ends as one notification. Each delivery has a tag of its own, so a
+    # tag among those shown when a push ended is that delivery's notification.
+    page, channel = worker_page
+    sent = [message(tag=f"campaign-{n}") for n in range(5)]
+    for index, delivery in enumerate(sent):
+        channel.push(delivery)
+        channel.push(delivery)
+        for push in channel.ended(2 * index + 2)[-2:]:
+            assert push["outcome"] == "fulfilled", push["error"]
+            assert delivery["tag"] in push["shown"], (
+                f"a push ended before its notification was on screen: {push}"
+            )
+            (shown,) = (n for n in push["open"] if n["tag"] == delivery["tag"])
+            assert shown["data"]["deliveryId"] == delivery["deliveryId"]
+    for delivery in sent:
+        assert wait_for_receipts(server, delivery["deliveryId"], 1) == ["shown"]
+    assert sorted(n["tag"] for n in notifications(page)) == [d["tag"] for d in sent]
 
 
 def test_a_repeat_of_a_dismissed_delivery_does_not_come_back(worker_page, server):
     page, channel = worker_page
     sent = message()
     channel.push(sent)
-    wait_for_notifications(page, 1, channel)
+    on_screen(channel.last_ended(1))
     page.evaluate(
         "async () => (await (await navigator.serviceWorker.ready).getNotifications())"
         ".forEach(n => n.close())"
     )
     assert notifications(page) == []
     channel.push(sent)
-    barrier = message(tag="campaign-43")
-    channel.push(barrier)
-    wait_for_notifications(page, 1, channel)
-    wait_for_receipts(server, barrier["deliveryId"], 1)
-    page.wait_for_timeout(300)
-    assert [n["tag"] for n in notifications(page)] == ["campaign-43"]
+    # The one push that ends with nothing on screen, by design (README, the service worker).
+    repeat = channel.last_ended(2)
+    assert on_screen(repeat) == []
+    assert repeat["shown"] == ["campaign-41"]  # not shown again
+    assert notifications(page) == []
     assert receipts(server, sent["deliveryId"]) == ["shown"]
 
 
-def test_links_and_icons_off_the_site_fall_back_to_the_site(worker_page, server):
+def test_a_newer_delivery_of_a_campaign_replaces_the_older_in_place(worker_page, server):
     page, channel = worker_page
+    older, newer = message(), message(body="It arrives on Friday.")
+    channel.push(older)
+    on_screen(channel.last_ended(1))
+    channel.push(newer)
+    (shown,) = on_screen(channel.last_ended(2))
+    assert (shown["tag"], shown["body"]) == ("campaign-41", "It arrives on Friday.")
+    assert shown["data"]["deliveryId"] == newer["deliveryId"]
+    assert notifications(page) == [shown]
+    assert wait_for_receipts(server, newer["deliveryId"], 1) == ["shown"]
+
+
+def test_links_and_icons_off_the_site_fall_back_to_the_site(worker_page, server):
+    _, channel = worker_page
     channel.push(message(url="https://phishing.example/login", icon="https://cdn.example/i.png"))
-    (shown,) = wait_for_notifications(page, 1, channel)
+    (shown,) = on_screen(channel.last_ended(1))
     assert shown["data"]["url"] == server.url + "/"
     assert shown["icon"] == ""
 
 
-def test_a_push_without_a_delivery_id_or_json_still_shows(worker_page):
+@pytest.mark.parametrize(
+    ("data", "title", "body", "tag"),
+    [
+        pytest.param("", "Notification", "", "", id="empty"),
+        pytest.param("hello", "Notification", "hello", "", id="text"),
+        pytest.param('{"title": "Hi", ', "Notification", '{"title": "Hi", ', "", id="cut-json"),
+        pytest.param(
+            json.dumps({"title": "Hi", "body": "there", "tag": "campaign-7"}),
+            "Hi",
+            "there",
+            "campaign-7",
+            id="json-without-delivery-id",
+        ),
+        pytest.param("5", "Notification", "", "", id="json-number"),
+        pytest.param('"hello"', "Notification", "", "", id="json-string"),
+        pytest.param("[1, 2]", "Notification", "", "", id="json-array"),
+        pytest.param("null", "Notification", "", "", id="json-null"),
+        pytest.param(
+            json.dumps({"deliveryId": 7, "title": ["x"], "body": {}}),
+            "Notification",
+            "",
+            "",
+            id="json-of-wrong-types",
+        ),
+        pytest.param(
+            "\x00\x01\x7f\xfe\xff", "Notification", "\x00\x01\x7f\xfe\xff", "", id="binary"
+        ),
+    ],
+)
+def test_a_push_without_a_delivery_id_or_json_still_shows(
+    worker_page, server, data, title, body, tag
+):
+    _, channel = worker_page
+    channel.deliver(data)
+    (shown,) = on_screen(channel.last_ended(1))
+    assert (shown["title"], shown["body"], shown["tag"]) == (title, body, tag)
+    assert shown["data"] == {"url": server.url + "/", "deliveryId": None, "campaignId": None}
+
+
+def test_a_push_of_bytes_that_are_not_utf8_still_shows(worker_page, server):
+    # The DevTools protocol carries text, so a body that is not UTF-8 at all is given to
+    # the worker's own handler as the push event's data, made from the raw bytes.
     page, channel = worker_page
-    channel.cdp.send(
-        "ServiceWorker.deliverPushMessage",
-        {"origin": channel.origin, "registrationId": channel.registration_id(), "data": "hello"},
+    channel.worker.evaluate(
+        """() => handlePush(payload(
+             new PushEvent('push', {data: new Uint8Array([0xff, 0xfe, 0x00, 0x80, 0xc3])}).data))"""
     )
-    (shown,) = wait_for_notifications(page, 1, channel)
-    assert shown["title"] == "Notification"
-    assert shown["body"] == "hello"
+    (shown,) = notifications(page)
+    assert (shown["title"], shown["body"]) == ("Notification", "\ufffd\ufffd\x00\ufffd\ufffd")
 
 
-def worker(context: BrowserContext) -> Worker:
-    """The portal's service worker, to run code in its own global scope."""
-    for candidate in context.service_workers:
-        if candidate.url.endswith("/sw.js"):
-            return candidate
-    return context.wait_for_event("serviceworker", timeout=10_000)
+def test_pushes_without_an_id_or_a_tag_each_show(worker_page):
+    _, channel = worker_page
+    channel.deliver("one")
+    on_screen(channel.last_ended(1))
+    channel.deliver("two")
+    assert sorted(n["body"] for n in on_screen(channel.last_ended(2))) == ["one", "two"]
 
 
 # A headless browser cannot click a notification, and a click is what lets a worker open or
@@ -255,10 +407,10 @@ CLICK = """async () => {
 
 
 def test_a_click_focuses_the_tab_already_at_the_link_and_is_reported(context, worker_page, server):
-    page, channel = worker_page
+    _, channel = worker_page
     sent = message()  # its link is /preferences?from=push
     channel.push(sent)
-    wait_for_notifications(page, 1, channel)
+    on_screen(channel.last_ended(1))
     wait_for_receipts(server, sent["deliveryId"], 1)
     tab = context.new_page()
     tab.goto("/preferences?from=push")
@@ -272,10 +424,10 @@ def test_a_click_focuses_the_tab_already_at_the_link_and_is_reported(context, wo
 
 
 def test_a_click_opens_the_link_when_no_tab_shows_it(context, worker_page, server):
-    page, channel = worker_page
+    _, channel = worker_page
     sent = message(url="/policy/2026-01")
     channel.push(sent)
-    wait_for_notifications(page, 1, channel)
+    on_screen(channel.last_ended(1))
     clicked = worker(context).evaluate(CLICK)
     assert clicked == {"opened": [server.url + "/policy/2026-01"], "focused": [], "left": 0}
     assert "clicked" in wait_for_receipts(server, sent["deliveryId"], 2)
@@ -289,7 +441,7 @@ def test_a_click_never_leaves_the_site(context, worker_page, server):
         """() => self.registration.showNotification('Hello', {
              data: {url: 'https://phishing.example/login', deliveryId: null}})"""
     )
-    wait_for_notifications(page, 1)
+    assert len(notifications(page)) == 1  # evaluate returned once it was shown
     clicked = worker(context).evaluate(CLICK)
     # The site's root instead, which the page that registered the worker shows already.
     assert page.url == server.url + "/"

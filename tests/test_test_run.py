@@ -1,0 +1,47 @@
+"""The test run itself: a test that fails fails the run, nothing reruns it until it passes
+(``tests/conftest.py`` refuses to start with such a plugin loaded)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def collect(plugins: Path, *options: str) -> subprocess.CompletedProcess[str]:
+    """A pytest run of one small file, collection only, with ``plugins`` importable."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(plugins), str(ROOT)])}
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--collect-only"]
+    return subprocess.run(
+        [*command, *options, "tests/test_smoke.py"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+# The module names of pytest-rerunfailures, pytest-retry and flaky's plugin.
+STAND_INS = ("flaky_pytest_plugin", "pytest_rerunfailures", "pytest_retry")
+
+
+def test_the_run_refuses_to_start_with_a_plugin_that_reruns_failed_tests(tmp_path):
+    for module in STAND_INS:
+        (tmp_path / f"{module}.py").write_text('"""A stand-in: loading it is what counts."""\n')
+    refused = collect(tmp_path, *(option for m in STAND_INS for option in ("-p", m)))
+    assert refused.returncode == pytest.ExitCode.USAGE_ERROR, refused.stdout + refused.stderr
+    named = ", ".join(f"{m} (-p no:{m})" for m in STAND_INS)
+    assert f"a plugin that reruns failed tests is loaded: {named};" in refused.stderr
+
+
+def test_the_run_starts_without_one(tmp_path):
+    started = collect(tmp_path)
+    assert started.returncode == pytest.ExitCode.OK, started.stdout + started.stderr
+    assert "1 test collected" in started.stdout
