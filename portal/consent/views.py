@@ -47,6 +47,7 @@ from portal.identity import (
 from portal.ratelimit import limit_endpoint
 from portal.subscriptions import services as subscription_services
 from portal.subscriptions.models import PushSubscription, Subscriber
+from portal.subscriptions.possession import proof_from
 from portal.subscriptions.validation import require_object, require_string
 from portal.useragent import family
 
@@ -350,6 +351,7 @@ def api_preferences() -> Response:
     now = portal.clock.now()
     endpoint = require_string(body.get("endpoint"), "endpoint")
     limit_endpoint(endpoint)
+    proof = proof_from(device_from_cookie(request), body.get("auth"), "auth")
     raw = body.get("decisions")
     if raw is None:
         raise ValidationError("missing_field", "decisions is required", "decisions", status=400)
@@ -388,8 +390,9 @@ def api_preferences() -> Response:
                 "invalid_state", "state is opt_in, opt_out or unset", f"{field}.state"
             )
         decisions.append(Decision(topics[slug], PreferenceState(state)))
-    sub = subscription_services.find_by_endpoint(session, endpoint)
-    if sub is None or sub.deleted_at is not None or sub.subscriber_id is None:
+    # The browser that holds the subscription, and no one else, speaks for its person.
+    sub = subscription_services.held_by_endpoint(session, endpoint, proof, keys=portal.keys)
+    if sub.deleted_at is not None or sub.subscriber_id is None:
         raise NotFound("unknown_endpoint", "no subscription has this endpoint", "endpoint")
     subscriber = session.get(Subscriber, sub.subscriber_id)
     if subscriber is None or subscriber.erased_at is not None:

@@ -104,9 +104,10 @@ BAD = [
         "endpoint",
     ),
     (
+        # Refused as any endpoint this browser does not hold: nothing says it is unknown.
         "unknown-endpoint",
         lambda e: _body("https://fcm.googleapis.com/fcm/send/unknown"),
-        404,
+        403,
         "endpoint",
     ),
     ("unknown-policy", lambda e: _body(e, policyVersion="v9"), 422, "policyVersion"),
@@ -140,7 +141,7 @@ CODES = {
     "bad-state": "invalid_state",
     "duplicate-slug": "duplicate_topic",
     "missing-endpoint": "missing_field",
-    "unknown-endpoint": "unknown_endpoint",
+    "unknown-endpoint": "not_your_subscription",
     "unknown-policy": "unknown_policy_version",
 }
 
@@ -237,8 +238,14 @@ def test_change_carries_preferences_with_an_endpoint_rotated_event(
 ):
     client.post(URL, json=_body(subscribed.endpoint))
     new = subscriptions()
+    # The service worker's request, proving the old subscription with its auth secret.
     response = app.test_client().post(
-        "/api/push/change", json={"oldEndpoint": subscribed.endpoint, "subscription": new.to_json()}
+        "/api/push/change",
+        json={
+            "oldEndpoint": subscribed.endpoint,
+            "oldAuth": subscribed.auth_b64,
+            "subscription": new.to_json(),
+        },
     )
     assert response.json["moved"] is True
     with engine.connect() as conn:
@@ -261,7 +268,8 @@ def test_change_carries_preferences_with_an_endpoint_rotated_event(
     assert new_grant == 1
     # The new endpoint speaks for the same person: its preferences are already there.
     answer = client.post(
-        URL, json=_body(new.endpoint, [{"slug": "weekly-digest", "state": "opt_in"}])
+        URL,
+        json=_body(new.endpoint, [{"slug": "weekly-digest", "state": "opt_in"}], auth=new.auth_b64),
     )
     states = {p["slug"]: p["state"] for p in answer.json["preferences"]}
     assert states["offers"] == "opt_in"
@@ -367,7 +375,10 @@ def test_a_persons_devices_share_their_preferences(app, client, engine, subscrip
         client.post("/api/push/subscribe", json={"subscription": laptop.to_json()}).status_code
         == 201
     )
-    client.post(URL, json=_body(subscribed.endpoint, [{"slug": "offers", "state": "opt_in"}]))
+    # This client's device cookie names the laptop now; the phone's endpoint is proved
+    # with its own auth secret.
+    phone = _body(subscribed.endpoint, [{"slug": "offers", "state": "opt_in"}])
+    assert client.post(URL, json={**phone, "auth": subscribed.auth_b64}).status_code == 200
     answer = client.post(
         URL, json=_body(laptop.endpoint, [{"slug": "weekly-digest", "state": "opt_in"}])
     )
