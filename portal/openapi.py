@@ -13,8 +13,9 @@ from typing import Any
 
 from flask import Blueprint, Response, current_app, jsonify
 
-from portal.consent.models import PreferenceState, Source
+from portal.consent.models import PreferenceState
 from portal.consent.preferences import Reason
+from portal.consent.sources import ROUTE_SOURCES
 from portal.delivery.models import ReceiptEvent
 from portal.subscriptions.models import SubscriptionState
 
@@ -61,7 +62,11 @@ def _auth(whose: str) -> JsonSchema:
     }
 
 
-def _schemas(endpoint_max: int) -> dict[str, JsonSchema]:
+def _sources(route: str) -> JsonSchema:
+    return {"enum": _values(*ROUTE_SOURCES[route]), "description": "Who calls (default api)."}
+
+
+def _schemas(endpoint_max: int, decided_at_skew: int) -> dict[str, JsonSchema]:
     endpoint = {"type": "string", "minLength": 1, "maxLength": endpoint_max}
     states = _values(SubscriptionState)
     return {
@@ -119,9 +124,7 @@ def _schemas(endpoint_max: int) -> dict[str, JsonSchema]:
         "SubscribeRequest": _object(
             {
                 "subscription": _ref("PushSubscription"),
-                "source": {
-                    "enum": _values(Source.API, Source.SUBSCRIBE_PAGE, Source.SERVICE_WORKER)
-                },
+                "source": _sources("subscribe"),
                 "topics": {
                     "type": ["array", "null"],
                     "items": {"type": "string"},
@@ -145,6 +148,14 @@ def _schemas(endpoint_max: int) -> dict[str, JsonSchema]:
         },
         "EndpointRequest": _object(
             {"endpoint": endpoint, "auth": _auth("the subscription at endpoint")}, ["endpoint"]
+        ),
+        "UnsubscribeRequest": _object(
+            {
+                "endpoint": endpoint,
+                "auth": _auth("the subscription at endpoint"),
+                "source": _sources("unsubscribe"),
+            },
+            ["endpoint"],
         ),
         "Heartbeat": {
             "type": "object",
@@ -203,11 +214,10 @@ def _schemas(endpoint_max: int) -> dict[str, JsonSchema]:
                 "decidedAt": {
                     "type": "string",
                     "format": "date-time",
-                    "description": "ISO 8601 with a time zone, at most 10 minutes ahead.",
+                    "description": "ISO 8601 with a time zone, at most "
+                    f"{decided_at_skew} seconds before or after the server's clock.",
                 },
-                "source": {
-                    "enum": _values(Source.API, Source.PREFERENCE_CENTRE, Source.SUBSCRIBE_PAGE)
-                },
+                "source": _sources("preferences"),
             },
             ["endpoint", "decisions", "policyVersion", "decidedAt"],
         ),
@@ -497,7 +507,7 @@ def build(settings: Any) -> dict[str, Any]:
         "/api/push/unsubscribe": {
             "post": _json_post(
                 "Stop notifications for one endpoint (revoked, logged).",
-                "EndpointRequest",
+                "UnsubscribeRequest",
                 {"200": _ok("The subscription, now revoked.", "Unsubscribed")},
                 max_body=max_body,
                 refused=_NOT_HELD,
@@ -576,7 +586,7 @@ def build(settings: Any) -> dict[str, Any]:
         },
         "paths": paths,
         "components": {
-            "schemas": _schemas(settings.endpoint_max_length),
+            "schemas": _schemas(settings.endpoint_max_length, settings.decided_at_max_skew_seconds),
             "parameters": {
                 "SecFetchSite": {
                     "name": "Sec-Fetch-Site",

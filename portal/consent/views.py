@@ -34,6 +34,7 @@ from portal.consent.preferences import (
     subscriber_with_preferences,
     topic_views,
 )
+from portal.consent.sources import source_for
 from portal.db import db
 from portal.errors import NotFound, ValidationError
 from portal.identity import (
@@ -323,7 +324,9 @@ def policy_text(version: str) -> Any:
 api.before_request(check_same_origin)
 
 
-def _parse_decided_at(value: object, now: dt.datetime) -> dt.datetime:
+def _parse_decided_at(value: object, now: dt.datetime, skew: dt.timedelta) -> dt.datetime:
+    """The client's time of the decision: ISO 8601 with a zone, within ``skew`` of the
+    server clock either way (a clock that far off, or a time made up, is refused)."""
     text = require_string(value, "decidedAt")
     try:
         when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
@@ -333,14 +336,28 @@ def _parse_decided_at(value: object, now: dt.datetime) -> dt.datetime:
         ) from None
     if when.tzinfo is None:
         raise ValidationError("invalid_datetime", "decidedAt must include a time zone", "decidedAt")
-    if when > now + dt.timedelta(minutes=10):
-        raise ValidationError("invalid_datetime", "decidedAt is in the future", "decidedAt")
     try:
-        return when.astimezone(dt.UTC)
+        when = when.astimezone(dt.UTC)
     except OverflowError:  # "0001-01-01T00:00:00+14:00" is before year 1 in UTC
         raise ValidationError(
             "invalid_datetime", "decidedAt is out of range", "decidedAt"
         ) from None
+    if abs(when - now) > skew:
+        raise ValidationError(
+            "invalid_datetime",
+            f"decidedAt must be within {_duration(skew)} of the server's clock",
+            "decidedAt",
+        )
+    return when
+
+
+def _duration(span: dt.timedelta) -> str:
+    seconds = int(span.total_seconds())
+    for unit, size in (("hour", 3600), ("minute", 60)):
+        if seconds % size == 0:
+            count = seconds // size
+            return f"{count} {unit}{'' if count == 1 else 's'}"
+    return f"{seconds} seconds"
 
 
 @api.post("/preferences")
@@ -360,14 +377,12 @@ def api_preferences() -> Response:
     if not raw:
         raise ValidationError("invalid_value", "decisions must not be empty", "decisions")
     version = require_string(body.get("policyVersion"), "policyVersion")
-    decided_at = _parse_decided_at(body.get("decidedAt"), now)
-    source = body.get("source", Source.API.value)
-    if source not in (
-        Source.API.value,
-        Source.PREFERENCE_CENTRE.value,
-        Source.SUBSCRIBE_PAGE.value,
-    ):
-        raise ValidationError("invalid_value", "source is not one this API accepts", "source")
+    decided_at = _parse_decided_at(
+        body.get("decidedAt"),
+        now,
+        dt.timedelta(seconds=portal.settings.decided_at_max_skew_seconds),
+    )
+    source = source_for("preferences", body)
     if catalogue.policy(session, version) is None:
         raise ValidationError(
             "unknown_policy_version", f"no policy version {version!r}", "policyVersion"

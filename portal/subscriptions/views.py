@@ -17,6 +17,7 @@ from portal.api import check_same_origin, json_body, request_locale, request_ori
 from portal.consent import catalogue
 from portal.consent.models import PreferenceState, Source
 from portal.consent.preferences import Decision, apply_decisions, region_for_country
+from portal.consent.sources import source_for
 from portal.db import db
 from portal.errors import ValidationError
 from portal.identity import (
@@ -98,16 +99,6 @@ def _with_cookies(response: Response, result: services.UpsertResult) -> Response
     return response
 
 
-_SOURCES = (Source.API.value, Source.SUBSCRIBE_PAGE.value, Source.SERVICE_WORKER.value)
-
-
-def _source(body: dict[str, Any]) -> str:
-    source = body.get("source", Source.API.value)
-    if source not in _SOURCES:
-        raise ValidationError("invalid_value", "source is not one this API accepts", "source")
-    return source
-
-
 def _proof(body: dict[str, Any], field: str = "auth") -> Proof:
     """What the request shows to act on a subscription: its device cookie, and the
     subscription's auth secret when the body carries one."""
@@ -159,7 +150,7 @@ def vapid_public_key() -> Response:
 def subscribe() -> tuple[Response, int]:
     body = json_body()
     subscription = _subscription(body.get("subscription"))
-    source = _source(body)
+    source = source_for("subscribe", body)
     decisions, version = _topic_choice(body)
     session = db.session
     portal = _portal()
@@ -237,6 +228,7 @@ def unsubscribe() -> Response:
     body = json_body()
     endpoint = _endpoint(body)
     proof = _proof(body)
+    source = source_for("unsubscribe", body)
     session = db.session
     portal = _portal()
     sub = services.unsubscribe_endpoint(
@@ -245,6 +237,7 @@ def unsubscribe() -> Response:
         proof,
         keys=portal.keys,
         clock=portal.clock,
+        source=source,
         context=_registration().context(),
     )
     session.commit()

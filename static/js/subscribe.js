@@ -152,7 +152,10 @@
       // The server first: if it cannot be told, nothing changes and the person can retry.
       var result = null;
       try {
-        result = await push.postJSON("/api/push/unsubscribe", push.naming(subscription));
+        result = await push.postJSON(
+          "/api/push/unsubscribe",
+          push.naming(subscription, { source: "subscribe-page" })
+        );
       } catch (_) {
         result = null;
       }

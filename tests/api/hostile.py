@@ -231,7 +231,7 @@ subscribe = st.one_of(
 # The seeded subscriptions' auth secret (AUTH) proves possession now and then, so the
 # requests a browser that holds the subscription may make are fuzzed too.
 heartbeat = body_of({"endpoint": field_of(endpoint)}, {"auth": field_of(auth)})
-unsubscribe = heartbeat
+unsubscribe = body_of({"endpoint": field_of(endpoint)}, {"auth": field_of(auth), "source": source})
 change = st.one_of(
     st.fixed_dictionaries(
         {"oldEndpoint": st.sampled_from(SEEDED), "subscription": valid_subscription},
@@ -253,6 +253,9 @@ decided_at = field_of(
             "2026-01-01T00:00:00+00:00",
             "2026-01-01T00:09:59+00:00",
             "2026-01-01T00:10:01+00:00",
+            "2025-12-31T00:00:00Z",
+            "2025-12-30T23:59:59Z",
+            "2026-01-02T00:00:01Z",
             "2026-01-01T00:00:00",
             "0001-01-01T00:00:00+14:00",
             "0001-01-01T00:00:00-14:00",

@@ -137,7 +137,7 @@ def test_happy_answers_match_the_document(api_app, api_schema, world):
         "/api/push/unsubscribe",
         "POST",
         200,
-        body={"endpoint": ENDPOINT_BASE + "fresh-two", "auth": AUTH},
+        body={"endpoint": ENDPOINT_BASE + "fresh-two", "auth": AUTH, "source": "subscribe-page"},
     )
     with db.begin(api_app) as session:
         held = session.execute(

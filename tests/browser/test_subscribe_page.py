@@ -238,6 +238,7 @@ def test_an_already_subscribed_browser_sees_it_and_can_unsubscribe(
     assert posted.value.post_data_json == {
         "endpoint": browser_subscription.endpoint,
         "auth": browser_subscription.auth_b64,
+        "source": "subscribe-page",
     }
     page.wait_for_selector("#state-unsubscribed:not([hidden])")
     assert active_element_id(page) == "state-unsubscribed"

@@ -130,7 +130,25 @@ BAD = [
         422,
         "decidedAt",
     ),
+    (
+        # The server clock is 2026-01-01T00:00:00Z; the skew allowed is 24 hours either way.
+        "decided-at-over-a-day-before",
+        lambda e: _body(e, decidedAt="2025-12-30T23:59:59Z"),
+        422,
+        "decidedAt",
+    ),
+    (
+        "decided-at-over-a-day-after",
+        lambda e: _body(e, decidedAt="2026-01-02T00:00:01Z"),
+        422,
+        "decidedAt",
+    ),
     ("bad-source", lambda e: _body(e, source="import"), 422, "source"),
+    # Only the host product's own calls reach this route: the preference centre and the
+    # subscribe page post elsewhere, so neither may be claimed here.
+    ("preference-centre-source", lambda e: _body(e, source="preference-centre"), 422, "source"),
+    ("subscribe-page-source", lambda e: _body(e, source="subscribe-page"), 422, "source"),
+    ("service-worker-source", lambda e: _body(e, source="service-worker"), 422, "source"),
 ]
 
 
@@ -163,6 +181,28 @@ def test_bad_preferences_write_nothing(
     assert error["code"] == CODES.get(case, error["code"])
     assert count_rows(engine, "topic_preference") == 0
     assert count_rows(engine, "consent_event") == events
+
+
+@pytest.mark.parametrize(
+    "decided_at", ["2025-12-31T00:00:01Z", "2026-01-01T23:59:59Z", "2026-01-01T23:59:59+23:00"]
+)
+def test_a_decision_within_a_day_of_the_server_clock_is_accepted(client, subscribed, decided_at):
+    response = client.post(URL, json=_body(subscribed.endpoint, decidedAt=decided_at))
+    assert response.status_code == 200, response.json
+
+
+def test_the_allowed_skew_of_decided_at_is_a_setting(app, client, engine, subscribed):
+    settings = app.extensions["portal.settings"].with_overrides(decided_at_max_skew_seconds=3600)
+    app.extensions["portal.settings"] = app.extensions["portal"].settings = settings
+    events = count_rows(engine, "consent_event")
+    for late in ("2025-12-31T22:59:59Z", "2026-01-01T01:00:01Z"):
+        response = client.post(URL, json=_body(subscribed.endpoint, decidedAt=late))
+        assert response.status_code == 422
+        assert response.json["error"]["field"] == "decidedAt"
+        assert "1 hour" in response.json["error"]["message"]
+    assert count_rows(engine, "consent_event") == events
+    ok = client.post(URL, json=_body(subscribed.endpoint, decidedAt="2025-12-31T23:00:01Z"))
+    assert ok.status_code == 200
 
 
 def test_preferences_of_a_revoked_device_still_apply_to_the_person(client, engine, subscribed):

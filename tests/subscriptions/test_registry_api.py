@@ -166,6 +166,29 @@ def test_unsubscribe(client, engine, subscriptions):
     assert client.post(SUBSCRIBE, json={"subscription": sub.to_json()}).json["state"] == "pending"
 
 
+def test_unsubscribe_records_the_screen_it_came_from_and_only_those_that_call_it(
+    client, engine, subscriptions
+):
+    sub = subscriptions()
+    client.post(SUBSCRIBE, json={"subscription": sub.to_json()})
+    for source in ("service-worker", "preference-centre", "staff"):
+        refused = client.post(
+            "/api/push/unsubscribe", json={"endpoint": sub.endpoint, "source": source}
+        )
+        assert refused.status_code == 422
+        assert refused.json["error"]["field"] == "source"
+    assert _rows(engine)[sub.endpoint]["state"] == "pending"
+    answer = client.post(
+        "/api/push/unsubscribe", json={"endpoint": sub.endpoint, "source": "subscribe-page"}
+    )
+    assert answer.status_code == 200
+    with engine.connect() as conn:
+        recorded = conn.execute(
+            sa.text("SELECT source FROM consent_event WHERE kind = 'unsubscribed'")
+        ).scalar_one()
+    assert recorded == "subscribe-page"
+
+
 def test_text_no_column_can_hold_is_refused_as_invalid_text(client, engine, catalogue_ready):
     """JSON may carry "\\ud800" and "\\u0000"; both are refused, naming the field, and
     nothing is written (an unpaired surrogate cannot even be hashed)."""
