@@ -170,6 +170,9 @@ class Settings:
     auto_migrate: bool = False
     identity_assertion_secrets: tuple[str, ...] = ()
     preference_link_max_age: int = 30 * 24 * 3600
+    # How far a decision's client time (the API's decidedAt) may lie from the server
+    # clock, before or after.
+    decided_at_max_skew_seconds: int = 24 * 3600
     region_header: str | None = None
     seed_demo_data: bool = False
     retention: RetentionSettings = field(default_factory=RetentionSettings)
@@ -297,6 +300,9 @@ class Settings:
             ),
             preference_link_max_age=_int(
                 environ, "PREFERENCE_LINK_MAX_AGE_SECONDS", 30 * 24 * 3600
+            ),
+            decided_at_max_skew_seconds=_positive(
+                environ, "DECIDED_AT_MAX_SKEW_SECONDS", 24 * 3600
             ),
             region_header=environ.get("REGION_HEADER") or None,
             seed_demo_data=_flag(environ, "PORTAL_DEMO_DATA", default=not production),

@@ -2,7 +2,8 @@
 
 - A signed, HttpOnly subscriber cookie set at subscription, and a device cookie naming
   the subscription this browser registered (so "stop on this device" works without
-  JavaScript).
+  JavaScript, and the endpoint-keyed API knows the browser holds that subscription:
+  ``portal.subscriptions.possession``).
 - A signed, expiring link token for links inside notifications.
 - A host product's identity assertion: ``base64url(JSON).hex(HMAC-SHA256)`` with a shared
   secret, naming the account (``sub``), its expiry (``exp``) and optionally ``region``

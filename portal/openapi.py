@@ -13,8 +13,9 @@ from typing import Any
 
 from flask import Blueprint, Response, current_app, jsonify
 
-from portal.consent.models import PreferenceState, Source
+from portal.consent.models import PreferenceState
 from portal.consent.preferences import Reason
+from portal.consent.sources import ROUTE_SOURCES
 from portal.delivery.models import ReceiptEvent
 from portal.subscriptions.models import SubscriptionState
 
@@ -52,7 +53,20 @@ def _object(properties: dict[str, JsonSchema], required: list[str]) -> JsonSchem
     return {"type": "object", "properties": properties, "required": required}
 
 
-def _schemas(endpoint_max: int) -> dict[str, JsonSchema]:
+def _auth(whose: str) -> JsonSchema:
+    return {
+        "type": "string",
+        "pattern": _AUTH,
+        "description": f"The auth secret of {whose} (its keys.auth): proof that this "
+        "browser holds it, for a browser without its portal_device cookie.",
+    }
+
+
+def _sources(route: str) -> JsonSchema:
+    return {"enum": _values(*ROUTE_SOURCES[route]), "description": "Who calls (default api)."}
+
+
+def _schemas(endpoint_max: int, decided_at_skew: int) -> dict[str, JsonSchema]:
     endpoint = {"type": "string", "minLength": 1, "maxLength": endpoint_max}
     states = _values(SubscriptionState)
     return {
@@ -110,9 +124,7 @@ def _schemas(endpoint_max: int) -> dict[str, JsonSchema]:
         "SubscribeRequest": _object(
             {
                 "subscription": _ref("PushSubscription"),
-                "source": {
-                    "enum": _values(Source.API, Source.SUBSCRIBE_PAGE, Source.SERVICE_WORKER)
-                },
+                "source": _sources("subscribe"),
                 "topics": {
                     "type": ["array", "null"],
                     "items": {"type": "string"},
@@ -134,7 +146,17 @@ def _schemas(endpoint_max: int) -> dict[str, JsonSchema]:
             "required": ["id", "state", "inserted"],
             "additionalProperties": False,
         },
-        "EndpointRequest": _object({"endpoint": endpoint}, ["endpoint"]),
+        "EndpointRequest": _object(
+            {"endpoint": endpoint, "auth": _auth("the subscription at endpoint")}, ["endpoint"]
+        ),
+        "UnsubscribeRequest": _object(
+            {
+                "endpoint": endpoint,
+                "auth": _auth("the subscription at endpoint"),
+                "source": _sources("unsubscribe"),
+            },
+            ["endpoint"],
+        ),
         "Heartbeat": {
             "type": "object",
             "properties": {
@@ -145,7 +167,11 @@ def _schemas(endpoint_max: int) -> dict[str, JsonSchema]:
             "additionalProperties": False,
         },
         "ChangeRequest": _object(
-            {"oldEndpoint": endpoint, "subscription": _ref("PushSubscription")},
+            {
+                "oldEndpoint": endpoint,
+                "oldAuth": _auth("the old subscription (event.oldSubscription)"),
+                "subscription": _ref("PushSubscription"),
+            },
             ["oldEndpoint", "subscription"],
         ),
         "Change": {
@@ -171,6 +197,7 @@ def _schemas(endpoint_max: int) -> dict[str, JsonSchema]:
         "PreferencesRequest": _object(
             {
                 "endpoint": {"type": "string", "minLength": 1},
+                "auth": _auth("the subscription at endpoint"),
                 "decisions": {
                     "type": "array",
                     "minItems": 1,
@@ -187,11 +214,10 @@ def _schemas(endpoint_max: int) -> dict[str, JsonSchema]:
                 "decidedAt": {
                     "type": "string",
                     "format": "date-time",
-                    "description": "ISO 8601 with a time zone, at most 10 minutes ahead.",
+                    "description": "ISO 8601 with a time zone, at most "
+                    f"{decided_at_skew} seconds before or after the server's clock.",
                 },
-                "source": {
-                    "enum": _values(Source.API, Source.PREFERENCE_CENTRE, Source.SUBSCRIBE_PAGE)
-                },
+                "source": _sources("preferences"),
             },
             ["endpoint", "decisions", "policyVersion", "decidedAt"],
         ),
@@ -230,6 +256,7 @@ def _schemas(endpoint_max: int) -> dict[str, JsonSchema]:
                 "deliveryId": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
                 "event": {"enum": _values(ReceiptEvent)},
                 "endpoint": {"type": ["string", "null"], "minLength": 1, "maxLength": endpoint_max},
+                "auth": _auth("the subscription the delivery went to"),
             },
             ["deliveryId", "event"],
         ),
@@ -324,11 +351,14 @@ def _json_post(
     *,
     max_body: int,
     not_found: str | None = None,
+    refused: str | None = None,
 ) -> dict[str, Any]:
-    """A browser-facing JSON POST: same-origin, application/json, size-limited."""
+    """A browser-facing JSON POST: same-origin, application/json, size-limited;
+    ``refused`` names the other 403 the route gives."""
     responses: dict[str, Any] = dict(answers)
     responses["400"] = _error("Not a JSON object, or a field missing or of the wrong type.")
-    responses["403"] = _error("A cross-site or cross-origin request (cross_origin).")
+    forbidden = "A cross-site or cross-origin request (cross_origin)."
+    responses["403"] = _error(f"{forbidden[:-1]}, or {refused}" if refused else forbidden)
     if not_found is not None:
         responses["404"] = _error(not_found)
     responses["413"] = _error(f"The body is over {max_body} bytes.")
@@ -347,8 +377,8 @@ def _ok(description: str, schema: str, *, cookies: bool = False) -> dict[str, An
     if cookies:
         answer["headers"] = {
             "Set-Cookie": {
-                "description": "The signed, HttpOnly subscriber (and, on subscribe, device) "
-                "cookie.",
+                "description": "The signed, HttpOnly subscriber "
+                "cookie; and the device cookie naming the subscription.",
                 "schema": {"type": "string"},
             }
         }
@@ -384,6 +414,15 @@ def _add_shared_answers(paths: dict[str, Any], settings: Any) -> None:
                 "503", _retrying("The database cannot be reached (unavailable); nothing changed.")
             )
             operation["responses"] = dict(sorted(responses.items()))
+
+
+# The refusal of every endpoint-keyed route to a browser that does not hold the
+# subscription (portal/subscriptions/possession.py).
+_NOT_HELD = (
+    "this browser has not shown that it holds the subscription — neither its portal_device "
+    "cookie nor its auth secret — the same answer as for an endpoint nobody registered "
+    "(not_your_subscription); nothing written."
+)
 
 
 def build(settings: Any) -> dict[str, Any]:
@@ -432,13 +471,24 @@ def build(settings: Any) -> dict[str, Any]:
                     "201": _ok("A new subscription.", "Subscription", cookies=True),
                 },
                 max_body=max_body,
+                refused="the endpoint is registered and this browser has not shown that it "
+                "holds it: neither its portal_device cookie nor the registered auth secret "
+                "(not_your_subscription); nothing written.",
             )
         },
         "/api/push/heartbeat": {
             "post": _json_post(
                 "The browser still holds this subscription; what should it do next?",
                 "EndpointRequest",
-                {"200": _ok("The subscription's state and the next action.", "Heartbeat")},
+                {
+                    "200": _ok(
+                        "The subscription's state and the next action. For an endpoint "
+                        "this browser has not shown it holds (or nobody registered): state "
+                        "unknown, nothing written, and resubscribe when the subscriber "
+                        "cookie names a live subscriber, else unsubscribe.",
+                        "Heartbeat",
+                    )
+                },
                 max_body=max_body,
             )
         },
@@ -451,15 +501,16 @@ def build(settings: Any) -> dict[str, Any]:
                     "201": _ok("The new subscription.", "Change", cookies=True),
                 },
                 max_body=max_body,
+                refused="for oldEndpoint: " + _NOT_HELD,
             )
         },
         "/api/push/unsubscribe": {
             "post": _json_post(
                 "Stop notifications for one endpoint (revoked, logged).",
-                "EndpointRequest",
+                "UnsubscribeRequest",
                 {"200": _ok("The subscription, now revoked.", "Unsubscribed")},
                 max_body=max_body,
-                not_found="No subscription has this endpoint (unknown_endpoint).",
+                refused=_NOT_HELD,
             )
         },
         "/api/push/preferences": {
@@ -468,7 +519,9 @@ def build(settings: Any) -> dict[str, Any]:
                 "PreferencesRequest",
                 {"200": _ok("The subscriber's effective preferences.", "Preferences")},
                 max_body=max_body,
-                not_found="No live subscriber has this endpoint (unknown_endpoint).",
+                not_found="The browser holds this subscription, but it ended as a tombstone "
+                "or its person was erased (unknown_endpoint).",
+                refused=_NOT_HELD,
             )
         },
         "/api/push/receipt": {
@@ -480,6 +533,10 @@ def build(settings: Any) -> dict[str, Any]:
                     "201": _ok("Recorded.", "Receipt"),
                 },
                 max_body=max_body,
+                refused="no delivery to this browser has this id: not a delivery of ours, or "
+                "one sent to a subscription this browser has not shown it holds (its "
+                "portal_device cookie or that subscription's auth secret) "
+                "(not_your_delivery); nothing written.",
             )
         },
         "/api/push/feedback": {
@@ -529,7 +586,7 @@ def build(settings: Any) -> dict[str, Any]:
         },
         "paths": paths,
         "components": {
-            "schemas": _schemas(settings.endpoint_max_length),
+            "schemas": _schemas(settings.endpoint_max_length, settings.decided_at_max_skew_seconds),
             "parameters": {
                 "SecFetchSite": {
                     "name": "Sec-Fetch-Site",

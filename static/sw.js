@@ -5,6 +5,11 @@
    notificationclick      focuses a tab already at the link, or opens it (same origin only)
    pushsubscriptionchange subscribes again and tells the server which endpoint it replaces
 
+   The server acts on a subscription only for the browser that holds it, so every fetch
+   carries the cookies (credentials "same-origin": the device cookie names the
+   subscription) and, for a browser whose cookies were cleared, the subscription's own
+   auth secret.
+
    The payload is JSON: {"deliveryId", "campaignId", "title", "body", "url", "icon", "tag"}
    (README, "Push payload"). */
 "use strict";
@@ -124,19 +129,34 @@ function sameOrigin(value, fallback) {
   return fallback;
 }
 
+/* The subscription's auth secret (base64url), or null when the browser gives none. */
+function authOf(subscription) {
+  try {
+    var keys = subscription.toJSON().keys;
+    return keys && typeof keys.auth === "string" && keys.auth ? keys.auth : null;
+  } catch (_) {
+    return null;
+  }
+}
+
 async function report(deliveryId, event) {
   // Evidence of display, never a condition for anything: losing one is acceptable.
   try {
     var subscription = await self.registration.pushManager.getSubscription();
+    var body = {
+      deliveryId: deliveryId,
+      event: event,
+      endpoint: subscription ? subscription.endpoint : null,
+    };
+    var auth = subscription ? authOf(subscription) : null;
+    if (auth) {
+      body.auth = auth;
+    }
     await fetch("/api/push/receipt", {
       method: "POST",
       headers: { "Content-Type": "application/json" },
       credentials: "same-origin",
-      body: JSON.stringify({
-        deliveryId: deliveryId,
-        event: event,
-        endpoint: subscription ? subscription.endpoint : null,
-      }),
+      body: JSON.stringify(body),
     });
   } catch (_) {
     /* offline: the notification still counts as shown */
@@ -289,17 +309,29 @@ async function resubscribe(oldSubscription, newSubscription) {
   }
   var headers = { "Content-Type": "application/json" };
   if (oldSubscription && oldSubscription.endpoint) {
-    // The server moves the subscriber and its preferences to the new endpoint at once.
-    return fetch("/api/push/change", {
+    // The server moves the subscriber and its preferences to the new endpoint at once,
+    // once this browser proves it held the old one: the device cookie, or the old
+    // subscription's auth secret (event.oldSubscription still has its keys).
+    var change = { oldEndpoint: oldSubscription.endpoint, subscription: fresh.toJSON() };
+    var oldAuth = authOf(oldSubscription);
+    if (oldAuth) {
+      change.oldAuth = oldAuth;
+    }
+    var moved = await fetch("/api/push/change", {
       method: "POST",
       headers: headers,
       credentials: "same-origin",
-      body: JSON.stringify({ oldEndpoint: oldSubscription.endpoint, subscription: fresh.toJSON() }),
+      body: JSON.stringify(change),
     });
+    if (moved.status !== 403) {
+      return moved;
+    }
+    // Not proven (the server does not know the old endpoint as this browser's): the new
+    // subscription is registered on its own below.
   }
-  // No old endpoint (some browsers give none): the subscriber cookie ties it to the
-  // same person. If this fails, the page's next heartbeat finds the endpoint unknown and
-  // renews again.
+  // No old endpoint (some browsers give none), or it could not be moved: the subscriber
+  // cookie ties the new one to the same person. If this fails, the page's next
+  // heartbeat finds the endpoint unknown and renews it for that person.
   return fetch("/api/push/subscribe", {
     method: "POST",
     headers: headers,

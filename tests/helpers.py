@@ -44,3 +44,45 @@ class StopAfterFirstBatch:
     def advance(self, count: int) -> None:
         self.batches.append(count)
         self.stop.set()
+
+
+def record_delivery(
+    session: Any, subscription_id: Any, *, now: Any, delivery_id: int | None = None
+) -> str:
+    """One of our deliveries to a subscription, as the sender records it (a campaign on
+    the first topic, made when there is none); returns its ``deliveryId``. A test that
+    chose the id (a push it sends itself) names it."""
+    from portal.campaigns.models import Campaign, Delivery
+    from portal.consent import catalogue
+    from portal.consent.models import Topic
+
+    topic_id = session.execute(sa.select(Topic.id).order_by(Topic.id).limit(1)).scalar()
+    if topic_id is None:
+        topic_id = catalogue.add_topic(
+            session, slug="deliveries", category="News", label="News", now=now
+        ).id
+    campaign = Campaign(
+        topic_id=topic_id,
+        title="Hello",
+        body="Hello",
+        send_at=now,
+        status="sending",
+        created_by="test",
+        created_at=now,
+    )
+    session.add(campaign)
+    session.flush()
+    delivery = Delivery(
+        id=delivery_id,
+        campaign_id=campaign.id,
+        subscription_id=subscription_id,
+        push_service="fcm",
+        status="accepted",
+        attempts=1,
+        next_attempt_at=now,
+        consent_reason="opt_in",
+        updated_at=now,
+    )
+    session.add(delivery)
+    session.flush()
+    return str(delivery.id)

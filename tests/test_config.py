@@ -212,3 +212,12 @@ def test_hardening_settings_from_the_environment(tmp_path):
 def test_hardening_settings_refuse_bad_values(tmp_path, name, value, message):
     with pytest.raises(ConfigError, match=message):
         Settings.from_env({name: value}, str(tmp_path))
+
+
+def test_the_decided_at_skew_comes_from_the_environment_and_is_never_zero(tmp_path):
+    assert Settings.from_env({}, str(tmp_path)).decided_at_max_skew_seconds == 24 * 3600
+    settings = Settings.from_env({"DECIDED_AT_MAX_SKEW_SECONDS": "600"}, str(tmp_path))
+    assert settings.decided_at_max_skew_seconds == 600
+    for value in ("0", "-1", "a day"):
+        with pytest.raises(ConfigError, match="DECIDED_AT_MAX_SKEW_SECONDS must"):
+            Settings.from_env({"DECIDED_AT_MAX_SKEW_SECONDS": value}, str(tmp_path))

@@ -11,9 +11,9 @@ from __future__ import annotations
 import base64
 import logging
 import re
-import uuid
 
 import pytest
+import sqlalchemy as sa
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
@@ -127,11 +127,14 @@ def test_no_secret_reaches_the_logs(request, everything_logged):
             },
         )
         assert response.status_code == 201, response.json
-    # Preferences through the API, a heartbeat, a receipt, and a refusal.
+    # Preferences through the API, a heartbeat, a receipt, and a refusal. The visitor's
+    # device cookie names the second subscription: the first proves itself with its
+    # auth secret, which must not reach a log either.
     response = visitor.post(
         "/api/push/preferences",
         json={
             "endpoint": people[0].endpoint,
+            "auth": people[0].auth_b64,
             "decisions": [{"slug": "offers", "state": "opt_in"}],
             "policyVersion": "v1",
             "decidedAt": "2025-12-31T23:00:00Z",
@@ -199,7 +202,20 @@ def test_no_secret_reaches_the_logs(request, everything_logged):
 
     app.config["PROPAGATE_EXCEPTIONS"] = False  # answer the crash as production does
     assert app.test_client().get("/crash").status_code == 500
-    receipt = {"deliveryId": str(uuid.uuid4()), "event": "shown", "endpoint": people[0].endpoint}
+    with app.extensions["portal.db"].engine.connect() as conn:
+        delivery_id = conn.execute(
+            sa.text(
+                "SELECT d.id FROM delivery d JOIN push_subscription s ON s.id = d.subscription_id"
+                " WHERE s.endpoint = :e"
+            ),
+            {"e": people[0].endpoint},
+        ).scalar_one()
+    receipt = {
+        "deliveryId": str(delivery_id),
+        "event": "shown",
+        "endpoint": people[0].endpoint,
+        "auth": people[0].auth_b64,
+    }
     assert visitor.post("/api/push/receipt", json=receipt).status_code == 201
 
     records = everything_logged.records

@@ -34,6 +34,7 @@ from portal.consent.preferences import (
     subscriber_with_preferences,
     topic_views,
 )
+from portal.consent.sources import source_for
 from portal.db import db
 from portal.errors import NotFound, ValidationError
 from portal.identity import (
@@ -47,6 +48,7 @@ from portal.identity import (
 from portal.ratelimit import limit_endpoint
 from portal.subscriptions import services as subscription_services
 from portal.subscriptions.models import PushSubscription, Subscriber
+from portal.subscriptions.possession import proof_from
 from portal.subscriptions.validation import require_object, require_string
 from portal.useragent import family
 
@@ -322,7 +324,9 @@ def policy_text(version: str) -> Any:
 api.before_request(check_same_origin)
 
 
-def _parse_decided_at(value: object, now: dt.datetime) -> dt.datetime:
+def _parse_decided_at(value: object, now: dt.datetime, skew: dt.timedelta) -> dt.datetime:
+    """The client's time of the decision: ISO 8601 with a zone, within ``skew`` of the
+    server clock either way (a clock that far off, or a time made up, is refused)."""
     text = require_string(value, "decidedAt")
     try:
         when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
@@ -332,14 +336,28 @@ def _parse_decided_at(value: object, now: dt.datetime) -> dt.datetime:
         ) from None
     if when.tzinfo is None:
         raise ValidationError("invalid_datetime", "decidedAt must include a time zone", "decidedAt")
-    if when > now + dt.timedelta(minutes=10):
-        raise ValidationError("invalid_datetime", "decidedAt is in the future", "decidedAt")
     try:
-        return when.astimezone(dt.UTC)
+        when = when.astimezone(dt.UTC)
     except OverflowError:  # "0001-01-01T00:00:00+14:00" is before year 1 in UTC
         raise ValidationError(
             "invalid_datetime", "decidedAt is out of range", "decidedAt"
         ) from None
+    if abs(when - now) > skew:
+        raise ValidationError(
+            "invalid_datetime",
+            f"decidedAt must be within {_duration(skew)} of the server's clock",
+            "decidedAt",
+        )
+    return when
+
+
+def _duration(span: dt.timedelta) -> str:
+    seconds = int(span.total_seconds())
+    for unit, size in (("hour", 3600), ("minute", 60)):
+        if seconds % size == 0:
+            count = seconds // size
+            return f"{count} {unit}{'' if count == 1 else 's'}"
+    return f"{seconds} seconds"
 
 
 @api.post("/preferences")
@@ -350,6 +368,7 @@ def api_preferences() -> Response:
     now = portal.clock.now()
     endpoint = require_string(body.get("endpoint"), "endpoint")
     limit_endpoint(endpoint)
+    proof = proof_from(device_from_cookie(request), body.get("auth"), "auth")
     raw = body.get("decisions")
     if raw is None:
         raise ValidationError("missing_field", "decisions is required", "decisions", status=400)
@@ -358,14 +377,12 @@ def api_preferences() -> Response:
     if not raw:
         raise ValidationError("invalid_value", "decisions must not be empty", "decisions")
     version = require_string(body.get("policyVersion"), "policyVersion")
-    decided_at = _parse_decided_at(body.get("decidedAt"), now)
-    source = body.get("source", Source.API.value)
-    if source not in (
-        Source.API.value,
-        Source.PREFERENCE_CENTRE.value,
-        Source.SUBSCRIBE_PAGE.value,
-    ):
-        raise ValidationError("invalid_value", "source is not one this API accepts", "source")
+    decided_at = _parse_decided_at(
+        body.get("decidedAt"),
+        now,
+        dt.timedelta(seconds=portal.settings.decided_at_max_skew_seconds),
+    )
+    source = source_for("preferences", body)
     if catalogue.policy(session, version) is None:
         raise ValidationError(
             "unknown_policy_version", f"no policy version {version!r}", "policyVersion"
@@ -388,8 +405,9 @@ def api_preferences() -> Response:
                 "invalid_state", "state is opt_in, opt_out or unset", f"{field}.state"
             )
         decisions.append(Decision(topics[slug], PreferenceState(state)))
-    sub = subscription_services.find_by_endpoint(session, endpoint)
-    if sub is None or sub.deleted_at is not None or sub.subscriber_id is None:
+    # The browser that holds the subscription, and no one else, speaks for its person.
+    sub = subscription_services.held_by_endpoint(session, endpoint, proof, keys=portal.keys)
+    if sub.deleted_at is not None or sub.subscriber_id is None:
         raise NotFound("unknown_endpoint", "no subscription has this endpoint", "endpoint")
     subscriber = session.get(Subscriber, sub.subscriber_id)
     if subscriber is None or subscriber.erased_at is not None:

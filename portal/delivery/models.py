@@ -27,7 +27,8 @@ class DeliveryReceipt(Base):
     id: Mapped[int] = mapped_column(
         sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True, autoincrement=True
     )
-    # Text, not a foreign key: the delivery table arrives later and will own these ids.
+    # The id as the worker reported it (text, no foreign key); only ids of our
+    # deliveries to the reporting browser are accepted (portal/delivery/receipts.py).
     delivery_id: Mapped[str] = mapped_column(sa.String(64), nullable=False)
     event: Mapped[str] = mapped_column(sa.String(16), nullable=False)
     at: Mapped[dt.datetime] = mapped_column(UTCDateTime, nullable=False)

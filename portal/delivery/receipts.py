@@ -5,6 +5,12 @@ Three different facts, kept apart: the push service *accepted* a message (its 20
 the sender records on the delivery), the browser *showed* it, the person *clicked* it.
 A browser may report nothing at all (offline, closed, blocked), so receipts are evidence
 of display, never the condition for anything else.
+
+Only the browser a delivery went to may report it: its device cookie names the
+delivery's subscription, or it shows that subscription's auth secret
+(:mod:`portal.subscriptions.possession`). A delivery id travels in a payload anyone on
+the device can read, so an id alone proves nothing; an id that is not a delivery and a
+delivery sent elsewhere get the same refusal.
 """
 
 from __future__ import annotations
@@ -14,24 +20,43 @@ from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
-from flask import Blueprint, Response, current_app, jsonify
+from flask import Blueprint, Response, current_app, jsonify, request
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from portal.api import check_same_origin, json_body
+from portal.campaigns.models import Delivery
 from portal.clock import Clock
 from portal.db import db, is_postgres
 from portal.delivery.models import DeliveryReceipt, ReceiptEvent
-from portal.errors import ValidationError
+from portal.errors import ApiError, ValidationError
+from portal.identity import device_from_cookie
 from portal.ratelimit import limit_endpoint
+from portal.subscriptions.models import PushSubscription
+from portal.subscriptions.possession import Proof, holds, proof_from
+from portal.subscriptions.sealing import KeyRing
 from portal.subscriptions.validation import endpoint_hash, require_string
 
 bp = Blueprint("receipts_api", __name__, url_prefix="/api/push")
 bp.before_request(check_same_origin)
 
-# Delivery ids are UUIDs today; letters, digits, '-' and '_' leave room for other schemes.
+# The form a deliveryId may take (letters, digits, '-' and '_'); ours are the delivery
+# rows' decimal ids, and any other id is simply not one of our deliveries.
 DELIVERY_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_OUR_DELIVERY_ID = re.compile(r"^[1-9][0-9]{0,17}$")  # within BIGINT
 _EVENTS = {e.value for e in ReceiptEvent}
+
+
+class NotYourDelivery(ApiError):
+    """No delivery to the calling browser has this id (403): unknown ids and other
+    browsers' deliveries answer alike."""
+
+    status = 403
+
+    def __init__(self) -> None:
+        super().__init__(
+            "not_your_delivery", "no delivery to this browser has this id", "deliveryId"
+        )
 
 
 @dataclass(frozen=True)
@@ -58,6 +83,33 @@ def parse_receipt(body: dict[str, Any], *, endpoint_max_length: int) -> Receipt:
         if len(endpoint) > endpoint_max_length:
             raise ValidationError("endpoint_too_long", "endpoint is too long", "endpoint")
     return Receipt(delivery_id, ReceiptEvent(event), endpoint)
+
+
+def sent_to_caller(session: Session, delivery_id: str, proof: Proof, *, keys: KeyRing) -> bool:
+    """Whether ``delivery_id`` is one of our deliveries and went to the browser that
+    shows ``proof`` (its device cookie names the delivery's subscription, or it carries
+    that subscription's auth secret)."""
+    if not _OUR_DELIVERY_ID.fullmatch(delivery_id):
+        return False
+    row = session.execute(
+        sa.select(
+            Delivery.subscription_id,
+            PushSubscription.auth_sealed,
+            PushSubscription.auth_key_version,
+        )
+        .select_from(Delivery)
+        .outerjoin(PushSubscription, PushSubscription.id == Delivery.subscription_id)
+        .where(Delivery.id == int(delivery_id))
+    ).one_or_none()
+    if row is None:
+        return False
+    return holds(
+        proof,
+        subscription_id=row.subscription_id,
+        auth_sealed=row.auth_sealed,
+        auth_key_version=row.auth_key_version or 0,
+        keys=keys,
+    )
 
 
 def record(session: Session, receipt: Receipt, *, clock: Clock) -> bool:
@@ -89,10 +141,16 @@ def receipt() -> tuple[Response, int]:
     body = json_body()  # content type and size limits, like every JSON endpoint
     settings = current_app.extensions["portal.settings"]
     parsed = parse_receipt(body, endpoint_max_length=settings.endpoint_max_length)
+    proof = proof_from(device_from_cookie(request), body.get("auth"), "auth")
     if parsed.endpoint is not None:
         limit_endpoint(parsed.endpoint)
+    portal = current_app.extensions["portal"]
     session = db.session
-    created = record(session, parsed, clock=current_app.extensions["portal"].clock)
+    # The check and the write share one transaction: one commit per receipt, none for
+    # a refusal.
+    if not sent_to_caller(session, parsed.delivery_id, proof, keys=portal.keys):
+        raise NotYourDelivery()
+    created = record(session, parsed, clock=portal.clock)
     session.commit()
     return jsonify(
         {"deliveryId": parsed.delivery_id, "event": parsed.event.value, "recorded": created}

@@ -12,7 +12,7 @@ from portal.consent.log import Context
 from portal.consent.models import Source
 from portal.consent.views import _current_subscriber
 from portal.db import db
-from portal.identity import DEVICE_COOKIE, SUBSCRIBER_COOKIE
+from portal.identity import SUBSCRIBER_COOKIE
 from portal.retention.services import ErasureReceipt, erase_subscriber
 from portal.useragent import family
 
@@ -73,7 +73,9 @@ def erase() -> Any:
     token = receipt_token(receipt)
     response = Response(render_template("preferences/erased.html", receipt=receipt, token=token))
     response.delete_cookie(SUBSCRIBER_COOKIE, path="/")
-    response.delete_cookie(DEVICE_COOKIE, path="/")
+    # The device cookie stays: it names only this browser's tombstone, and it is what
+    # lets the browser prove that tombstone is its own, so its next heartbeat is told to
+    # drop the subscription (the tombstone keeps no auth secret to prove it with).
     return response
 
 

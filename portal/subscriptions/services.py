@@ -1,7 +1,10 @@
 """The subscription registry: upsert, heartbeat, endpoint change, unsubscribe (seed 000 §6).
 
 Plain functions over a session. They validate nothing (the caller passed validated
-values) and commit nothing: the caller owns the transaction.
+values) and commit nothing: the caller owns the transaction. Each one that names a
+subscription by its endpoint acts only for the browser that holds it
+(:mod:`portal.subscriptions.possession`), checked after the chain lock, so no request can
+slip in between the check and the write.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from portal.subscriptions.models import (
     SubscriptionState,
     subscription_state_type,
 )
+from portal.subscriptions.possession import NotYourSubscription, Proof, holds
 from portal.subscriptions.sealing import KeyRing
 from portal.subscriptions.validation import ValidSubscription, endpoint_hash
 from portal.useragent import family
@@ -43,6 +47,7 @@ class Registration:
     user_agent: str | None = None
     locale: str | None = None
     subscriber_id: uuid.UUID | None = None  # from a signed cookie or a known endpoint
+    device_id: uuid.UUID | None = None  # the subscription the device cookie names
     source: str = Source.API.value
     screen: str | None = None
     region_code: str | None = None  # from a trusted edge header, when configured
@@ -89,6 +94,27 @@ def find_by_endpoint(session: Session, endpoint: str) -> PushSubscription | None
     ).one_or_none()
 
 
+def held_by_endpoint(
+    session: Session, endpoint: str, proof: Proof, *, keys: KeyRing, field: str = "endpoint"
+) -> PushSubscription:
+    """The subscription at this endpoint, when the request holds it; otherwise
+    :class:`NotYourSubscription`, alike for an endpoint nobody registered."""
+    sub = find_by_endpoint(session, endpoint)
+    if sub is None or not holds_subscription(sub, proof, keys=keys):
+        raise NotYourSubscription(field)
+    return sub
+
+
+def holds_subscription(sub: PushSubscription, proof: Proof, *, keys: KeyRing) -> bool:
+    return holds(
+        proof,
+        subscription_id=sub.id,
+        auth_sealed=sub.auth_sealed,
+        auth_key_version=sub.auth_key_version,
+        keys=keys,
+    )
+
+
 def _live_subscriber(session: Session, subscriber_id: uuid.UUID | None) -> uuid.UUID | None:
     if subscriber_id is None:
         return None
@@ -107,8 +133,17 @@ def upsert_subscription(
     keys: KeyRing,
     clock: Clock,
     record_events: bool = True,
+    field: str = "subscription.endpoint",
 ) -> UpsertResult:
     """Insert or refresh the subscription addressed by the endpoint's hash.
+
+    An endpoint already registered is refreshed only for the browser that holds it: its
+    device cookie names the row, or the subscription carries the row's own auth secret
+    (the same browser after clearing its cookies). Anyone else gets
+    :class:`NotYourSubscription` and nothing is written: no keys overwritten, no
+    subscriber inherited or moved. A browser never legitimately brings new keys for an
+    endpoint it already has — a new subscription gets a new endpoint from its push
+    service — so different keys without the device cookie are someone else's.
 
     The subscriber is the one named by the registration when it is live; otherwise the
     one already on the row (unless erased: erasure means nothing is inherited);
@@ -122,10 +157,26 @@ def upsert_subscription(
     now = clock.now()
     digest = subscription.endpoint.hash
     existing = session.execute(
-        sa.select(_t.c.id, _t.c.state, _t.c.subscriber_id, _t.c.deleted_at, Subscriber.erased_at)
+        sa.select(
+            _t.c.id,
+            _t.c.state,
+            _t.c.subscriber_id,
+            _t.c.deleted_at,
+            _t.c.auth_sealed,
+            _t.c.auth_key_version,
+            Subscriber.erased_at,
+        )
         .select_from(_t.outerjoin(Subscriber, Subscriber.id == _t.c.subscriber_id))
         .where(_t.c.endpoint_hash == digest)
     ).one_or_none()
+    if existing is not None and not holds(
+        Proof(registration.device_id, subscription.auth),
+        subscription_id=existing.id,
+        auth_sealed=existing.auth_sealed,
+        auth_key_version=existing.auth_key_version,
+        keys=keys,
+    ):
+        raise NotYourSubscription(field)
 
     subscriber_id = _live_subscriber(session, registration.subscriber_id)
     given = subscriber_id is not None
@@ -272,17 +323,35 @@ class HeartbeatResult:
 
 
 def heartbeat(
-    session: Session, endpoint: str, *, clock: Clock, throttle: dt.timedelta
+    session: Session,
+    endpoint: str,
+    proof: Proof,
+    *,
+    subscriber_id: uuid.UUID | None,
+    keys: KeyRing,
+    clock: Clock,
+    throttle: dt.timedelta,
 ) -> HeartbeatResult:
     """The page says the browser still holds this subscription.
 
     Refreshes ``last_seen_at`` at most once per ``throttle``, revives a stale row (this
     is the sign of life it lacked), and tells the browser what to do next.
+
+    Only for the browser that holds it. For any other endpoint — one nobody registered,
+    or one this browser cannot show is its own — the state is "unknown" and nothing is
+    written: the caller learns no one's state and cannot keep a dead subscription alive
+    or mark an erased one as told. The action then depends on the caller alone (its
+    ``subscriber_id`` cookie), never on the endpoint: a browser of a person who agreed
+    (a live subscriber) renews, and the new subscription joins them — a change the worker
+    could not report, say; any other lets go, rather than register again unasked a
+    subscription no one can tie to consent (a tombstone after its cookies were cleared,
+    one purged long after it ended).
     """
     now = clock.now()
     sub = find_by_endpoint(session, endpoint)
-    if sub is None:
-        return HeartbeatResult("unknown", "resubscribe", None)
+    if sub is None or not holds_subscription(sub, proof, keys=keys):
+        known = _live_subscriber(session, subscriber_id) is not None
+        return HeartbeatResult("unknown", "resubscribe" if known else "unsubscribe", None)
     if sub.deleted_at is not None or sub.state == SubscriptionState.REVOKED:
         # Erased, unsubscribed or revoked: the browser must drop its subscription, or the
         # next registration would silently recreate the relationship.
@@ -333,21 +402,25 @@ def change_endpoint(
     old_endpoint: str,
     new: ValidSubscription,
     registration: Registration,
+    proof: Proof,
     *,
     keys: KeyRing,
     clock: Clock,
 ) -> ChangeResult:
     """pushsubscriptionchange: the new endpoint takes over the old one's subscriber.
 
-    The old row ends as rotated in the same transaction, so at no point do both or
-    neither carry the subscriber's preferences.
+    The caller must hold the old subscription (``proof``: its device cookie, or the old
+    subscription's auth secret, which the worker has from ``event.oldSubscription``);
+    otherwise — or when the old endpoint is unknown — :class:`NotYourSubscription`, and
+    nothing is written. The old row ends as rotated in the same transaction, so at no
+    point do both or neither carry the subscriber's preferences.
     """
     log.lock_chain(session)
-    old = find_by_endpoint(session, old_endpoint)
+    old = held_by_endpoint(session, old_endpoint, proof, keys=keys, field="oldEndpoint")
     carry = None
-    if old is not None and old.deleted_at is None and old.subscriber_id is not None:
+    if old.deleted_at is None and old.subscriber_id is not None:
         carry = _live_subscriber(session, old.subscriber_id)
-    rotating = carry is not None and old is not None and old.endpoint_hash != new.endpoint.hash
+    rotating = carry is not None and old.endpoint_hash != new.endpoint.hash
     result = upsert_subscription(
         session,
         new,
@@ -358,7 +431,7 @@ def change_endpoint(
         record_events=not rotating,
     )
     moved = False
-    if rotating and old is not None:
+    if rotating:
         now = clock.now()
         old_state = old.state
         moved = end_subscription(
@@ -385,23 +458,50 @@ def change_endpoint(
     return ChangeResult(result, old, moved)
 
 
+def unsubscribe_endpoint(
+    session: Session,
+    endpoint: str,
+    proof: Proof,
+    *,
+    keys: KeyRing,
+    clock: Clock,
+    source: str = Source.API.value,
+    context: log.Context | None = None,
+) -> PushSubscription:
+    """The browser stops notifications for the subscription it holds (``proof``);
+    :class:`NotYourSubscription` for any other endpoint, known or not."""
+    log.lock_chain(session)
+    sub = held_by_endpoint(session, endpoint, proof, keys=keys)
+    _unsubscribe(session, sub, clock=clock, source=source, context=context)
+    return sub
+
+
 def unsubscribe(
     session: Session,
-    endpoint: str | None = None,
     *,
     clock: Clock,
-    subscription_id: uuid.UUID | None = None,
+    subscription_id: uuid.UUID,
     source: str = Source.API.value,
     context: log.Context | None = None,
 ) -> PushSubscription | None:
-    """The person stops notifications on one device: revoked, and logged as unsubscribed."""
+    """The person stops notifications on one of their devices (the caller checked the
+    device is theirs): revoked, and logged as unsubscribed."""
     log.lock_chain(session)
-    if subscription_id is not None:
-        sub = session.get(PushSubscription, subscription_id)
-    else:
-        sub = find_by_endpoint(session, endpoint or "")
+    sub = session.get(PushSubscription, subscription_id)
     if sub is None:
         return None
+    _unsubscribe(session, sub, clock=clock, source=source, context=context)
+    return sub
+
+
+def _unsubscribe(
+    session: Session,
+    sub: PushSubscription,
+    *,
+    clock: Clock,
+    source: str,
+    context: log.Context | None,
+) -> None:
     previous = sub.state
     now = clock.now()
     if (
@@ -423,4 +523,3 @@ def unsubscribe(
             recorded_at=now,
             context=context,
         )
-    return sub

@@ -1,10 +1,14 @@
-"""The subscription API: thin views that parse, call a service, answer."""
+"""The subscription API: thin views that parse, call a service, answer.
+
+Every route that names an endpoint acts only for the browser that holds the
+subscription: its device cookie, or the ``auth`` secret it sends
+(:mod:`portal.subscriptions.possession`).
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import uuid
 from typing import TYPE_CHECKING, Any
 
 from flask import Blueprint, Response, current_app, jsonify, request
@@ -13,11 +17,18 @@ from portal.api import check_same_origin, json_body, request_locale, request_ori
 from portal.consent import catalogue
 from portal.consent.models import PreferenceState, Source
 from portal.consent.preferences import Decision, apply_decisions, region_for_country
+from portal.consent.sources import source_for
 from portal.db import db
-from portal.errors import NotFound, ValidationError
-from portal.identity import set_device_cookie, set_subscriber_cookie, subscriber_from_cookie
+from portal.errors import ValidationError
+from portal.identity import (
+    device_from_cookie,
+    set_device_cookie,
+    set_subscriber_cookie,
+    subscriber_from_cookie,
+)
 from portal.ratelimit import limit_endpoint
 from portal.subscriptions import services
+from portal.subscriptions.possession import Proof, proof_from
 from portal.subscriptions.validation import (
     HostAllowList,
     ValidSubscription,
@@ -72,6 +83,7 @@ def _registration() -> services.Registration:
         user_agent=request.headers.get("User-Agent"),
         locale=request_locale(),
         subscriber_id=subscriber_from_cookie(request),
+        device_id=device_from_cookie(request),
         region_code=region_for_country(request.headers.get(header)) if header else None,
     )
 
@@ -80,19 +92,17 @@ def _secure() -> bool:
     return request.is_secure or _settings().is_production
 
 
-def _with_cookie(response: Response, subscriber_id: uuid.UUID) -> Response:
-    set_subscriber_cookie(response, subscriber_id, secure=_secure())
+def _with_cookies(response: Response, result: services.UpsertResult) -> Response:
+    """The browser's cookies: who it is, and the subscription it now holds."""
+    set_subscriber_cookie(response, result.subscriber_id, secure=_secure())
+    set_device_cookie(response, result.id, secure=_secure())
     return response
 
 
-_SOURCES = (Source.API.value, Source.SUBSCRIBE_PAGE.value, Source.SERVICE_WORKER.value)
-
-
-def _source(body: dict[str, Any]) -> str:
-    source = body.get("source", Source.API.value)
-    if source not in _SOURCES:
-        raise ValidationError("invalid_value", "source is not one this API accepts", "source")
-    return source
+def _proof(body: dict[str, Any], field: str = "auth") -> Proof:
+    """What the request shows to act on a subscription: its device cookie, and the
+    subscription's auth secret when the body carries one."""
+    return proof_from(device_from_cookie(request), body.get(field), field)
 
 
 def _topic_choice(body: dict[str, Any]) -> tuple[list[Decision], str | None]:
@@ -140,7 +150,7 @@ def vapid_public_key() -> Response:
 def subscribe() -> tuple[Response, int]:
     body = json_body()
     subscription = _subscription(body.get("subscription"))
-    source = _source(body)
+    source = source_for("subscribe", body)
     decisions, version = _topic_choice(body)
     session = db.session
     portal = _portal()
@@ -165,18 +175,21 @@ def subscribe() -> tuple[Response, int]:
     response = jsonify(
         {"id": str(result.id), "state": result.state.value, "inserted": result.inserted}
     )
-    set_device_cookie(response, result.id, secure=_secure())
-    return _with_cookie(response, result.subscriber_id), 201 if result.inserted else 200
+    return _with_cookies(response, result), 201 if result.inserted else 200
 
 
 @bp.post("/heartbeat")
 def heartbeat() -> Response:
     body = json_body()
     endpoint = _endpoint(body)
+    proof = _proof(body)
     session = db.session
     result = services.heartbeat(
         session,
         endpoint,
+        proof,
+        subscriber_id=subscriber_from_cookie(request),
+        keys=_portal().keys,
         clock=_portal().clock,
         throttle=dt.timedelta(seconds=_settings().last_seen_throttle_seconds),
     )
@@ -188,6 +201,7 @@ def heartbeat() -> Response:
 def change() -> tuple[Response, int]:
     body = json_body()
     old_endpoint = _endpoint(body, "oldEndpoint")
+    proof = _proof(body, "oldAuth")
     new = _subscription(body.get("subscription"))
     registration = dataclasses.replace(
         _registration(), source=Source.SERVICE_WORKER.value, screen="pushsubscriptionchange"
@@ -195,7 +209,7 @@ def change() -> tuple[Response, int]:
     session = db.session
     portal = _portal()
     result = services.change_endpoint(
-        session, old_endpoint, new, registration, keys=portal.keys, clock=portal.clock
+        session, old_endpoint, new, registration, proof, keys=portal.keys, clock=portal.clock
     )
     session.commit()
     response = jsonify(
@@ -206,18 +220,25 @@ def change() -> tuple[Response, int]:
             "moved": result.moved,
         }
     )
-    return _with_cookie(response, result.new.subscriber_id), 201 if result.new.inserted else 200
+    return _with_cookies(response, result.new), 201 if result.new.inserted else 200
 
 
 @bp.post("/unsubscribe")
 def unsubscribe() -> Response:
     body = json_body()
     endpoint = _endpoint(body)
+    proof = _proof(body)
+    source = source_for("unsubscribe", body)
     session = db.session
-    sub = services.unsubscribe(
-        session, endpoint, clock=_portal().clock, context=_registration().context()
+    portal = _portal()
+    sub = services.unsubscribe_endpoint(
+        session,
+        endpoint,
+        proof,
+        keys=portal.keys,
+        clock=portal.clock,
+        source=source,
+        context=_registration().context(),
     )
-    if sub is None:
-        raise NotFound("unknown_endpoint", "no subscription has this endpoint", "endpoint")
     session.commit()
     return jsonify({"id": str(sub.id), "state": sub.state.value})

@@ -3,7 +3,12 @@
    On any page but the subscribe page (which drives them itself), a browser that holds a
    subscription says so to the server at most once an hour and follows its answer:
    "unsubscribe" drops the browser's subscription (erased, revoked or stopped elsewhere),
-   "resubscribe" renews it (the server does not know it, or it expired). */
+   "resubscribe" renews it (it expired, or the server does not know it as this browser's
+   and the browser belongs to a person it knows).
+
+   The server acts on a subscription only for the browser that holds it: the device
+   cookie goes with every call, and the subscription's own auth secret too, for a browser
+   whose cookies were cleared. */
 (function () {
   "use strict";
 
@@ -83,6 +88,29 @@
     return { ok: response.ok, status: response.status, data: data };
   }
 
+  /* The subscription's auth secret (base64url), or null when the browser gives none. */
+  function authOf(subscription) {
+    try {
+      var keys = subscription.toJSON().keys;
+      return keys && typeof keys.auth === "string" && keys.auth ? keys.auth : null;
+    } catch (_) {
+      return null;
+    }
+  }
+
+  /* A body naming the subscription, with the proof that this browser holds it. */
+  function naming(subscription, extra) {
+    var body = { endpoint: subscription.endpoint };
+    var auth = authOf(subscription);
+    if (auth) {
+      body.auth = auth;
+    }
+    for (var key in extra || {}) {
+      body[key] = extra[key];
+    }
+    return body;
+  }
+
   async function applicationServerKey() {
     var page = document.getElementById("subscribe-page");
     if (page && page.dataset.vapidPublicKey) {
@@ -138,7 +166,7 @@
     }
     var result;
     try {
-      result = await postJSON("/api/push/heartbeat", { endpoint: subscription.endpoint });
+      result = await postJSON("/api/push/heartbeat", naming(subscription));
     } catch (_) {
       return null;
     }
@@ -195,6 +223,7 @@
     standalone: standalone,
     keyBytes: keyBytes,
     postJSON: postJSON,
+    naming: naming,
     currentSubscription: currentSubscription,
     subscribeBrowser: subscribeBrowser,
     pending: pending,

@@ -139,17 +139,27 @@
     show("state-cancelled", { focus: true, form: true });
   }
 
+  /* The server has nothing of this browser's at that endpoint (it never had it, or it
+     ended): there is nothing to stop there, and letting go in the browser is all. */
+  function notHeld(result) {
+    var error = result.data && result.data.error;
+    return result.status === 403 && Boolean(error) && error.code === "not_your_subscription";
+  }
+
   async function unsubscribe() {
     var subscription = await push.currentSubscription();
     if (subscription) {
       // The server first: if it cannot be told, nothing changes and the person can retry.
       var result = null;
       try {
-        result = await push.postJSON("/api/push/unsubscribe", { endpoint: subscription.endpoint });
+        result = await push.postJSON(
+          "/api/push/unsubscribe",
+          push.naming(subscription, { source: "subscribe-page" })
+        );
       } catch (_) {
         result = null;
       }
-      if (!result || (!result.ok && result.status !== 404)) {
+      if (!result || (!result.ok && !notHeld(result))) {
         show("state-unsubscribe-failed", { focus: true });
         return;
       }

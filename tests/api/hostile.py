@@ -228,12 +228,19 @@ subscribe = st.one_of(
         {"source": source, "topics": topics, "policyVersion": policy_version},
     ),
 )
-heartbeat = body_of({"endpoint": field_of(endpoint)})
+# The seeded subscriptions' auth secret (AUTH) proves possession now and then, so the
+# requests a browser that holds the subscription may make are fuzzed too.
+heartbeat = body_of({"endpoint": field_of(endpoint)}, {"auth": field_of(auth)})
+unsubscribe = body_of({"endpoint": field_of(endpoint)}, {"auth": field_of(auth), "source": source})
 change = st.one_of(
     st.fixed_dictionaries(
-        {"oldEndpoint": st.sampled_from(SEEDED), "subscription": valid_subscription}
+        {"oldEndpoint": st.sampled_from(SEEDED), "subscription": valid_subscription},
+        optional={"oldAuth": st.just(AUTH)},
     ),
-    body_of({"oldEndpoint": field_of(endpoint), "subscription": subscription}),
+    body_of(
+        {"oldEndpoint": field_of(endpoint), "subscription": subscription},
+        {"oldAuth": field_of(auth)},
+    ),
 )
 
 
@@ -246,6 +253,9 @@ decided_at = field_of(
             "2026-01-01T00:00:00+00:00",
             "2026-01-01T00:09:59+00:00",
             "2026-01-01T00:10:01+00:00",
+            "2025-12-31T00:00:00Z",
+            "2025-12-30T23:59:59Z",
+            "2026-01-02T00:00:01Z",
             "2026-01-01T00:00:00",
             "0001-01-01T00:00:00+14:00",
             "0001-01-01T00:00:00-14:00",
@@ -285,7 +295,10 @@ valid_preferences = st.fixed_dictionaries(
         "policyVersion": st.just("v1"),
         "decidedAt": st.sampled_from(["2025-12-31T23:59:00Z", "2026-01-01T00:05:00+01:00"]),
     },
-    optional={"source": st.sampled_from(["api", "preference-centre", "subscribe-page"])},
+    optional={
+        "source": st.sampled_from(["api", "preference-centre", "subscribe-page"]),
+        "auth": st.just(AUTH),
+    },
 )
 preferences = st.one_of(
     valid_preferences,
@@ -296,7 +309,7 @@ preferences = st.one_of(
             "policyVersion": policy_version,
             "decidedAt": decided_at,
         },
-        {"source": source},
+        {"source": source, "auth": field_of(auth)},
     ),
 )
 
@@ -305,14 +318,14 @@ preferences = st.one_of(
 
 delivery_id = field_of(
     st.text(string.ascii_letters + string.digits + "-_", min_size=1, max_size=64),
-    st.sampled_from(["x" * 65, "a b", "a/b", "é", "1" * 64, "-"]),
+    st.sampled_from(["x" * 65, "a b", "a/b", "é", "1" * 64, "-", "1", "2", "0", "9" * 19]),
 )
 receipt = body_of(
     {
         "deliveryId": delivery_id,
         "event": field_of(st.sampled_from(["shown", "clicked", "accepted", "SHOWN"])),
     },
-    {"endpoint": st.one_of(st.none(), field_of(endpoint))},
+    {"endpoint": st.one_of(st.none(), field_of(endpoint)), "auth": field_of(auth)},
 )
 
 
@@ -509,7 +522,7 @@ ENDPOINTS: dict[str, st.SearchStrategy[HostileRequest]] = {
     ),
     "heartbeat": json_requests("/api/push/heartbeat", heartbeat, ["endpoint"]),
     "change": json_requests("/api/push/change", change, ["oldEndpoint", "subscription"]),
-    "unsubscribe": json_requests("/api/push/unsubscribe", heartbeat, ["endpoint"]),
+    "unsubscribe": json_requests("/api/push/unsubscribe", unsubscribe, ["endpoint"]),
     "preferences": json_requests(
         "/api/push/preferences", preferences, ["endpoint", "decisions", "decidedAt"]
     ),

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 import schemathesis
+import sqlalchemy as sa
 from openapi_spec_validator import validate
 from schemathesis.checks import (
     content_type_conformance,
@@ -14,8 +15,12 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 
+from portal.db import db
 from portal.feedback.signature import header_value
+from portal.subscriptions.models import PushSubscription
+from portal.subscriptions.validation import endpoint_hash
 from tests.api.conftest import AUTH, ENDPOINT_BASE, NOW, POLICY, subscription
+from tests.helpers import record_delivery
 
 CHECKS = [
     not_a_server_error,
@@ -86,7 +91,7 @@ def _conforms(schema, path: str, method: str, expected: int, **case: Any) -> Any
     return response
 
 
-def test_happy_answers_match_the_document(api_schema, world):
+def test_happy_answers_match_the_document(api_app, api_schema, world):
     new = subscription("fresh-one")
     _conforms(api_schema, "/healthz", "GET", 200)
     _conforms(api_schema, "/api/openapi.json", "GET", 200)
@@ -99,8 +104,10 @@ def test_happy_answers_match_the_document(api_schema, world):
         body={"subscription": new, "topics": ["weekly-digest"], "policyVersion": POLICY},
     )
     _conforms(api_schema, "/api/push/subscribe", "POST", 200, body={"subscription": new})
+    # Each request stands alone (no cookies): the subscription's auth secret proves it.
     for endpoint in (new["endpoint"], world.endpoints[2], ENDPOINT_BASE + "never-seen"):
-        _conforms(api_schema, "/api/push/heartbeat", "POST", 200, body={"endpoint": endpoint})
+        body = {"endpoint": endpoint, "auth": AUTH}
+        _conforms(api_schema, "/api/push/heartbeat", "POST", 200, body=body)
     _conforms(
         api_schema,
         "/api/push/preferences",
@@ -108,6 +115,7 @@ def test_happy_answers_match_the_document(api_schema, world):
         200,
         body={
             "endpoint": new["endpoint"],
+            "auth": AUTH,
             "decisions": [{"slug": "offers", "state": "opt_in"}],
             "policyVersion": POLICY,
             "decidedAt": "2025-12-31T23:59:00Z",
@@ -118,16 +126,32 @@ def test_happy_answers_match_the_document(api_schema, world):
         "/api/push/change",
         "POST",
         201,
-        body={"oldEndpoint": new["endpoint"], "subscription": subscription("fresh-two", key=1)},
+        body={
+            "oldEndpoint": new["endpoint"],
+            "oldAuth": AUTH,
+            "subscription": subscription("fresh-two", key=1),
+        },
     )
     _conforms(
         api_schema,
         "/api/push/unsubscribe",
         "POST",
         200,
-        body={"endpoint": ENDPOINT_BASE + "fresh-two"},
+        body={"endpoint": ENDPOINT_BASE + "fresh-two", "auth": AUTH, "source": "subscribe-page"},
     )
-    receipt = {"deliveryId": "d-1", "event": "shown", "endpoint": new["endpoint"]}
+    with db.begin(api_app) as session:
+        held = session.execute(
+            sa.select(PushSubscription.id).where(
+                PushSubscription.endpoint_hash == endpoint_hash(new["endpoint"])
+            )
+        ).scalar_one()
+        delivery_id = record_delivery(session, held, now=NOW)
+    receipt = {
+        "deliveryId": delivery_id,
+        "event": "shown",
+        "endpoint": new["endpoint"],
+        "auth": AUTH,
+    }
     _conforms(api_schema, "/api/push/receipt", "POST", 201, body=receipt)
     _conforms(api_schema, "/api/push/receipt", "POST", 200, body=receipt)
     digest = b'{"organization": "acme", "events": [], "truncated": false}'
@@ -145,6 +169,8 @@ def test_happy_answers_match_the_document(api_schema, world):
 def test_error_answers_match_the_document(api_schema, world):
     bad_auth = subscription("bad")
     bad_auth["keys"]["auth"] = AUTH + "A"
+    # Well-formed keys that are not the ones registered for seed-one.
+    bad_keys = {**subscription("seed-one")["keys"], "auth": "A" * 22}
     cases = [
         ("/api/push/vapid-public-key", "GET", 403, {"headers": {"Sec-Fetch-Site": "cross-site"}}),
         ("/api/push/subscribe", "POST", 400, {"body": {"subscription": "x"}}),
@@ -163,12 +189,20 @@ def test_error_answers_match_the_document(api_schema, world):
             {"body": "endpoint=x", "media_type": "application/x-www-form-urlencoded"},
         ),
         ("/api/push/heartbeat", "POST", 422, {"body": {"endpoint": "e" * 5000}}),
-        ("/api/push/unsubscribe", "POST", 404, {"body": {"endpoint": ENDPOINT_BASE + "nobody"}}),
+        ("/api/push/unsubscribe", "POST", 403, {"body": {"endpoint": ENDPOINT_BASE + "nobody"}}),
+        # Someone else's subscription: refused like one nobody registered.
+        ("/api/push/unsubscribe", "POST", 403, {"body": {"endpoint": world.endpoints[0]}}),
+        (
+            "/api/push/subscribe",
+            "POST",
+            403,
+            {"body": {"subscription": {**subscription("seed-one"), "keys": bad_keys}}},
+        ),
         ("/api/push/change", "POST", 400, {"body": {"subscription": {}}}),
         (
             "/api/push/preferences",
             "POST",
-            404,
+            403,
             {
                 "body": {
                     "endpoint": ENDPOINT_BASE + "nobody",
@@ -179,6 +213,7 @@ def test_error_answers_match_the_document(api_schema, world):
             },
         ),
         ("/api/push/receipt", "POST", 422, {"body": {"deliveryId": "d 1", "event": "shown"}}),
+        ("/api/push/receipt", "POST", 403, {"body": {"deliveryId": "1", "event": "shown"}}),
         (
             "/api/push/feedback",
             "POST",

@@ -3,17 +3,23 @@ and subscription changes run in the worker itself."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
-import uuid
+from collections.abc import Callable
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from playwright.sync_api import BrowserContext, CDPSession, Page, Worker
 
-from tests.browser.conftest import subscribe_through_page
+from portal.clock import SystemClock
+from portal.subscriptions.models import PushSubscription
+from portal.subscriptions.validation import endpoint_hash
+from tests.browser.conftest import subscribe_through_api, subscribe_through_page
 from tests.conftest import VAPID_PUBLIC
-from tests.factories import SubscriptionFactory
+from tests.factories import BrowserSubscription, SubscriptionFactory
+from tests.helpers import record_delivery
 
 pytestmark = pytest.mark.browser
 
@@ -82,11 +88,19 @@ class PushChannel:
     """A page-level DevTools session that knows the worker's registration id, and the
     worker's push probe that says when each push ended and what it left on screen."""
 
-    def __init__(self, context: BrowserContext, page: Page, origin: str) -> None:
+    def __init__(
+        self,
+        context: BrowserContext,
+        page: Page,
+        origin: str,
+        sent: Callable[[str], None] | None = None,
+    ) -> None:
         self.origin = origin
         self.page = page
         self.worker = worker(context)
         assert self.worker.evaluate(PUSH_PROBE)
+        self.sent = sent  # records a delivery as the sender would, before it is pushed
+        self.recorded: set[str] = set()
         self.cdp: CDPSession = context.new_cdp_session(page)
         self.registrations: dict[str, dict[str, Any]] = {}
         self.versions: dict[str, dict[str, Any]] = {}
@@ -138,6 +152,10 @@ class PushChannel:
         )
 
     def push(self, message: dict[str, Any]) -> None:
+        delivery_id = message.get("deliveryId")
+        if self.sent and delivery_id and delivery_id not in self.recorded:
+            self.sent(str(delivery_id))
+            self.recorded.add(str(delivery_id))
         self.deliver(json.dumps(message))
 
     def ended(self, count: int, timeout: float = 15) -> list[dict[str, Any]]:
@@ -162,8 +180,26 @@ class PushChannel:
         return self.ended(count)[-1]
 
 
+def deliveries_to(server, subscription: BrowserSubscription) -> Callable[[str], None]:
+    """Records a delivery (with the push's id) to the browser's subscription: only a
+    delivery sent to the browser may be reported by it."""
+
+    def record(delivery_id: str) -> None:
+        with server.session() as session, session.begin():
+            held = session.execute(
+                sa.select(PushSubscription.id).where(
+                    PushSubscription.endpoint_hash == endpoint_hash(subscription.endpoint)
+                )
+            ).scalar_one()
+            record_delivery(session, held, now=SystemClock().now(), delivery_id=int(delivery_id))
+
+    return record
+
+
 @pytest.fixture
-def worker_page(context: BrowserContext, server) -> tuple[Page, PushChannel]:
+def worker_page(context: BrowserContext, server, browser_subscription) -> tuple[Page, PushChannel]:
+    # A subscribed browser: its device cookie is what the worker's receipts show.
+    subscribe_through_api(context, browser_subscription)
     page = context.new_page()
     page.goto("/")
     scope = page.evaluate(
@@ -173,7 +209,9 @@ def worker_page(context: BrowserContext, server) -> tuple[Page, PushChannel]:
         }"""
     )
     assert scope == server.url + "/"
-    return page, PushChannel(context, page, server.url)
+    return page, PushChannel(
+        context, page, server.url, sent=deliveries_to(server, browser_subscription)
+    )
 
 
 def notifications(page: Page) -> list[dict[str, Any]]:
@@ -209,9 +247,12 @@ def wait_for_receipts(server, delivery_id: str, count: int, timeout: float = 10)
     raise AssertionError(f"expected {count} receipts for {delivery_id}, saw {found}")
 
 
+_DELIVERY_IDS = itertools.count(10**12)  # the decimal ids of delivery rows, unique per run
+
+
 def message(**overrides: Any) -> dict[str, Any]:
     body = {
-        "deliveryId": str(uuid.uuid4()),
+        "deliveryId": str(next(_DELIVERY_IDS)),
         "campaignId": "c-41",
         "title": "Your order has shipped",
         "body": "It arrives on Thursday.",
@@ -486,3 +527,76 @@ def test_a_changed_subscription_is_renewed_and_moves_the_person_over(
     assert (old.state, old.end_reason) == ("revoked", "rotated")
     assert new.state in ("pending", "active")
     assert new.subscriber_id == old.subscriber_id  # the same person, choices and all
+
+
+# The worker's resubscribe() with pushManager.subscribe() answering a subscription the test
+# holds; the old subscription is given as a browser gives event.oldSubscription, its keys
+# readable through toJSON() (or not at all, when `old` has only the endpoint).
+RESUBSCRIBE = """async ([old, fresh]) => {
+  PushManager.prototype.subscribe = async () => ({endpoint: fresh.endpoint, toJSON: () => fresh});
+  const oldSubscription = old.keys ? {endpoint: old.endpoint, toJSON: () => old} : old;
+  const sent = [];
+  const realFetch = self.fetch;
+  self.fetch = (url, options) => {
+    if (options && options.method === "POST") {
+      sent.push({url, credentials: options.credentials, body: JSON.parse(options.body)});
+    }
+    return realFetch(url, options);
+  };
+  try {
+    const response = await resubscribe(oldSubscription, null);
+    return {sent, status: response.status, body: await response.json()};
+  } finally {
+    self.fetch = realFetch;
+  }
+}"""
+
+
+def _rows(server) -> dict[str, Any]:
+    return {
+        row.endpoint: row
+        for row in server.rows(
+            "SELECT endpoint, state, end_reason, subscriber_id FROM push_subscription"
+        )
+    }
+
+
+def test_a_worker_without_cookies_proves_the_old_subscription_with_its_keys(
+    context, server, browser_subscription
+):
+    page = context.new_page()
+    subscribe_through_page(page, topics=("offers",))
+    context.clear_cookies()
+    renewed = SubscriptionFactory()("fcm")
+    answer = worker(context).evaluate(
+        RESUBSCRIBE, [browser_subscription.to_json(), renewed.to_json()]
+    )
+    (change,) = answer["sent"]
+    assert change["url"] == "/api/push/change"
+    assert change["credentials"] == "same-origin"
+    assert change["body"]["oldAuth"] == browser_subscription.auth_b64
+    assert (answer["status"], answer["body"]["moved"]) == (201, True)
+    rows = _rows(server)
+    old, new = rows[browser_subscription.endpoint], rows[renewed.endpoint]
+    assert (old.state, old.end_reason) == ("revoked", "rotated")
+    assert new.subscriber_id == old.subscriber_id
+    # The answer gave the worker's browser its cookies back, naming the new subscription.
+    assert {"portal_subscriber", "portal_device"} <= {c["name"] for c in context.cookies()}
+
+
+def test_a_worker_that_cannot_prove_the_old_subscription_registers_the_new_one_alone(
+    context, server, browser_subscription
+):
+    page = context.new_page()
+    subscribe_through_page(page)
+    context.clear_cookies()
+    renewed = SubscriptionFactory()("fcm")
+    answer = worker(context).evaluate(
+        RESUBSCRIBE, [{"endpoint": browser_subscription.endpoint}, renewed.to_json()]
+    )
+    assert [s["url"] for s in answer["sent"]] == ["/api/push/change", "/api/push/subscribe"]
+    assert answer["status"] == 201
+    rows = _rows(server)
+    old, new = rows[browser_subscription.endpoint], rows[renewed.endpoint]
+    assert old.state == "pending"  # not moved: nobody showed it was theirs
+    assert new.subscriber_id != old.subscriber_id

@@ -235,7 +235,11 @@ def test_an_already_subscribed_browser_sees_it_and_can_unsubscribe(
 
     with page.expect_request("**/api/push/unsubscribe") as posted:
         page.click("#unsubscribe-button")
-    assert posted.value.post_data_json == {"endpoint": browser_subscription.endpoint}
+    assert posted.value.post_data_json == {
+        "endpoint": browser_subscription.endpoint,
+        "auth": browser_subscription.auth_b64,
+        "source": "subscribe-page",
+    }
     page.wait_for_selector("#state-unsubscribed:not([hidden])")
     assert active_element_id(page) == "state-unsubscribed"
     assert len(calls(page, "unsubscribe")) == 1
@@ -373,3 +377,57 @@ def test_a_heartbeat_for_an_expired_subscription_renews_it(page, server, browser
     ]
     assert _subscription_row(server, browser_subscription).state == "pending"
     assert page.is_visible("#state-subscribed")
+
+
+def test_a_browser_whose_cookies_were_cleared_proves_itself_with_its_auth(
+    page, server, browser_subscription
+):
+    """Heartbeat, unsubscribe and subscribing again all work without cookies: the page
+    sends the subscription's auth secret, which only this browser has."""
+    subscribe_through_page(page, topics=("offers",))
+    first = _subscription_row(server, browser_subscription)
+    page.context.clear_cookies()
+    page.evaluate("localStorage.removeItem('portal.heartbeatAt')")
+    with page.expect_response("**/api/push/heartbeat") as answered:
+        page.reload()
+    assert answered.value.request.post_data_json == {
+        "endpoint": browser_subscription.endpoint,
+        "auth": browser_subscription.auth_b64,
+    }
+    assert answered.value.json() == {"state": "pending", "action": "none"}
+    page.wait_for_selector("#state-subscribed:not([hidden])")
+
+    with page.expect_response("**/api/push/unsubscribe") as stopped:
+        page.click("#unsubscribe-button")
+    assert stopped.value.status == 200
+    page.wait_for_selector("#state-unsubscribed:not([hidden])")
+    assert _subscription_row(server, browser_subscription).state == "revoked"
+
+    # Turning them on again: the same keys prove the same browser, which gets its row,
+    # its person and its cookies back.
+    with page.expect_response("**/api/push/subscribe") as again:
+        page.click("#subscribe-button")
+    assert again.value.status == 200
+    page.wait_for_selector("#state-success:not([hidden])")
+    row = _subscription_row(server, browser_subscription)
+    assert (row.id, row.subscriber_id, row.state) == (first.id, first.subscriber_id, "pending")
+    assert {SUBSCRIBER_COOKIE, DEVICE_COOKIE} <= {c["name"] for c in page.context.cookies()}
+
+
+def test_a_subscription_the_server_cannot_tie_to_this_browser_is_let_go(
+    page, server, browser_subscription
+):
+    """Erased behind a browser whose cookies were then cleared: nothing proves the
+    tombstone is its own and no person the portal knows is behind it, so the browser
+    drops the subscription instead of registering it again unasked."""
+    subscribe_through_page(page)
+    erase_behind_the_browser(server)
+    page.context.clear_cookies()
+    page.evaluate("localStorage.removeItem('portal.heartbeatAt')")
+    with page.expect_response("**/api/push/heartbeat") as answered:
+        page.reload()
+    assert answered.value.json() == {"state": "unknown", "action": "unsubscribe"}
+    page.wait_for_selector("#state-ended:not([hidden])")
+    assert len(calls(page, "unsubscribe")) == 1
+    assert page.evaluate("window.PortalPush.currentSubscription()") is None
+    assert len(calls(page, "subscribe")) == 1  # not subscribed again

@@ -58,7 +58,9 @@ def test_a_campaign_launched_from_the_form_reaches_exactly_the_people_consent_al
     leaving = subscribe(app, fake_push, region="US", topics=["weekly-digest"])
     assert (
         app.test_client()
-        .post("/api/push/unsubscribe", json={"endpoint": leaving.endpoint})
+        .post(
+            "/api/push/unsubscribe", json={"endpoint": leaving.endpoint, "auth": leaving.auth_b64}
+        )
         .status_code
         == 200
     )

@@ -247,13 +247,16 @@ def test_opt_out_after_launch_is_skipped(push_app, dispatcher, fake_push, clock,
         "/api/push/preferences",
         json={
             "endpoint": leaves.endpoint,
+            "auth": leaves.auth_b64,
             "decisions": [{"slug": "weekly-digest", "state": "opt_out"}],
             "policyVersion": "v1",
             "decidedAt": "2025-12-31T23:59:00Z",
         },
     )
     assert withdrawal.status_code == 200
-    push_app.test_client().post("/api/push/unsubscribe", json={"endpoint": stays.endpoint})
+    push_app.test_client().post(
+        "/api/push/unsubscribe", json={"endpoint": stays.endpoint, "auth": stays.auth_b64}
+    )
     dispatcher.tick()  # …and re-checked at send time
     reasons = sorted(d["reason"] for d in _rows(push_app, Delivery))
     assert reasons == ["consent_withdrawn", "subscription_revoked"]

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 from flask import Flask
+from flask.testing import FlaskClient
 
 from portal.consent import catalogue
 from portal.consent.log import Context
@@ -39,6 +40,7 @@ class Person:
     subscriber_id: object
     subscription_id: object
     sub: BrowserSubscription
+    client: FlaskClient | None = None  # their browser, its cookies in it
 
 
 def subscribe(app: Flask, subscriptions, **headers) -> Person:
@@ -58,7 +60,7 @@ def subscribe(app: Flask, subscriptions, **headers) -> Person:
 
     with app.app_context():
         row = db.session.get(PushSubscription, __import__("uuid").UUID(response.json["id"]))
-        return Person(row.subscriber_id, row.id, sub)
+        return Person(row.subscriber_id, row.id, sub, client)
 
 
 @pytest.fixture

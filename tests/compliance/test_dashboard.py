@@ -204,7 +204,7 @@ def test_pending_erasures_count_devices_until_they_are_told(app, engine, clock, 
     assert "the next time it visits the site" in page
 
     clock.advance(minutes=1)
-    beat = app.test_client().post("/api/push/heartbeat", json={"endpoint": person.sub.endpoint})
+    beat = person.client.post("/api/push/heartbeat", json={"endpoint": person.sub.endpoint})
     assert beat.json["action"] == "unsubscribe"
     [row] = [r for r in all_rows(engine, "push_subscription") if r["end_reason"] == "erased"]
     assert row["browser_told_at"] is not None
@@ -214,7 +214,7 @@ def test_pending_erasures_count_devices_until_they_are_told(app, engine, clock, 
     # Told once: a later heartbeat keeps the first time.
     first = row["browser_told_at"]
     clock.advance(minutes=1)
-    app.test_client().post("/api/push/heartbeat", json={"endpoint": person.sub.endpoint})
+    person.client.post("/api/push/heartbeat", json={"endpoint": person.sub.endpoint})
     [row] = [r for r in all_rows(engine, "push_subscription") if r["end_reason"] == "erased"]
     assert row["browser_told_at"] == first
 
@@ -230,9 +230,8 @@ def test_an_erasure_that_left_a_subscription_behind_is_a_fault(app, clock, offic
 
 def test_a_device_registering_again_is_no_longer_pending(app, officer, person):
     officer.post(f"/staff/compliance/subscribers/{person.subscriber_id}/erase", {"confirm": "y"})
-    again = app.test_client().post(
-        "/api/push/subscribe", json={"subscription": person.sub.to_json()}
-    )
+    # Its own browser (the device cookie names the tombstone) registers it again.
+    again = person.client.post("/api/push/subscribe", json={"subscription": person.sub.to_json()})
     assert again.status_code == 200  # the tombstone comes back for a new subscriber
     page = officer.get("/staff/compliance/").text
     assert "<strong>0</strong> devices of erased people have not yet been told to stop" in page

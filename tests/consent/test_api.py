@@ -104,9 +104,10 @@ BAD = [
         "endpoint",
     ),
     (
+        # Refused as any endpoint this browser does not hold: nothing says it is unknown.
         "unknown-endpoint",
         lambda e: _body("https://fcm.googleapis.com/fcm/send/unknown"),
-        404,
+        403,
         "endpoint",
     ),
     ("unknown-policy", lambda e: _body(e, policyVersion="v9"), 422, "policyVersion"),
@@ -129,7 +130,25 @@ BAD = [
         422,
         "decidedAt",
     ),
+    (
+        # The server clock is 2026-01-01T00:00:00Z; the skew allowed is 24 hours either way.
+        "decided-at-over-a-day-before",
+        lambda e: _body(e, decidedAt="2025-12-30T23:59:59Z"),
+        422,
+        "decidedAt",
+    ),
+    (
+        "decided-at-over-a-day-after",
+        lambda e: _body(e, decidedAt="2026-01-02T00:00:01Z"),
+        422,
+        "decidedAt",
+    ),
     ("bad-source", lambda e: _body(e, source="import"), 422, "source"),
+    # Only the host product's own calls reach this route: the preference centre and the
+    # subscribe page post elsewhere, so neither may be claimed here.
+    ("preference-centre-source", lambda e: _body(e, source="preference-centre"), 422, "source"),
+    ("subscribe-page-source", lambda e: _body(e, source="subscribe-page"), 422, "source"),
+    ("service-worker-source", lambda e: _body(e, source="service-worker"), 422, "source"),
 ]
 
 
@@ -140,7 +159,7 @@ CODES = {
     "bad-state": "invalid_state",
     "duplicate-slug": "duplicate_topic",
     "missing-endpoint": "missing_field",
-    "unknown-endpoint": "unknown_endpoint",
+    "unknown-endpoint": "not_your_subscription",
     "unknown-policy": "unknown_policy_version",
 }
 
@@ -162,6 +181,28 @@ def test_bad_preferences_write_nothing(
     assert error["code"] == CODES.get(case, error["code"])
     assert count_rows(engine, "topic_preference") == 0
     assert count_rows(engine, "consent_event") == events
+
+
+@pytest.mark.parametrize(
+    "decided_at", ["2025-12-31T00:00:01Z", "2026-01-01T23:59:59Z", "2026-01-01T23:59:59+23:00"]
+)
+def test_a_decision_within_a_day_of_the_server_clock_is_accepted(client, subscribed, decided_at):
+    response = client.post(URL, json=_body(subscribed.endpoint, decidedAt=decided_at))
+    assert response.status_code == 200, response.json
+
+
+def test_the_allowed_skew_of_decided_at_is_a_setting(app, client, engine, subscribed):
+    settings = app.extensions["portal.settings"].with_overrides(decided_at_max_skew_seconds=3600)
+    app.extensions["portal.settings"] = app.extensions["portal"].settings = settings
+    events = count_rows(engine, "consent_event")
+    for late in ("2025-12-31T22:59:59Z", "2026-01-01T01:00:01Z"):
+        response = client.post(URL, json=_body(subscribed.endpoint, decidedAt=late))
+        assert response.status_code == 422
+        assert response.json["error"]["field"] == "decidedAt"
+        assert "1 hour" in response.json["error"]["message"]
+    assert count_rows(engine, "consent_event") == events
+    ok = client.post(URL, json=_body(subscribed.endpoint, decidedAt="2025-12-31T23:00:01Z"))
+    assert ok.status_code == 200
 
 
 def test_preferences_of_a_revoked_device_still_apply_to_the_person(client, engine, subscribed):
@@ -237,8 +278,14 @@ def test_change_carries_preferences_with_an_endpoint_rotated_event(
 ):
     client.post(URL, json=_body(subscribed.endpoint))
     new = subscriptions()
+    # The service worker's request, proving the old subscription with its auth secret.
     response = app.test_client().post(
-        "/api/push/change", json={"oldEndpoint": subscribed.endpoint, "subscription": new.to_json()}
+        "/api/push/change",
+        json={
+            "oldEndpoint": subscribed.endpoint,
+            "oldAuth": subscribed.auth_b64,
+            "subscription": new.to_json(),
+        },
     )
     assert response.json["moved"] is True
     with engine.connect() as conn:
@@ -261,7 +308,8 @@ def test_change_carries_preferences_with_an_endpoint_rotated_event(
     assert new_grant == 1
     # The new endpoint speaks for the same person: its preferences are already there.
     answer = client.post(
-        URL, json=_body(new.endpoint, [{"slug": "weekly-digest", "state": "opt_in"}])
+        URL,
+        json=_body(new.endpoint, [{"slug": "weekly-digest", "state": "opt_in"}], auth=new.auth_b64),
     )
     states = {p["slug"]: p["state"] for p in answer.json["preferences"]}
     assert states["offers"] == "opt_in"
@@ -367,7 +415,10 @@ def test_a_persons_devices_share_their_preferences(app, client, engine, subscrip
         client.post("/api/push/subscribe", json={"subscription": laptop.to_json()}).status_code
         == 201
     )
-    client.post(URL, json=_body(subscribed.endpoint, [{"slug": "offers", "state": "opt_in"}]))
+    # This client's device cookie names the laptop now; the phone's endpoint is proved
+    # with its own auth secret.
+    phone = _body(subscribed.endpoint, [{"slug": "offers", "state": "opt_in"}])
+    assert client.post(URL, json={**phone, "auth": subscribed.auth_b64}).status_code == 200
     answer = client.post(
         URL, json=_body(laptop.endpoint, [{"slug": "weekly-digest", "state": "opt_in"}])
     )

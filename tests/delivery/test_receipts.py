@@ -1,40 +1,130 @@
-"""POST /api/push/receipt: the service worker's display and click reports."""
+"""POST /api/push/receipt: the service worker's display and click reports.
+
+A receipt is accepted only for a delivery of ours that went to the calling browser: its
+device cookie names the delivery's subscription, or it shows that subscription's auth
+secret. Anything else — an id that is not a delivery, someone else's delivery — gets the
+same refusal and writes nothing.
+"""
 
 from __future__ import annotations
 
 import hashlib
-import uuid
+from dataclasses import dataclass
 
 import pytest
+import sqlalchemy as sa
+from flask.testing import FlaskClient
 
-from tests.helpers import all_rows, count_rows
+from portal.db import db
+from portal.subscriptions.models import PushSubscription
+from portal.subscriptions.validation import endpoint_hash
+from tests.factories import BrowserSubscription
+from tests.helpers import all_rows, count_rows, record_delivery
 
-DELIVERY = str(uuid.UUID(int=7))
+URL = "/api/push/receipt"
+REFUSAL = {
+    "error": {
+        "code": "not_your_delivery",
+        "message": "no delivery to this browser has this id",
+        "field": "deliveryId",
+    }
+}
 
 
-def test_a_shown_receipt_is_recorded_once(client, engine, clock):
-    endpoint = "https://fcm.googleapis.com/fcm/send/abc"
-    body = {"deliveryId": DELIVERY, "event": "shown", "endpoint": endpoint}
-    first = client.post("/api/push/receipt", json=body)
+@dataclass
+class Browser:
+    client: FlaskClient
+    sub: BrowserSubscription
+    delivery_id: str
+
+
+@pytest.fixture
+def browser(app, clock, subscriptions) -> Browser:
+    """A subscribed browser (its cookies in the client) and one delivery sent to it."""
+    client = app.test_client()
+    sub = subscriptions()
+    assert (
+        client.post("/api/push/subscribe", json={"subscription": sub.to_json()}).status_code == 201
+    )
+    with db.begin(app) as session:
+        subscription_id = session.execute(
+            sa.select(PushSubscription.id).where(
+                PushSubscription.endpoint_hash == endpoint_hash(sub.endpoint)
+            )
+        ).scalar_one()
+        delivery_id = record_delivery(session, subscription_id, now=clock.now())
+    return Browser(client, sub, delivery_id)
+
+
+def test_a_shown_receipt_from_the_browser_it_went_to_is_recorded_once(browser, engine):
+    body = {"deliveryId": browser.delivery_id, "event": "shown", "endpoint": browser.sub.endpoint}
+    first = browser.client.post(URL, json=body)
     assert first.status_code == 201
-    assert first.json == {"deliveryId": DELIVERY, "event": "shown", "recorded": True}
-    again = client.post("/api/push/receipt", json=body)
+    assert first.json == {"deliveryId": browser.delivery_id, "event": "shown", "recorded": True}
+    again = browser.client.post(URL, json=body)
     assert again.status_code == 200
     assert again.json["recorded"] is False
     (row,) = all_rows(engine, "delivery_receipt")
-    assert row["delivery_id"] == DELIVERY
+    assert row["delivery_id"] == browser.delivery_id
     assert row["event"] == "shown"
-    assert bytes(row["endpoint_hash"]) == hashlib.sha256(endpoint.encode()).digest()
+    assert bytes(row["endpoint_hash"]) == hashlib.sha256(browser.sub.endpoint.encode()).digest()
 
 
-def test_shown_and_clicked_are_separate_facts(client, engine):
+def test_shown_and_clicked_are_separate_facts(browser, engine):
     for event in ("shown", "clicked", "clicked"):
-        assert client.post(
-            "/api/push/receipt", json={"deliveryId": DELIVERY, "event": event}
-        ).status_code in (200, 201)
+        answer = browser.client.post(URL, json={"deliveryId": browser.delivery_id, "event": event})
+        assert answer.status_code in (200, 201)
     rows = all_rows(engine, "delivery_receipt")
     assert sorted(r["event"] for r in rows) == ["clicked", "shown"]
     assert all(r["endpoint_hash"] is None for r in rows)
+
+
+def test_a_browser_whose_cookies_were_cleared_proves_it_with_its_auth(app, browser, engine):
+    cleared = app.test_client()
+    body = {"deliveryId": browser.delivery_id, "event": "shown", "auth": browser.sub.auth_b64}
+    assert cleared.post(URL, json=body).status_code == 201
+    assert count_rows(engine, "delivery_receipt") == 1
+
+
+@pytest.mark.parametrize(
+    "who",
+    ["nobody", "wrong-auth", "other-browser", "unknown-id", "not-a-number", "huge-number"],
+)
+def test_a_receipt_for_a_delivery_not_sent_to_the_caller_is_refused_alike(
+    app, browser, engine, subscriptions, who
+):
+    caller = app.test_client()
+    body = {"deliveryId": browser.delivery_id, "event": "shown"}
+    if who == "wrong-auth":
+        body["auth"] = subscriptions().auth_b64
+    elif who == "other-browser":
+        # A browser of its own (its own device cookie), reporting someone else's delivery.
+        caller.post("/api/push/subscribe", json={"subscription": subscriptions().to_json()})
+        body["endpoint"] = browser.sub.endpoint
+    elif who == "unknown-id":
+        caller = browser.client
+        body["deliveryId"] = str(int(browser.delivery_id) + 1000)
+    elif who == "not-a-number":
+        caller = browser.client
+        body["deliveryId"] = "d-1"
+    elif who == "huge-number":
+        caller = browser.client
+        body["deliveryId"] = "9" * 40
+    response = caller.post(URL, json=body)
+    assert response.status_code == 403
+    assert response.json == REFUSAL
+    assert count_rows(engine, "delivery_receipt") == 0
+
+
+def test_the_first_receipt_is_the_real_one(app, browser, engine, subscriptions):
+    """Nobody can take a receipt's place before the browser sends it."""
+    intruder = app.test_client()
+    intruder.post("/api/push/subscribe", json={"subscription": subscriptions().to_json()})
+    for event in ("shown", "clicked"):
+        refused = intruder.post(URL, json={"deliveryId": browser.delivery_id, "event": event})
+        assert refused.status_code == 403
+    real = browser.client.post(URL, json={"deliveryId": browser.delivery_id, "event": "shown"})
+    assert (real.status_code, real.json["recorded"]) == (201, True)
 
 
 @pytest.mark.parametrize(
@@ -44,29 +134,48 @@ def test_shown_and_clicked_are_separate_facts(client, engine):
         ({"deliveryId": 7, "event": "shown"}, 400, "deliveryId"),
         ({"deliveryId": "not an id!", "event": "shown"}, 422, "deliveryId"),
         ({"deliveryId": "x" * 65, "event": "shown"}, 422, "deliveryId"),
-        ({"deliveryId": DELIVERY}, 400, "event"),
-        ({"deliveryId": DELIVERY, "event": "accepted"}, 422, "event"),
-        ({"deliveryId": DELIVERY, "event": "shown", "endpoint": 3}, 400, "endpoint"),
-        ({"deliveryId": DELIVERY, "event": "shown", "endpoint": "e" * 5000}, 422, "endpoint"),
+        ({"deliveryId": "1"}, 400, "event"),
+        ({"deliveryId": "1", "event": "accepted"}, 422, "event"),
+        ({"deliveryId": "1", "event": "shown", "endpoint": 3}, 400, "endpoint"),
+        ({"deliveryId": "1", "event": "shown", "endpoint": "e" * 5000}, 422, "endpoint"),
+        ({"deliveryId": "1", "event": "shown", "auth": "short"}, 422, "auth"),
     ],
 )
-def test_bad_receipts_are_refused_and_write_nothing(client, engine, body, status, field):
-    response = client.post("/api/push/receipt", json=body)
+def test_bad_receipts_are_refused_and_write_nothing(browser, engine, body, status, field):
+    response = browser.client.post(URL, json=body)
     assert response.status_code == status
     assert response.json["error"]["field"] == field
     assert count_rows(engine, "delivery_receipt") == 0
 
 
-def test_receipts_obey_the_api_rules(client, engine, settings):
-    not_json = client.post("/api/push/receipt", data="deliveryId=1", content_type="text/plain")
+def test_receipts_obey_the_api_rules(browser, engine, settings):
+    client = browser.client
+    not_json = client.post(URL, data="deliveryId=1", content_type="text/plain")
     assert not_json.status_code == 415
     big = "x" * (settings.api_max_body_bytes + 1)
-    too_big = client.post("/api/push/receipt", data=big, content_type="application/json")
+    too_big = client.post(URL, data=big, content_type="application/json")
     assert too_big.status_code == 413
     cross = client.post(
-        "/api/push/receipt",
-        json={"deliveryId": DELIVERY, "event": "shown"},
+        URL,
+        json={"deliveryId": browser.delivery_id, "event": "shown"},
         headers={"Origin": "https://elsewhere.example"},
     )
     assert cross.status_code == 403
     assert count_rows(engine, "delivery_receipt") == 0
+
+
+def test_one_write_transaction_per_receipt_and_none_for_a_refusal(app, browser, engine):
+    commits: list[int] = []
+
+    def count(_connection: object) -> None:
+        commits.append(1)
+
+    sa.event.listen(engine, "commit", count)
+    try:
+        body = {"deliveryId": browser.delivery_id, "event": "shown"}
+        assert browser.client.post(URL, json=body).status_code == 201
+        assert len(commits) == 1
+        assert app.test_client().post(URL, json=body).status_code == 403
+        assert len(commits) == 1
+    finally:
+        sa.event.remove(engine, "commit", count)

@@ -36,6 +36,7 @@ def test_erasure_leaves_nothing_of_the_person_and_the_log_still_verifies(
     ].with_overrides(identity_assertion_secrets=(secret,))
     browser = app.test_client()
     phone, laptop = subscriptions(), subscriptions("autopush")
+    devices = {}  # each subscription's device cookie, as its own browser keeps it
     for sub in (phone, laptop):
         browser.post(
             "/api/push/subscribe",
@@ -46,6 +47,7 @@ def test_erasure_leaves_nothing_of_the_person_and_the_log_still_verifies(
             },
             headers={"User-Agent": UA, "Accept-Language": "fr-CA"},
         )
+        devices[sub.endpoint] = browser.get_cookie("portal_device").value
     browser.get(
         "/preferences?assertion="
         + sign_assertion({"sub": "customer-8812", "exp": time.time() + 60}, secret)
@@ -75,7 +77,8 @@ def test_erasure_leaves_nothing_of_the_person_and_the_log_still_verifies(
     assert done.status_code == 200
     assert "Your data is erased" in done.text
     cleared = [c for c in done.headers.getlist("Set-Cookie") if "Expires=Thu, 01 Jan 1970" in c]
-    assert {c.split("=")[0] for c in cleared} == {"portal_subscriber", "portal_device"}
+    # The device cookie stays: it names only the tombstone, and proves it is this browser's.
+    assert {c.split("=")[0] for c in cleared} == {"portal_subscriber"}
 
     after = _dump_everything(engine)
     for sub in (phone, laptop):
@@ -102,10 +105,13 @@ def test_erasure_leaves_nothing_of_the_person_and_the_log_still_verifies(
     )
     assert app.test_cli_runner().invoke(args=["portal", "verify-log"]).exit_code == 0
 
-    # Each browser is told to unsubscribe at its next heartbeat.
+    # Each browser is told to unsubscribe at its next heartbeat: its device cookie
+    # proves the tombstone is its own.
     for sub in (phone, laptop):
-        beat = app.test_client().post("/api/push/heartbeat", json={"endpoint": sub.endpoint})
-        assert beat.json["action"] == "unsubscribe"
+        device = app.test_client()
+        device.set_cookie("portal_device", devices[sub.endpoint])
+        beat = device.post("/api/push/heartbeat", json={"endpoint": sub.endpoint})
+        assert beat.json == {"state": "revoked", "action": "unsubscribe"}
     # The receipt downloads and names the erasure event.
     link = done.text.split('href="/preferences/erasure-receipt/')[1].split('"')[0]
     receipt = app.test_client().get(f"/preferences/erasure-receipt/{link}")

@@ -74,7 +74,7 @@ def test_quiet_for_30_days_turns_stale_then_expired_30_days_later(
 def test_a_heartbeat_or_a_success_is_a_sign_of_life(app, client, engine, clock, subscriptions):
     seen, reached = _subscribe(app, subscriptions, 2)
     clock.advance(days=20)
-    client.post("/api/push/heartbeat", json={"endpoint": seen.endpoint})
+    client.post("/api/push/heartbeat", json={"endpoint": seen.endpoint, "auth": seen.auth_b64})
     with engine.begin() as conn:
         conn.execute(
             sa.text("UPDATE push_subscription SET last_success_at = :t WHERE endpoint = :e"),
@@ -150,7 +150,7 @@ def test_tombstone_after_the_grace_period_keeps_only_the_proof(
     app, client, engine, clock, subscriptions
 ):
     gone, kept = _subscribe(app, subscriptions, 2)
-    client.post("/api/push/unsubscribe", json={"endpoint": gone.endpoint})
+    client.post("/api/push/unsubscribe", json={"endpoint": gone.endpoint, "auth": gone.auth_b64})
     clock.advance(days=6, hours=23)
     run_job(app, "tombstone")
     assert _row(engine, gone)["deleted_at"] is None
@@ -171,7 +171,7 @@ def test_purge_folds_old_tombstones_into_counters(app, client, engine, clock, su
         app, subscriptions, 1, service="autopush"
     )
     for sub in subs:
-        client.post("/api/push/unsubscribe", json={"endpoint": sub.endpoint})
+        client.post("/api/push/unsubscribe", json={"endpoint": sub.endpoint, "auth": sub.auth_b64})
     clock.advance(days=8)
     run_job(app, "tombstone")
     clock.set(months_before(clock.now(), -13) - DAY)  # a day short of the audit window
@@ -197,7 +197,7 @@ def test_purge_folds_old_tombstones_into_counters(app, client, engine, clock, su
 def test_purge_adds_to_existing_counters(app, client, engine, clock, subscriptions):
     for _ in range(2):
         (sub,) = _subscribe(app, subscriptions)
-        client.post("/api/push/unsubscribe", json={"endpoint": sub.endpoint})
+        client.post("/api/push/unsubscribe", json={"endpoint": sub.endpoint, "auth": sub.auth_b64})
         clock.advance(days=8)
         run_job(app, "tombstone")
         clock.advance(days=400)
@@ -230,7 +230,7 @@ def _five_due(job, app, client, clock, subscriptions):
         clock.advance(days=31)
         return
     for sub in subs:
-        client.post("/api/push/unsubscribe", json={"endpoint": sub.endpoint})
+        client.post("/api/push/unsubscribe", json={"endpoint": sub.endpoint, "auth": sub.auth_b64})
     clock.advance(days=8)
     if job == "purge":
         run_job(app, "tombstone")

@@ -73,10 +73,10 @@ def test_change_moves_the_subscriber_and_ends_the_old_endpoint(app, engine, subs
     old = subscriptions()
     browser.post(SUBSCRIBE, json={"subscription": old.to_json()})
     new = subscriptions()
-    # The service worker's request: no cookie is needed, the old endpoint identifies it.
-    response = app.test_client().post(
-        "/api/push/change", json={"oldEndpoint": old.endpoint, "subscription": new.to_json()}
-    )
+    # The service worker's request, without cookies: the old subscription's auth secret
+    # (from event.oldSubscription) proves it holds the old endpoint.
+    body = {"oldEndpoint": old.endpoint, "oldAuth": old.auth_b64, "subscription": new.to_json()}
+    response = app.test_client().post("/api/push/change", json=body)
     assert response.status_code == 201
     assert response.json["moved"] is True
     rows = _rows(engine)
@@ -86,9 +86,7 @@ def test_change_moves_the_subscriber_and_ends_the_old_endpoint(app, engine, subs
     assert rows[old.endpoint]["revoked_at"] is not None
     assert rows[new.endpoint]["state"] == "pending"
 
-    repeat = app.test_client().post(
-        "/api/push/change", json={"oldEndpoint": old.endpoint, "subscription": new.to_json()}
-    )
+    repeat = app.test_client().post("/api/push/change", json=body)
     assert repeat.status_code == 200  # idempotent: same row, same subscriber
     assert repeat.json["id"] == response.json["id"]
     assert len(_rows(engine)) == 2
@@ -109,20 +107,21 @@ def test_change_is_one_transaction(app, engine, subscriptions, monkeypatch):
     monkeypatch.setattr(services, "end_subscription", broken)
     new = subscriptions()
     app.config["PROPAGATE_EXCEPTIONS"] = False
-    response = app.test_client().post(
-        "/api/push/change", json={"oldEndpoint": old.endpoint, "subscription": new.to_json()}
-    )
+    body = {"oldEndpoint": old.endpoint, "oldAuth": old.auth_b64, "subscription": new.to_json()}
+    response = app.test_client().post("/api/push/change", json=body)
     assert response.status_code == 500
     assert before == {t: all_rows(engine, t) for t in before}
 
     monkeypatch.undo()
-    response = app.test_client().post(
-        "/api/push/change", json={"oldEndpoint": old.endpoint, "subscription": new.to_json()}
-    )
+    response = app.test_client().post("/api/push/change", json=body)
     assert (response.status_code, response.json["moved"]) == (201, True)
 
 
-def test_change_from_an_unknown_endpoint_still_registers_the_new_one(client, engine, subscriptions):
+def test_change_from_an_unknown_endpoint_is_refused_and_registers_nothing(
+    client, engine, subscriptions
+):
+    """Answered like an old endpoint this browser cannot prove; the worker then registers
+    the new subscription on its own (/api/push/subscribe)."""
     new = subscriptions()
     response = client.post(
         "/api/push/change",
@@ -131,9 +130,9 @@ def test_change_from_an_unknown_endpoint_still_registers_the_new_one(client, eng
             "subscription": new.to_json(),
         },
     )
-    assert response.status_code == 201
-    assert response.json["moved"] is False
-    assert list(_rows(engine)) == [new.endpoint]
+    assert response.status_code == 403
+    assert response.json["error"]["code"] == "not_your_subscription"
+    assert _rows(engine) == {}
 
 
 def test_change_with_a_bad_new_subscription_changes_nothing(client, engine, subscriptions):
@@ -161,10 +160,33 @@ def test_unsubscribe(client, engine, subscriptions):
     assert row["end_reason"] == "unsubscribed"
     assert client.post("/api/push/unsubscribe", json={"endpoint": sub.endpoint}).status_code == 200
     missing = client.post("/api/push/unsubscribe", json={"endpoint": subscriptions().endpoint})
-    assert missing.status_code == 404
-    assert missing.json["error"]["code"] == "unknown_endpoint"
+    assert missing.status_code == 403
+    assert missing.json["error"]["code"] == "not_your_subscription"
     # Subscribing again later brings it back to pending (never left revoked by mistake).
     assert client.post(SUBSCRIBE, json={"subscription": sub.to_json()}).json["state"] == "pending"
+
+
+def test_unsubscribe_records_the_screen_it_came_from_and_only_those_that_call_it(
+    client, engine, subscriptions
+):
+    sub = subscriptions()
+    client.post(SUBSCRIBE, json={"subscription": sub.to_json()})
+    for source in ("service-worker", "preference-centre", "staff"):
+        refused = client.post(
+            "/api/push/unsubscribe", json={"endpoint": sub.endpoint, "source": source}
+        )
+        assert refused.status_code == 422
+        assert refused.json["error"]["field"] == "source"
+    assert _rows(engine)[sub.endpoint]["state"] == "pending"
+    answer = client.post(
+        "/api/push/unsubscribe", json={"endpoint": sub.endpoint, "source": "subscribe-page"}
+    )
+    assert answer.status_code == 200
+    with engine.connect() as conn:
+        recorded = conn.execute(
+            sa.text("SELECT source FROM consent_event WHERE kind = 'unsubscribed'")
+        ).scalar_one()
+    assert recorded == "subscribe-page"
 
 
 def test_text_no_column_can_hold_is_refused_as_invalid_text(client, engine, catalogue_ready):
