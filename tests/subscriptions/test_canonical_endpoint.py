@@ -9,7 +9,13 @@ from hypothesis import strategies as st
 
 from portal.dispatch.transport import PushRequest
 from portal.errors import ValidationError
-from portal.subscriptions.validation import HostAllowList, endpoint_hash, validate_endpoint
+from portal.subscriptions.validation import (
+    EndpointRefused,
+    HostAllowList,
+    canonical_endpoint,
+    endpoint_hash,
+    validate_endpoint,
+)
 
 ALLOWED = HostAllowList(
     [
@@ -184,3 +190,21 @@ def test_whatever_the_validator_accepts_the_transport_accepts(text):
     sendable(canonical)
     assert valid(canonical) == canonical
     assert endpoint_hash(text) == endpoint_hash(canonical)
+
+
+@given(
+    st.one_of(
+        st.text(max_size=80),
+        st.text(max_size=40).map(lambda t: f"https://{t}/x"),
+        st.text(max_size=40).map(lambda t: f"https://fcm.googleapis.com{t}"),
+    )
+)
+def test_the_parser_refuses_with_its_own_error_and_hashing_never_raises(text):
+    """Every look-up hashes what it is given: no text makes it raise (a 500)."""
+    try:
+        canonical = canonical_endpoint(text)
+    except EndpointRefused as refused:
+        assert refused.code in {"invalid_endpoint", "insecure_endpoint"}
+    else:
+        assert canonical.isascii() and canonical_endpoint(canonical) == canonical
+    assert len(endpoint_hash(text)) == 32
