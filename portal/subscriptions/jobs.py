@@ -206,8 +206,11 @@ def canonicalise_endpoints(
     and its hash; rows that turn out to be spellings of one push resource are merged.
 
     In chunks like :func:`backfill_endpoint_hash` (same pause and replication check),
-    safe to stop and to run again. A row whose endpoint is no push endpoint, or whose
-    canonical form belongs to a tombstone, is reported and left as it is.
+    safe to stop and to run again; a row whose canonical form another row holds is
+    merged after the walk, each merge in a short transaction of its own under the
+    consent chain's lock (it appends events), so no chunk ever holds that lock. A row
+    whose endpoint is no push endpoint, or whose canonical form belongs to a tombstone,
+    is reported and left as it is.
 
     The merge rule, two rows at a time (so any number of spellings end as one row):
 
@@ -229,9 +232,10 @@ def canonicalise_endpoints(
     """
     report = JobReport(CANONICALISE_JOB)
     clock = app.extensions["portal"].clock
+    collisions: list[tuple[uuid.UUID, EndpointParts]] = []
 
     def rewrite(session: Session, rows: Sequence[sa.Row[Any]]) -> int:
-        changed, now = 0, clock.now()
+        changed = 0
         for row in rows:
             try:
                 parts = parse_endpoint(row.endpoint)
@@ -241,9 +245,23 @@ def canonicalise_endpoints(
                     f"({refused.code}); left as it is"
                 )
                 continue
-            if row.endpoint == parts.url and row.endpoint_hash == endpoint_hash(parts.url):
+            digest = endpoint_hash(parts.url)
+            if row.endpoint == parts.url and row.endpoint_hash == digest:
                 continue
-            changed += _canonicalise(session, row.id, parts, report, now)
+            try:
+                with session.begin_nested():
+                    changed += affected_rows(
+                        session,
+                        sa.update(_t)
+                        .where(_t.c.id == row.id, _t.c.endpoint == row.endpoint)
+                        .values(
+                            endpoint=parts.url,
+                            endpoint_hash=digest,
+                            push_service=push_service_for(parts.host),
+                        ),
+                    )
+            except IntegrityError:  # another row holds the canonical form: a merge
+                collisions.append((row.id, parts))
         return changed
 
     subscription_batches(
@@ -255,7 +273,6 @@ def canonicalise_endpoints(
         stop=None,
         report=report,
         columns=(_t.c.endpoint, _t.c.endpoint_hash),
-        appends_events=True,
         between=replication_throttle(
             app,
             report,
@@ -265,6 +282,12 @@ def canonicalise_endpoints(
             sleep=sleep,
         ),
     )
+    # A merge appends consent events: each is a short transaction of its own that takes
+    # the chain's lock first, as every appender does; a chunk never holds that lock.
+    for subscription_id, parts in collisions:
+        with db.begin(app) as session:
+            log.lock_chain(session)
+            report.changed += _merge_into_twin(session, subscription_id, parts, report, clock.now())
     return report
 
 
@@ -309,22 +332,22 @@ def _locked(session: Session, where: sa.ColumnElement[bool]) -> sa.Row[Any] | No
     return session.execute(query).one_or_none()
 
 
-def _canonicalise(
+def _merge_into_twin(
     session: Session,
     subscription_id: uuid.UUID,
     parts: EndpointParts,
     report: JobReport,
     now: dt.datetime,
 ) -> int:
-    """One row to its canonical form, merged with the row already holding that form's
-    hash if there is one; returns how many rows it changed (0 or 1)."""
+    """One row whose canonical form another row holds: merged with it, or reported when
+    that row is a tombstone; returns how many rows it changed (0 or 1)."""
     canonical, digest = parts.url, endpoint_hash(parts.url)
     mine = _locked(session, _t.c.id == subscription_id)
     if mine is None or mine.deleted_at is not None:
-        return 0  # tombstoned since the batch was read
+        return 0  # tombstoned since its chunk was read
     twin = _locked(session, (_t.c.endpoint_hash == digest) & (_t.c.id != subscription_id))
     service = {"push_service": push_service_for(parts.host)}
-    if twin is None:
+    if twin is None:  # gone since: nothing to merge with
         session.execute(
             sa.update(_t)
             .where(_t.c.id == subscription_id)
