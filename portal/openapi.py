@@ -92,9 +92,11 @@ def _schemas(endpoint_max: int, decided_at_skew: int) -> dict[str, JsonSchema]:
         "PushSubscription": {
             "type": "object",
             "description": "A browser PushSubscription's toJSON() form. The endpoint must "
-            "be an https:// URL on an allowed push service with a registration path.",
+            "be an https:// URL on an allowed push service with a registration path; it is "
+            "stored in its canonical spelling (scheme and host lower-case, no default port, "
+            "fragment or empty query).",
             "properties": {
-                "endpoint": {**endpoint, "pattern": "^https://"},
+                "endpoint": {**endpoint, "pattern": "^[Hh][Tt][Tt][Pp][Ss]://"},
                 "expirationTime": {
                     "type": ["number", "null"],
                     "minimum": 0,

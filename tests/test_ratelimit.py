@@ -104,6 +104,26 @@ def test_one_endpoint_is_refused_past_its_limit_from_any_address(app, clock, eng
     assert response.status_code == 200
 
 
+def test_spellings_of_one_endpoint_share_its_limit(app):
+    """Host case, a default port, an empty query or a fragment are one endpoint: writing
+    it another way each time does not buy more requests."""
+    endpoint = SubscriptionFactory()("fcm").endpoint
+    rest = endpoint.removeprefix("https://fcm.googleapis.com")
+    spellings = [
+        f"HTTPS://FCM.googleapis.com{rest}",
+        f"https://fcm.googleapis.com:443{rest}?",
+        f"https://fcm.googleapis.com:0443{rest}#x",
+        f"https://fcm.googleapis.com.{rest}",
+    ]
+    statuses = [
+        _client(app, f"192.0.2.{n}")
+        .post("/api/push/heartbeat", json={"endpoint": spelling})
+        .status_code
+        for n, spelling in enumerate(spellings, start=1)
+    ]
+    assert statuses == [200, 200, 200, 429]
+
+
 @pytest.mark.parametrize(
     ("path", "body"),
     [

@@ -10,11 +10,13 @@ delivery id for the service worker to drop.
 
 from __future__ import annotations
 
+import binascii
 import datetime as dt
 import logging
 import random
 import threading
 import time
+import traceback
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
@@ -28,7 +30,14 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 
 from portal.campaigns import metrics
-from portal.campaigns.models import Campaign, CampaignStatus, CircuitState, Delivery, DeliveryStatus
+from portal.campaigns.models import (
+    Campaign,
+    CampaignStatus,
+    CircuitState,
+    Delivery,
+    DeliveryStatus,
+    Unsendable,
+)
 from portal.campaigns.services import (
     PayloadTemplate,
     live_subscription_query,
@@ -39,8 +48,16 @@ from portal.consent import log as consent_log
 from portal.consent.models import EventKind, Source
 from portal.consent.recipients import recipient_query
 from portal.db import affected_rows, db, is_postgres
-from portal.dispatch.encryption import InvalidSubscriptionKeys
-from portal.dispatch.transport import PushRequest, PushResponse, PushTransport, Urgency
+from portal.dispatch.encryption import InvalidSubscriptionKeys, PayloadTooLarge
+from portal.dispatch.transport import (
+    BatchInterrupted,
+    InvalidEndpoint,
+    InvalidPushRequest,
+    PushRequest,
+    PushResponse,
+    PushTransport,
+    Urgency,
+)
 from portal.subscriptions.lifecycle import (
     Lifecycle,
     Outcome,
@@ -305,8 +322,6 @@ class Dispatcher:
                     _finish(previous)
                 finally:
                     recording.start(recorder, self._write)
-                if plan.failure is not None:
-                    raise plan.failure
                 batches += 1
                 if max_batches is not None and batches >= max_batches:
                     break
@@ -350,18 +365,16 @@ class Dispatcher:
     def _send(self, claimed: list[_Claimed], report: TickReport, previous: _Plan | None) -> _Plan:
         now = self.clock.now()
         carried = previous.lifecycles if previous is not None else {}
-        skipped, answered, subs, failure = self._encrypt_and_send(claimed, carried)
-        plan = self._plan(skipped, answered, subs, carried, now, report)
-        plan.failure = failure
-        return plan
+        skipped, unsent, answered, subs = self._encrypt_and_send(claimed, carried)
+        return self._plan(skipped, unsent, answered, subs, carried, now, report)
 
     def _encrypt_and_send(
         self, claimed: list[_Claimed], carried: dict[uuid.UUID, Lifecycle]
     ) -> tuple[
         list[tuple[int, str]],
+        list[tuple[_Claimed, Unsendable]],
         list[tuple[_Claimed, PushResponse]],
         dict[uuid.UUID, Any],
-        Exception | None,
     ]:
         by_subscription = {c.subscription_id: c for c in claimed}
         campaign_ids = {c.campaign_id for c in claimed}
@@ -400,13 +413,13 @@ class Dispatcher:
                 )
             }
         skipped: list[tuple[int, str]] = []
+        unsent: list[tuple[_Claimed, Unsendable]] = []  # could not be built or sent
         sent: list[_Claimed] = []
         # Per campaign, read once: the message template and the request options.
         messages = {
             c.id: (PayloadTemplate(c), c.ttl, Urgency(c.urgency), c.collapse_key)
             for c in campaigns.values()
         }
-        failure: list[Exception] = []
 
         def requests() -> Iterator[PushRequest]:
             # Encrypted one at a time as the transport takes them, so encryption runs
@@ -433,31 +446,68 @@ class Dispatcher:
                         urgency=urgency,
                         topic=topic,
                     )
-                except (UnknownKeyVersion, SealBroken, InvalidSubscriptionKeys) as problem:
-                    log.error("delivery %s cannot be encrypted: %s", item.delivery_id, problem)
-                    skipped.append((item.delivery_id, "unreadable_keys"))
-                    continue
                 except Exception as error:
-                    # The messages already sent have answers to record; the rest of the
-                    # batch stays leased and is claimed again when the lease runs out.
-                    failure.append(error)
-                    return
+                    # Whatever this one delivery raises ends this one delivery, with its
+                    # reason; the rest of the batch goes on (SPEC §7).
+                    reason = unsendable_reason(error)
+                    log.error(
+                        "delivery %s cannot be sent (%s): %s",
+                        item.delivery_id,
+                        reason,
+                        _describe(error, reason),
+                    )
+                    if reason is Unsendable.UNREADABLE_KEYS:
+                        skipped.append((item.delivery_id, reason))
+                    else:
+                        unsent.append((item, reason))
+                    continue
                 sent.append(item)
                 yield request
 
         started = time.perf_counter()
-        responses = self.transport.send_batch(requests())
+        responses = self._send_all(requests(), sent, unsent)
         elapsed = time.perf_counter() - started
         answered = list(zip(sent, responses, strict=True))
         metrics.observe_sends(
             [(item.push_service, response) for item, response in answered],
             elapsed / max(len(sent), 1),
         )
-        return skipped, answered, subs, (failure[0] if failure else None)
+        return skipped, unsent, answered, subs
+
+    def _send_all(
+        self,
+        requests: Iterator[PushRequest],
+        sent: list[_Claimed],
+        unsent: list[tuple[_Claimed, Unsendable]],
+    ) -> list[PushResponse]:
+        """Send what ``requests`` yields (``sent`` names their deliveries, in order); a
+        request the transport cannot prepare moves from ``sent`` to ``unsent`` with its
+        reason, and the rest are sent."""
+        responses: list[PushResponse] = []
+        while True:
+            try:
+                responses += self.transport.send_batch(requests)
+                return responses
+            except BatchInterrupted as interrupted:
+                # The transport took one more request than it answered and raised on it.
+                responses += interrupted.responses
+                cause = interrupted.__cause__
+                if len(sent) <= len(responses) or not isinstance(cause, Exception):
+                    raise  # not one request's fault: the batch's generator itself broke
+                item = sent.pop(len(responses))
+                reason = unsendable_reason(cause)
+                log.error(
+                    "delivery %s cannot be sent (%s): %s",
+                    item.delivery_id,
+                    reason,
+                    _describe(cause, reason),
+                )
+                unsent.append((item, reason))
 
     def _plan(
         self,
         skipped: list[tuple[int, str]],
+        unsent: list[tuple[_Claimed, Unsendable]],
         answered: list[tuple[_Claimed, PushResponse]],
         subs: dict[uuid.UUID, Any],
         carried: dict[uuid.UUID, Lifecycle],
@@ -466,8 +516,11 @@ class Dispatcher:
     ) -> _Plan:
         """Decide what every answer does (no database work): the writes, in the answers'
         order, the circuits to open and the lifecycles the next batch must see."""
-        plan = _Plan(now, skipped)
+        plan = _Plan(now, skipped, [(item.delivery_id, reason) for item, reason in unsent])
         report.skipped += len(skipped)
+        report.failed += len(unsent)
+        for item, why in unsent:
+            metrics.failure(item.push_service, why)
         transient: defaultdict[str, int] = defaultdict(int)
         seen: defaultdict[str, int] = defaultdict(int)
         for item, response in answered:
@@ -521,17 +574,21 @@ class Dispatcher:
         try:
             with db.begin(self.app) as session:
                 consent_log.lock_chain(session)  # a 410 appends to the consent log
-                for delivery_id, reason in plan.skipped:
-                    session.execute(
-                        sa.update(_d)
-                        .where(_d.c.id == delivery_id)
-                        .values(
-                            status=DeliveryStatus.SKIPPED.value,
-                            reason=reason,
-                            lease_expires_at=None,
-                            updated_at=plan.now,
+                for status, ended in (
+                    (DeliveryStatus.SKIPPED, plan.skipped),
+                    (DeliveryStatus.FAILED, plan.unsent),
+                ):
+                    for delivery_id, reason in ended:
+                        session.execute(
+                            sa.update(_d)
+                            .where(_d.c.id == delivery_id)
+                            .values(
+                                status=status.value,
+                                reason=reason,
+                                lease_expires_at=None,
+                                updated_at=plan.now,
+                            )
                         )
-                    )
                 accepted = _AcceptedRun(plan.now)
                 for answer in plan.answers:
                     if answer.step.outcome == Outcome.REVOKED:
@@ -682,13 +739,13 @@ class _Plan:
 
     now: dt.datetime
     skipped: list[tuple[int, str]]
+    unsent: list[tuple[int, str]]  # failed before an answer: could not be built or sent
     answers: list[_Answer] = field(default_factory=list)
     circuits: dict[str, dt.datetime] = field(default_factory=dict)
     circuit_reasons: dict[str, str] = field(default_factory=dict)
     # Subscriptions whose lifecycle these answers change: the next batch, planned before
     # this one is written, starts from these rather than from the rows it reads.
     lifecycles: dict[uuid.UUID, Lifecycle] = field(default_factory=dict)
-    failure: Exception | None = None  # a message that could not be built, raised once written
 
 
 class _LeaseKeeper:
@@ -830,6 +887,41 @@ class _AcceptedRun:
         )
         self.deliveries.clear()
         self.subscriptions.clear()
+
+
+def unsendable_reason(error: Exception) -> Unsendable:
+    """The reason a delivery whose request raised ``error`` is ended with."""
+    if isinstance(error, UnknownKeyVersion | SealBroken | InvalidSubscriptionKeys):
+        return Unsendable.UNREADABLE_KEYS
+    if isinstance(error, binascii.Error):  # the stored p256dh is no base64url
+        return Unsendable.UNREADABLE_KEYS
+    if isinstance(error, InvalidEndpoint):
+        return Unsendable.INVALID_ENDPOINT
+    if isinstance(error, PayloadTooLarge):
+        return Unsendable.PAYLOAD_TOO_LARGE
+    if isinstance(error, InvalidPushRequest):
+        return Unsendable.INVALID_REQUEST
+    return Unsendable.SEND_ERROR
+
+
+def _describe(error: Exception, reason: Unsendable) -> str:
+    """What a log line says of ``error``: its message when it is one of the refusals
+    that never name an endpoint or a key; otherwise its type and where it was raised
+    (the frames, not the message, which might hold either)."""
+    if reason is not Unsendable.SEND_ERROR:
+        return str(error) if isinstance(error, _OWN_WORDS) else type(error).__name__
+    return f"{type(error).__name__}, raised at\n" + "".join(
+        traceback.format_tb(error.__traceback__)
+    )
+
+
+_OWN_WORDS = (
+    InvalidPushRequest,
+    PayloadTooLarge,
+    UnknownKeyVersion,
+    SealBroken,
+    InvalidSubscriptionKeys,
+)
 
 
 def _skip_reason(sub: Any) -> str:

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from portal.campaigns.models import Unsendable
 from portal.dispatch.transport import PushResponse
 
 PROVIDERS = frozenset({"fcm", "autopush", "apple", "wns", "other"})
@@ -42,7 +43,10 @@ deliveries_queued = Gauge(
 )
 vapid_cache = Counter("push_vapid_cache_total", "VAPID token lookups, by hit or miss", ["result"])
 
-_FAILURE_REASONS = frozenset({"not_found", "rejected", "max_retries_exceeded", "4xx_non_retryable"})
+_FAILURE_REASONS = frozenset(
+    {"not_found", "rejected", "max_retries_exceeded", "4xx_non_retryable"}
+    | {reason.value for reason in Unsendable}
+)
 
 
 def _provider(name: str) -> str:

@@ -30,6 +30,20 @@ class DeliveryStatus(enum.StrEnum):
     SKIPPED = "skipped"
 
 
+class Unsendable(enum.StrEnum):
+    """Why one delivery could not be built or sent: its ``reason``. Only that delivery
+    ends (SPEC §7); the rest of its batch, the job and the campaign go on."""
+
+    # Skipped, as the subscription's fault is not known: the sealed auth secret or the
+    # public key cannot be opened or used (a data key missing from this process...).
+    UNREADABLE_KEYS = "unreadable_keys"
+    # Failed:
+    INVALID_ENDPOINT = "invalid_endpoint"  # the stored endpoint is no push endpoint
+    PAYLOAD_TOO_LARGE = "payload_too_large"
+    INVALID_REQUEST = "invalid_request"  # TTL, urgency or topic no push service takes
+    SEND_ERROR = "send_error"  # anything else raised for this one delivery
+
+
 FINAL_DELIVERY_STATES = (
     DeliveryStatus.ACCEPTED,
     DeliveryStatus.FAILED,

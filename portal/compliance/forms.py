@@ -14,6 +14,7 @@ from wtforms.validators import DataRequired, Length, ValidationError
 from portal.compliance.services import LOOKUP_LABELS, LookupKind
 from portal.staff.catalogue_forms import RadioChoice
 from portal.staff.forms import DateRangeChecks, parse_date, strip
+from portal.subscriptions.validation import EndpointRefused, canonical_endpoint
 
 
 def parse_uuid(text: str | None) -> uuid.UUID | None:
@@ -41,6 +42,14 @@ class LookupForm(FlaskForm):
     def validate_value(self, field: Field) -> None:
         if self.kind.data == LookupKind.SUBSCRIBER_ID and parse_uuid(field.data) is None:
             raise ValidationError("A subscriber ID looks like 0190d1c0-5b6a-7c3e-9f00-1a2b3c4d5e6f")
+        if self.kind.data == LookupKind.ENDPOINT:
+            try:
+                canonical_endpoint(field.data or "")
+            except EndpointRefused:
+                raise ValidationError(
+                    "A push endpoint is an https:// URL, such as "
+                    "https://fcm.googleapis.com/fcm/send/…"
+                ) from None
 
     @property
     def lookup_kind(self) -> LookupKind:

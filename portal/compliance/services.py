@@ -31,7 +31,7 @@ from portal.retention.services import ErasureReceipt, erase_subscriber
 from portal.staff import audit
 from portal.staff.models import StaffUser
 from portal.subscriptions.models import EndReason, PushSubscription, Subscriber
-from portal.subscriptions.validation import endpoint_hash
+from portal.subscriptions.services import find_by_endpoint
 from portal.useragent import family
 
 
@@ -78,13 +78,10 @@ def find_subscriber(
     value = value.strip()
     found: uuid.UUID | None = None
     if kind is LookupKind.ENDPOINT:
-        digest = endpoint_hash(value)
-        del value  # only the hash goes any further
-        found = session.execute(
-            sa.select(PushSubscription.subscriber_id).where(
-                PushSubscription.endpoint_hash == digest
-            )
-        ).scalar_one_or_none()
+        # However it is spelled: by its canonical form's hash (only hashes go further).
+        sub = find_by_endpoint(session, value)
+        del value
+        found = sub.subscriber_id if sub is not None else None
     elif kind is LookupKind.EXTERNAL_USER_ID:
         found = session.execute(
             sa.select(Subscriber.id).where(Subscriber.external_user_id == value)

@@ -33,6 +33,7 @@ from portal.dispatch.encryption import CONTENT_ENCODING, MAX_BODY_BYTES, encrypt
 from portal.dispatch.vapid import VapidSigner, push_service_origin
 from portal.subscriptions.lifecycle import PushAnswer, parse_retry_after
 from portal.subscriptions.models import PushService
+from portal.subscriptions.validation import EndpointRefused, parse_endpoint
 
 DEFAULT_CONCURRENCY = 64
 """Transfers in flight: enough to keep a sender's CPU busy against push services tens of
@@ -68,6 +69,10 @@ class InvalidPushRequest(ValueError):
     """A request that no push service would accept; refused before it is sent."""
 
 
+class InvalidEndpoint(InvalidPushRequest):
+    """The endpoint is no push endpoint (the registry's own parser says so)."""
+
+
 class BatchInterrupted(Exception):
     """The iterable given to ``send_batch`` raised; ``responses`` holds the answers to
     the requests taken from it before that, all of which were sent."""
@@ -93,8 +98,13 @@ class PushRequest:
     topic: str | None = None
 
     def __post_init__(self) -> None:
-        if not self.endpoint.startswith("https://"):
-            raise InvalidPushRequest("push endpoints are https URLs")
+        # The same parser as the registry's validator: every endpoint it accepted is
+        # sent, in whichever of its spellings it was stored. (The message never holds
+        # the endpoint: it is logged.)
+        try:
+            parse_endpoint(self.endpoint)
+        except EndpointRefused as refused:
+            raise InvalidEndpoint(f"the push endpoint {refused.reason}") from None
         if self.ttl < 0:
             raise InvalidPushRequest("ttl must not be negative")
         if len(self.body) > MAX_BODY_BYTES:
@@ -109,7 +119,7 @@ class PushRequest:
         try:
             push_service_origin(self.endpoint)
         except ValueError:
-            raise InvalidPushRequest(f"no push-service origin in {self.endpoint!r}") from None
+            raise InvalidEndpoint("the push endpoint has no push-service origin") from None
         if self.topic is not None and not _TOPIC.fullmatch(self.topic):
             raise InvalidPushRequest(
                 f"topic must be 1–{MAX_TOPIC_LENGTH} base64url characters (A–Z a–z 0–9 - _)"

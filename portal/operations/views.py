@@ -19,6 +19,7 @@ from portal.staff.access import StaffPage, current_staff, register_page, staff_r
 from portal.staff.forms import ConfirmForm
 from portal.staff.models import Role
 from portal.staff.views import bp
+from portal.subscriptions.jobs import COMMAND_LINE_ONLY
 
 RAN_BY_HAND = "operations.job_run"
 RECENT = 100
@@ -42,7 +43,7 @@ def jobs_ops() -> str:
     scheduler = current_app.extensions.get("portal.scheduler")
     return render_template(
         "staff/ops/jobs.html",
-        names=[n for n in job_names() if n != "backfill-hash"],
+        names=[n for n in job_names() if n not in COMMAND_LINE_ONLY],
         states=states,
         runs=runs,
         form=ConfirmForm(),

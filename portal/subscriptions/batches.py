@@ -1,5 +1,5 @@
 """Keyset-paginated batches over push subscriptions: the skeleton of the batch jobs on
-the table (the ageing sweeps, tombstones, purge and re-sealing)."""
+the table (the ageing sweeps, tombstones, purge, re-sealing and the backfills)."""
 
 from __future__ import annotations
 
@@ -31,14 +31,16 @@ def subscription_batches(
     report: JobReport,
     columns: tuple[sa.ColumnElement[Any], ...] = (),
     appends_events: bool = False,
+    between: Callable[[], bool] | None = None,
 ) -> None:
     """Walk the push subscriptions matching ``candidates`` by primary key (keyset
     pagination, never OFFSET), ``batch_size`` at a time, each batch in its own short
     transaction and claimed with SKIP LOCKED on PostgreSQL, so that several processes
     share the work and none handles a row twice. ``handle`` does the batch's work and
-    returns how many rows it changed. Stops between batches once ``stop`` is set; the
-    next run picks up what is left. ``appends_events``: take the consent chain's lock
-    first, as every appender does, before the row locks.
+    returns how many rows it changed. Stops between batches once ``stop`` is set, or
+    when ``between`` (called after every full batch: a backfill's pause and replication
+    check) answers False; the next run picks up what is left. ``appends_events``: take
+    the consent chain's lock first, as every appender does, before the row locks.
     """
     with db.begin(app) as session:
         progress.start(session.execute(sa.select(sa.func.count()).where(candidates)).scalar_one())
@@ -60,3 +62,7 @@ def subscription_batches(
             last_id = rows[-1].id
         report.processed += len(rows)
         progress.advance(len(rows))
+        if len(rows) < batch_size:
+            return  # a short batch is the last: no row after it is left unclaimed
+        if between is not None and not between():
+            return

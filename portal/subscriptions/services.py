@@ -33,7 +33,7 @@ from portal.subscriptions.models import (
 )
 from portal.subscriptions.possession import NotYourSubscription, Proof, holds
 from portal.subscriptions.sealing import KeyRing
-from portal.subscriptions.validation import ValidSubscription, endpoint_hash
+from portal.subscriptions.validation import ValidSubscription, lookup_hashes
 from portal.useragent import family
 
 _t = cast(sa.Table, PushSubscription.__table__)
@@ -89,9 +89,17 @@ def _next_state_on_register() -> sa.ColumnElement[Any]:
 
 
 def find_by_endpoint(session: Session, endpoint: str) -> PushSubscription | None:
-    return session.scalars(
-        sa.select(PushSubscription).where(PushSubscription.endpoint_hash == endpoint_hash(endpoint))
-    ).one_or_none()
+    """The subscription an endpoint names, however it is spelled: the row with the hash
+    of its canonical form, else one stored with exactly this text before endpoints were
+    canonical."""
+    hashes = lookup_hashes(endpoint)
+    found = {
+        row.endpoint_hash: row
+        for row in session.scalars(
+            sa.select(PushSubscription).where(PushSubscription.endpoint_hash.in_(hashes))
+        )
+    }
+    return next((found[h] for h in hashes if h in found), None)
 
 
 def held_by_endpoint(

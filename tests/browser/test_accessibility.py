@@ -416,6 +416,17 @@ def _staff_submit(path: str, button: str = "button[type=submit]") -> Reach:
     return reach
 
 
+def _lookup_by_no_endpoint(new_context: Callable[..., Any], server: LiveServer) -> Page:
+    """The look-up by endpoint given text that is no push endpoint: its form error."""
+    page = _staff(new_context, server)
+    page.goto("/staff/compliance/lookup")
+    page.locator("input[name=kind][value=endpoint]").check()
+    page.locator("input[name=value]").fill("not an endpoint")
+    page.locator("main button[type=submit]").last.click()
+    page.wait_for_selector(".error-summary")
+    return page
+
+
 def _compliance_subscriber(new_context: Callable[..., Any], server: LiveServer) -> Page:
     from tests.factories import SubscriptionFactory
 
@@ -657,6 +668,7 @@ STAFF_PAGES = [
         _staff_submit("/staff/compliance/lookup"),
         error_summary=True,
     ),
+    PageState("staff-compliance-lookup-endpoint-error", _lookup_by_no_endpoint, error_summary=True),
     PageState("staff-compliance-subscriber", _compliance_subscriber),
     PageState("staff-compliance-erase", _compliance_erase("confirm")),
     PageState("staff-compliance-erase-error", _compliance_erase("error"), error_summary=True),

@@ -63,6 +63,22 @@ def test_each_key_finds_the_person(app, engine, officer, person, kind):
         assert value not in json.dumps(all_rows(engine, "staff_audit"), default=str)
 
 
+def test_an_endpoint_is_found_however_it_is_spelled(app, officer, person):
+    endpoint = person.sub.endpoint
+    rest = endpoint.removeprefix("https://fcm.googleapis.com")
+    spelled = f"HTTPS://FCM.GoogleAPIs.com.:0443{rest}?#from-a-ticket"
+    response = _look_up(officer, "endpoint", spelled)
+    assert response.status_code == 303
+    assert response.location.endswith(f"/staff/compliance/subscribers/{person.subscriber_id}")
+
+
+def test_a_value_that_is_no_push_endpoint_is_a_form_error(app, engine, officer, person):
+    response = _look_up(officer, "endpoint", "not an endpoint")
+    assert response.status_code == 422
+    assert "A push endpoint is an https:// URL" in response.text
+    assert _audit(engine, "consent.looked_up") == []
+
+
 def _where_it_appears(engine, needle: str) -> list[str]:
     """Every table.column whose text (or bytes) holds ``needle``."""
     found = []

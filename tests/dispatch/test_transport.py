@@ -303,7 +303,9 @@ def test_a_closed_transport_refuses_to_send(fake_push, vapid_signer):
         ({"topic": "x" * 33}, "topic"),
         ({"topic": "not/base64url"}, "topic"),
         ({"topic": ""}, "topic"),
-        ({"endpoint": "https:///no-host"}, "origin"),
+        ({"endpoint": "https:///no-host"}, "host"),
+        ({"endpoint": "https://push.example.test/a b"}, "characters"),
+        ({"endpoint": "https://user@push.example.test/x"}, "user information"),
     ],
 )
 def test_requests_no_push_service_would_take_are_refused(kwargs, message):

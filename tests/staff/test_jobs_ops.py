@@ -60,3 +60,9 @@ def test_each_run_shows_its_start_duration_rows_and_error(app, admin_browser, en
     assert "<td>RuntimeError: disk on fire</td>" in failed
     clean = runs.split('<th scope="row">tombstone</th>')[1].split("</tr>")[0]
     assert "<td>0</td>" in clean and "<td>command</td>" in clean and "<td>—</td>" in clean
+
+
+def test_the_one_off_backfills_are_not_offered_on_the_page(app, admin_browser):
+    html = admin_browser.get("/staff/ops/jobs").text
+    for name in ("backfill-hash", "canonicalise-endpoints"):
+        assert f'<th scope="row">{name}</th>' not in html
