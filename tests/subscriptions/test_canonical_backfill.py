@@ -22,14 +22,18 @@ CANONICAL = f"https://fcm.googleapis.com/fcm/send/{TOKEN}"
 _t = PushSubscription.__table__
 
 
-def _register(app, subscriptions, clock, *, after=dt.timedelta(minutes=5)):
+def _register_browser(app, subscriptions, clock, *, after=dt.timedelta(minutes=5)):
     """A subscription of a browser of its own (so a subscriber of its own), registered
-    ``after`` later than the previous one."""
+    ``after`` later than the previous one: its id and the browser's subscription."""
     clock.advance(after)
     sub = subscriptions()
     response = app.test_client().post(SUBSCRIBE, json={"subscription": sub.to_json()})
     assert response.status_code == 201
-    return uuid.UUID(response.json["id"])
+    return uuid.UUID(response.json["id"]), sub
+
+
+def _register(app, subscriptions, clock, *, after=dt.timedelta(minutes=5)):
+    return _register_browser(app, subscriptions, clock, after=after)[0]
 
 
 def _store_as_before(engine, subscription_id, endpoint, **values):
@@ -119,7 +123,7 @@ def test_spellings_of_one_resource_merge_into_one_subscription(
     the newest registration's; the others end as rotated, each with a consent event."""
     first = _register(app, subscriptions, clock)
     second = _register(app, subscriptions, clock)
-    newest = _register(app, subscriptions, clock)
+    newest, newest_browser = _register_browser(app, subscriptions, clock)
     before = _rows(engine)
     _store_as_before(engine, first, f"https://fcm.googleapis.com:443/fcm/send/{TOKEN}")
     _store_as_before(engine, second, CANONICAL)
@@ -171,10 +175,14 @@ def test_spellings_of_one_resource_merge_into_one_subscription(
     assert sorted(events, key=str) == sorted(expected, key=str)
     assert _chain_ok(engine)
 
-    # Any spelling now names the kept row.
+    # Any spelling now names the kept row, which holds the newest browser's keys: that
+    # browser proves it with its own auth secret.
     beat = app.test_client().post(
         "/api/push/heartbeat",
-        json={"endpoint": f"https://fcm.googleapis.com.:0443/fcm/send/{TOKEN}?"},
+        json={
+            "endpoint": f"https://fcm.googleapis.com.:0443/fcm/send/{TOKEN}?",
+            "auth": newest_browser.to_json()["keys"]["auth"],
+        },
     )
     assert beat.json == {"state": "pending", "action": "none"}
 

@@ -4,11 +4,13 @@ route that names an endpoint finds that one row whichever spelling it is given."
 from __future__ import annotations
 
 import hashlib
+import uuid
 
 import sqlalchemy as sa
 
+from portal.db import db
 from portal.subscriptions.validation import endpoint_hash
-from tests.helpers import all_rows
+from tests.helpers import all_rows, record_delivery
 
 SUBSCRIBE = "/api/push/subscribe"
 TOKEN = "dGVzdC10b2tlbi1vbmU:APA91bHk-x_y"
@@ -49,10 +51,13 @@ def test_five_spellings_of_one_resource_are_one_subscription(client, engine, sub
 
 
 def test_every_route_naming_an_endpoint_finds_the_row_by_any_spelling(
-    client, engine, subscriptions, catalogue_ready, clock
+    app, client, engine, subscriptions, catalogue_ready, clock
 ):
     sub = _subscription(subscriptions, CANONICAL)
-    assert client.post(SUBSCRIBE, json={"subscription": sub.to_json()}).status_code == 201
+    subscribed = client.post(SUBSCRIBE, json={"subscription": sub.to_json()})
+    assert subscribed.status_code == 201
+    with db.begin(app) as session:
+        delivery_id = record_delivery(session, uuid.UUID(subscribed.json["id"]), now=clock.now())
 
     beat = client.post("/api/push/heartbeat", json={"endpoint": LOOKUP})
     assert beat.json == {"state": "pending", "action": "none"}
@@ -70,7 +75,7 @@ def test_every_route_naming_an_endpoint_finds_the_row_by_any_spelling(
     assert {p["slug"]: p["state"] for p in saved.json["preferences"]}["weekly-digest"] == "opt_out"
 
     receipt = client.post(
-        "/api/push/receipt", json={"deliveryId": "7", "event": "shown", "endpoint": LOOKUP}
+        "/api/push/receipt", json={"deliveryId": delivery_id, "event": "shown", "endpoint": LOOKUP}
     )
     assert receipt.status_code == 201
     (stored,) = all_rows(engine, "delivery_receipt")
