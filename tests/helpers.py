@@ -44,3 +44,17 @@ class StopAfterFirstBatch:
     def advance(self, count: int) -> None:
         self.batches.append(count)
         self.stop.set()
+
+
+def confirm_account_link(client: Any, assertion: str, **kwargs: Any) -> Any:
+    """Open a host product's sign-in link and confirm it, as the person would: the link
+    only asks; the confirmation page's form (with its CSRF token) links."""
+    opened = client.get(f"/preferences?assertion={assertion}", **kwargs)
+    if opened.status_code != 303 or not opened.headers["Location"].endswith("/preferences/link"):
+        return opened
+    page = client.get("/preferences/link", **kwargs)
+    return client.post(
+        "/preferences/link",
+        data={"csrf_token": csrf_token(page.text), "action": "link"},
+        **kwargs,
+    )
