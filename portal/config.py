@@ -396,7 +396,8 @@ def _dev_secrets(instance_path: str) -> dict[str, str]:
     path = folder / _SECRETS_FILE
     if path.exists():
         return json.loads(path.read_text())
-    folder.mkdir(parents=True, exist_ok=True)
+    # The instance folder holds these secrets and the SQLite database: its owner only.
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     private, public = generate_vapid_keys()
     values = {
         "SECRET_KEY": secrets.token_urlsafe(48),
