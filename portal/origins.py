@@ -10,7 +10,7 @@ and outside a request the development server's default address does.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from flask import current_app, has_request_context, request
@@ -55,8 +55,26 @@ def public_origin() -> str:
     return DEVELOPMENT_ORIGIN
 
 
-def campaign_link_origins() -> frozenset[str]:
-    """Where a campaign's link (and icon) may point: this site, and the sites named in
-    ``CAMPAIGN_LINK_ORIGINS``."""
-    extra: Iterable[str] = current_app.extensions["portal.settings"].campaign_link_origins
-    return frozenset({public_origin(), *extra})
+@dataclass(frozen=True)
+class LinkOrigins:
+    """Where a link may lead: this site (``site``; None when unknown, paths only) and
+    the other sites named in ``CAMPAIGN_LINK_ORIGINS``."""
+
+    site: str | None = None
+    others: tuple[str, ...] = ()
+
+    def allows(self, origin: str | None) -> bool:
+        return origin is not None and (origin == self.site or origin in self.others)
+
+    def refusal(self) -> str:
+        others = sorted(set(self.others) - {self.site})
+        return "Links may lead only to this site" + (
+            f" or to {', '.join(others)}" if others else ""
+        )
+
+
+def campaign_link_origins() -> LinkOrigins:
+    """Where a campaign's link (and icon) may lead: this site, and the sites named in
+    ``CAMPAIGN_LINK_ORIGINS``. The form and the command line both ask here."""
+    others: tuple[str, ...] = current_app.extensions["portal.settings"].campaign_link_origins
+    return LinkOrigins(public_origin(), others)

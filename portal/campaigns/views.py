@@ -35,7 +35,7 @@ from portal.consent.recipients import audience_breakdown
 from portal.db import db, uuid7
 from portal.errors import ApiError
 from portal.identity import device_from_cookie, subscriber_from_cookie
-from portal.origins import public_origin
+from portal.origins import campaign_link_origins, public_origin
 from portal.staff import audit
 from portal.staff.access import StaffPage, current_staff, register_page, staff_required
 from portal.staff.forms import ConfirmForm
@@ -217,7 +217,12 @@ def _launch(form: CampaignForm, draft: CampaignDraft) -> Any:
     audience = audience_breakdown(db.session, topic.id)
     try:
         campaign = services.create_campaign(
-            db.session, draft, created_by=staff.email, now=_now(), campaign_id=chosen
+            db.session,
+            draft,
+            created_by=staff.email,
+            now=_now(),
+            campaign_id=chosen,
+            link_origins=campaign_link_origins(),
         )
         audit.record(
             db.session,
@@ -281,6 +286,7 @@ def campaign_test_send() -> Any:
             subscriber_id=subscriber_id,
             created_by=staff.email,
             now=_now(),
+            link_origins=campaign_link_origins(),
         )
         audit.record(
             db.session,
