@@ -10,6 +10,7 @@ from typing import Any
 from flask import Flask, Response, current_app, jsonify, render_template, request
 from werkzeug.exceptions import HTTPException
 
+from portal.accesslog import loggable_path
 from portal.db import DATABASE_UNAVAILABLE, db
 from portal.errors import ApiError
 from portal.origins import canonical_origin, public_origin
@@ -137,7 +138,11 @@ def _database_unavailable(error: Exception) -> tuple[Any, int, dict[str, str]]:
     db.discard_session()
     cause = getattr(error, "orig", None) or error
     # The class only: the message can carry the statement and its parameters.
-    log.warning("database unavailable (%s): %s answered 503", type(cause).__name__, request.path)
+    log.warning(
+        "database unavailable (%s): %s answered 503",
+        type(cause).__name__,
+        loggable_path(request.path),
+    )
     headers = {"Retry-After": str(RETRY_AFTER_SECONDS)}
     if request.path.startswith("/api/"):
         body = ApiError(
