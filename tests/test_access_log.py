@@ -226,3 +226,30 @@ def test_escaped_text_holds_no_control_character(text):
     escaped = escape_log_text(text)
     assert not any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 for c in escaped)
     assert "\u2028" not in escaped and "\u2029" not in escaped
+
+
+def test_gunicorn_atoms_of_any_format_are_safe():
+    from portal.accesslog import access_atoms
+
+    safe = access_atoms(
+        {
+            "r": "GET /preferences?token=abc&x=1 HTTP/1.1",
+            "U": "/preferences/erasure-receipt/abc\n",
+            "q": "assertion=abc.def",
+            "f": "https://portal.example/preferences?token=abc",
+            "{authorization}i": "Bearer scrape-token",
+            "{cookie}i": "portal_subscriber=abc",
+            "{set-cookie}o": "portal_device=abc; HttpOnly",
+            "{referer}i": "https://portal.example/preferences?assertion=abc",
+            "{query_string}e": "token=abc",
+            "a": "agent\x1b[2J\r\nFORGED",
+            "s": "200",
+            "B": 1234,
+        }
+    )
+    assert all("abc" not in str(value) for value in safe.values()), safe
+    assert "scrape-token" not in str(safe)
+    assert safe["r"] == f"GET /preferences?token={REDACTED}&x=1 HTTP/1.1"
+    assert safe["{authorization}i"] == REDACTED
+    assert safe["a"] == "agent\\x1b[2J\\x0d\\x0aFORGED"
+    assert safe["B"] == 1234
