@@ -163,7 +163,10 @@ class RedactingFilter(logging.Filter):
     Werkzeug escapes the control characters of the paths it logs already."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
+        try:
+            message = record.getMessage()
+        except (TypeError, ValueError):  # a malformed record: logging reports it itself
+            return True
         redacted = redact_words(message)
         if redacted != message:
             record.msg, record.args = redacted, None
