@@ -20,6 +20,9 @@ worker_class = "gthread"
 timeout = 30
 graceful_timeout = 30
 accesslog = "-"
+# Access-log lines without bearer tokens (preference-link tokens, sign-in assertions,
+# erasure-receipt tokens) or control characters, whatever access_log_format says.
+logger_class = "portal.accesslog.AccessLogger"
 forwarded_allow_ips = os.environ.get("FORWARDED_ALLOW_IPS", "127.0.0.1")
 
 

@@ -127,6 +127,8 @@ def portal_environ(url: str, instance: Path) -> dict[str, str]:
     private, public = generate_vapid_keys()
     return {
         "PORTAL_ENV": "production",
+        # Required in production; the load sends no Origin header, so it is never compared.
+        "PUBLIC_URL": "https://portal.bench.example",
         "DATABASE_URL": url,
         "PORTAL_INSTANCE_PATH": str(instance),
         "SECRET_KEY": secrets.token_urlsafe(48),

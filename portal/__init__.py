@@ -7,11 +7,13 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from flask import Flask, Response, g, request
 from flask_wtf.csrf import CSRFProtect
 
-from portal import ratelimit, security
+from portal import accesslog, ratelimit, security
+from portal.accesslog import loggable_path
 from portal.clock import Clock, SystemClock
 from portal.config import Settings
 from portal.db import db
@@ -20,6 +22,14 @@ from portal.subscriptions.sealing import KeyRing
 ROOT = Path(__file__).resolve().parent.parent
 csrf = CSRFProtect()
 log = logging.getLogger("portal")
+
+
+class _Flask(Flask):
+    def log_exception(self, exc_info: Any) -> None:
+        # Flask's own line, with the path escaped and without a bearer token in it.
+        self.logger.error(
+            "Exception on %s [%s]", loggable_path(request.path), request.method, exc_info=exc_info
+        )
 
 
 @dataclass
@@ -37,7 +47,7 @@ def create_app(
     clock: Clock | None = None,
     keys: KeyRing | None = None,
 ) -> Flask:
-    app = Flask(
+    app = _Flask(
         __name__,
         instance_path=os.environ.get("PORTAL_INSTANCE_PATH") or str(ROOT / "instance"),
         template_folder=str(ROOT / "templates"),
@@ -61,6 +71,7 @@ def create_app(
         keys=keys or KeyRing(settings.auth_keys, settings.auth_key_version),
     )
 
+    accesslog.install()  # the development server's request log
     db.init_app(app)
     csrf.init_app(app)
     security.init_app(app)

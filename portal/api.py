@@ -6,13 +6,14 @@ import json
 import logging
 import re
 from typing import Any
-from urllib.parse import urlsplit
 
 from flask import Flask, Response, current_app, jsonify, render_template, request
 from werkzeug.exceptions import HTTPException
 
+from portal.accesslog import loggable_path
 from portal.db import DATABASE_UNAVAILABLE, db
 from portal.errors import ApiError
+from portal.origins import canonical_origin, public_origin
 
 log = logging.getLogger("portal")
 RETRY_AFTER_SECONDS = 30
@@ -40,24 +41,27 @@ def json_body() -> dict[str, Any]:
 
 
 def check_same_origin() -> None:
-    """The API is same-origin only: a browser's cross-site POST is refused outright."""
-    if request.headers.get("Sec-Fetch-Site") == "cross-site":
+    """The API is same-origin only: a browser's cross-site POST is refused outright.
+
+    An ``Origin`` header must name the public origin exactly — scheme, host and port
+    (:func:`portal.origins.public_origin`), never whatever the Host header claims — and
+    ``Origin: null`` (a sandboxed frame, a ``data:`` or ``file:`` page) is never us on a
+    route that changes state. No ``Origin`` at all is a client that is not a browser page
+    (or one too old to send it), which a cross-site form cannot be."""
+    if request.headers.get("Sec-Fetch-Site") in ("cross-site", "same-site"):
         raise ApiError("cross_origin", "cross-site requests are not accepted", status=403)
     origin = request.headers.get("Origin")
-    if origin and origin != "null" and _origin_host(origin) != request.host:
+    if origin is None:
+        return
+    if origin == "null" and request.method in ("GET", "HEAD", "OPTIONS"):
+        return
+    if canonical_origin(origin) != public_origin():
         raise ApiError("cross_origin", "cross-origin requests are not accepted", status=403)
 
 
-def _origin_host(origin: str) -> str | None:
-    """The host[:port] an Origin header names; None when it is not a URL at all."""
-    try:
-        return urlsplit(origin).netloc
-    except ValueError:  # e.g. "http://[::1": an unclosed IPv6 bracket
-        return None
-
-
 def request_origin() -> str:
-    return request.host_url.rstrip("/")
+    """The origin recorded with what a request registers: the public one."""
+    return public_origin()
 
 
 def request_locale() -> str | None:
@@ -134,7 +138,11 @@ def _database_unavailable(error: Exception) -> tuple[Any, int, dict[str, str]]:
     db.discard_session()
     cause = getattr(error, "orig", None) or error
     # The class only: the message can carry the statement and its parameters.
-    log.warning("database unavailable (%s): %s answered 503", type(cause).__name__, request.path)
+    log.warning(
+        "database unavailable (%s): %s answered 503",
+        type(cause).__name__,
+        loggable_path(request.path),
+    )
     headers = {"Retry-After": str(RETRY_AFTER_SECONDS)}
     if request.path.startswith("/api/"):
         body = ApiError(

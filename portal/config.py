@@ -17,9 +17,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+
+from portal.origins import canonical_origin
 
 DEFAULT_PUSH_HOSTS = (
     "fcm.googleapis.com",
@@ -132,6 +135,7 @@ class RateLimitSettings:
 class Settings:
     env: str = "development"
     instance_path: str = "instance"
+    public_url: str | None = None
     database_url: str = ""
     database_connect_timeout: int = 5
     secret_key: str = ""
@@ -149,6 +153,10 @@ class Settings:
     feedback_organization: str | None = None
     feedback_max_body_bytes: int = 1024 * 1024
     feedback_test_url: str | None = None
+    # Other sites campaign links and icons may point to (the public origin always may).
+    campaign_link_origins: tuple[str, ...] = ()
+    # When set, /metrics answers only "Authorization: Bearer <this>".
+    metrics_token: str | None = None
     export_signing_key: str = ""
     endpoint_max_length: int = 4096
     api_max_body_bytes: int = 16 * 1024
@@ -213,6 +221,8 @@ class Settings:
         auth_keys = _auth_keys(environ, generated)
         export_key = get("EXPORT_SIGNING_KEY")
         feedback_secrets = tuple(s.strip() for s in get("FEEDBACK_SECRETS").split(",") if s.strip())
+        public_url = _public_url(environ.get("PUBLIC_URL", ""), production=production)
+        metrics_token = environ.get("METRICS_TOKEN", "").strip() or None
 
         if production:
             _require_secret("SECRET_KEY", secret_key)
@@ -225,6 +235,8 @@ class Settings:
             # Optional (unset disables the receiver), but never a well-known value.
             for secret in feedback_secrets:
                 _require_secret("FEEDBACK_SECRETS", secret)
+            if metrics_token is not None:
+                _require_secret("METRICS_TOKEN", metrics_token)
         if key_version not in auth_keys:
             raise ConfigError(
                 f"SUBSCRIPTION_AUTH_KEY_V{key_version} is missing: "
@@ -243,6 +255,7 @@ class Settings:
         return cls(
             env=env,
             instance_path=instance_path,
+            public_url=public_url,
             database_url=normalise_database_url(database_url),
             database_connect_timeout=_positive(environ, "DATABASE_CONNECT_TIMEOUT_SECONDS", 5),
             secret_key=secret_key,
@@ -262,6 +275,8 @@ class Settings:
             feedback_organization=environ.get("FEEDBACK_ORGANIZATION", "").strip() or None,
             feedback_max_body_bytes=_int(environ, "FEEDBACK_MAX_BODY_BYTES", 1024 * 1024),
             feedback_test_url=environ.get("FEEDBACK_TEST_URL", "").strip() or None,
+            campaign_link_origins=_link_origins(environ.get("CAMPAIGN_LINK_ORIGINS", "")),
+            metrics_token=metrics_token,
             export_signing_key=export_key,
             endpoint_max_length=_int(environ, "PUSH_ENDPOINT_MAX_LENGTH", 4096),
             api_max_body_bytes=_int(environ, "API_MAX_BODY_BYTES", 16 * 1024),
@@ -333,6 +348,51 @@ def normalise_database_url(url: str) -> str:
     return url
 
 
+def _public_url(value: str, *, production: bool) -> str | None:
+    """PUBLIC_URL as its origin; required, and https, in production."""
+    value = value.strip()
+    if not value:
+        if production:
+            raise ConfigError(
+                "PUBLIC_URL is missing: set it to the address people reach the portal at, "
+                "like https://portal.example.com"
+            )
+        return None
+    origin = _origin_only(value)
+    if origin is None:
+        raise ConfigError(
+            f"PUBLIC_URL must be an origin like https://portal.example.com "
+            f"(scheme and host, no path), not {value!r}"
+        )
+    if production and not origin.startswith("https://"):
+        raise ConfigError("PUBLIC_URL must be an https:// origin in production")
+    return origin
+
+
+def _link_origins(value: str) -> tuple[str, ...]:
+    origins = []
+    for item in (part.strip() for part in value.split(",")):
+        if not item:
+            continue
+        origin = _origin_only(item)
+        if origin is None or not origin.startswith("https://"):
+            raise ConfigError(
+                f"CAMPAIGN_LINK_ORIGINS must list https:// origins like "
+                f"https://shop.example.com, not {item!r}"
+            )
+        origins.append(origin)
+    return tuple(dict.fromkeys(origins))
+
+
+def _origin_only(value: str) -> str | None:
+    """The canonical origin ``value`` names, or None when it is not only an origin (a
+    path, query or fragment, credentials, another scheme)."""
+    origin = canonical_origin(value)
+    if origin is None or "?" in value or "#" in value:
+        return None
+    return origin if urlsplit(value.strip()).path in ("", "/") else None
+
+
 def _require_secret(name: str, value: object) -> None:
     if value is None or (isinstance(value, str) and value.strip().lower() in _PLACEHOLDER_SECRETS):
         raise ConfigError(f"{name} is missing or left at a default: set it in the environment")
@@ -402,7 +462,8 @@ def _dev_secrets(instance_path: str) -> dict[str, str]:
     path = folder / _SECRETS_FILE
     if path.exists():
         return json.loads(path.read_text())
-    folder.mkdir(parents=True, exist_ok=True)
+    # The instance folder holds these secrets and the SQLite database: its owner only.
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     private, public = generate_vapid_keys()
     values = {
         "SECRET_KEY": secrets.token_urlsafe(48),

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import os
+import stat
 import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, cast
 
 import psycopg
@@ -96,6 +99,7 @@ def create_engine(url: str, *, connect_timeout: int = 5, **kwargs: Any) -> Engin
     # in the text of database errors, whatever logging an operator turns on.
     kwargs.setdefault("hide_parameters", True)
     if url.startswith("sqlite"):
+        _private_sqlite_file(url)
         engine = sa.create_engine(
             url, connect_args={"timeout": 30, "check_same_thread": False}, **kwargs
         )
@@ -152,6 +156,34 @@ def _ping_idle_connections(engine: Engine) -> None:
         except Exception as error:
             # The pool discards this connection and checks out (or makes) another.
             raise sa.exc.DisconnectionError(type(error).__name__) from error
+
+
+def _private_sqlite_file(url: str) -> None:
+    """Create the SQLite file 0600 before SQLite opens it (or take an existing one of
+    ours down to 0600): it holds sealed keys, endpoints and people's choices. SQLite gives
+    the WAL and its shared-memory index the database file's own permissions."""
+    database = sa.engine.make_url(url).database
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return
+    path = Path(database)
+    if not path.parent.is_dir():
+        return  # SQLite reports the missing folder itself, as a database that is down
+    for candidate, create in (
+        (path, True),
+        (Path(f"{path}-wal"), False),
+        (Path(f"{path}-shm"), False),
+    ):
+        flags = os.O_RDWR | (os.O_CREAT if create else 0)
+        try:
+            fd = os.open(candidate, flags, 0o600)
+        except OSError:
+            continue  # absent, or not ours to open: SQLite says so if it matters
+        try:
+            info = os.fstat(fd)
+            if info.st_uid == os.getuid() and stat.S_IMODE(info.st_mode) & 0o077:
+                os.fchmod(fd, 0o600)
+        finally:
+            os.close(fd)
 
 
 def _configure_sqlite(engine: Engine) -> None:

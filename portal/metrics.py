@@ -2,14 +2,16 @@
 
 When ``PROMETHEUS_MULTIPROC_DIR`` is set (``gunicorn.conf.py`` sets it before workers
 import the app), prometheus_client keeps each process's values in files there and
-``/metrics`` aggregates them; otherwise the process's own registry is served.
+``/metrics`` aggregates them; otherwise the process's own registry is served. With
+``METRICS_TOKEN`` set, only a scraper sending it as a bearer token reads them.
 """
 
 from __future__ import annotations
 
+import hmac
 import os
 
-from flask import Blueprint, Response
+from flask import Blueprint, Response, current_app, request
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     REGISTRY,
@@ -64,8 +66,24 @@ for _outcome in ("applied", "duplicate", "ignored"):
 bp = Blueprint("metrics", __name__)
 
 
+def _authorised(expected: str) -> bool:
+    """``Authorization: Bearer <METRICS_TOKEN>``, compared in constant time."""
+    scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    return hmac.compare_digest(given.strip().encode("utf-8"), expected.encode("utf-8"))
+
+
 @bp.get("/metrics")
 def metrics() -> Response:
+    token = current_app.extensions["portal.settings"].metrics_token
+    if token and not _authorised(token):
+        return Response(
+            "A bearer token is required to read the metrics.\n",
+            401,
+            mimetype="text/plain",
+            headers={"WWW-Authenticate": 'Bearer realm="metrics"'},
+        )
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)

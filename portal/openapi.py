@@ -594,15 +594,16 @@ def build(settings: Any) -> dict[str, Any]:
                     "name": "Sec-Fetch-Site",
                     "in": "header",
                     "required": False,
-                    "description": "cross-site is refused (403).",
+                    "description": "cross-site and same-site are refused (403).",
                     "schema": {"enum": ["same-origin", "same-site", "none", "cross-site"]},
                 },
                 "Origin": {
                     "name": "Origin",
                     "in": "header",
                     "required": False,
-                    "description": "When present (and not 'null'), its host must be this "
-                    "host, or the request is refused (403).",
+                    "description": "When present, it must be the portal's public origin "
+                    "(PUBLIC_URL: scheme, host and port), or the request is refused (403); "
+                    "'null' is refused on every route that changes state.",
                     "schema": {"type": "string"},
                 },
             },

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from flask import Blueprint, Response, current_app, render_template, send_from_directory
+import json
+from pathlib import Path
+
+from flask import Blueprint, Response, current_app, render_template, request
 
 from portal.consent import catalogue
 from portal.db import db
@@ -26,11 +29,27 @@ def index() -> str:
     )
 
 
+_LINK_ORIGINS_LINE = "\nvar LINK_ORIGINS = [];\n"
+
+
+def service_worker_source(link_origins: tuple[str, ...]) -> str:
+    """``static/sw.js`` with the sites campaign links may lead to written in, so the
+    worker's own check agrees with the form's (``CAMPAIGN_LINK_ORIGINS``)."""
+    source = (Path(current_app.static_folder or "static") / "sw.js").read_text("utf-8")
+    if _LINK_ORIGINS_LINE not in source:
+        raise RuntimeError("static/sw.js has lost its LINK_ORIGINS line")
+    line = f"\nvar LINK_ORIGINS = {json.dumps(list(link_origins))};\n"
+    return source.replace(_LINK_ORIGINS_LINE, line, 1)
+
+
 @bp.get("/sw.js")
 def service_worker() -> Response:
     # Served from the root so its scope can be "/"; never cached long, so an update
-    # reaches browsers on their next visit.
-    response = send_from_directory(current_app.static_folder or "static", "sw.js", max_age=0)
+    # (of the script, or of the sites it may open) reaches browsers on their next visit.
+    settings = current_app.extensions["portal.settings"]
+    response = Response(service_worker_source(settings.campaign_link_origins))
+    response.add_etag()
+    response.make_conditional(request)
     response.headers["Content-Type"] = "text/javascript; charset=utf-8"
     response.headers["Cache-Control"] = "no-cache"
     response.headers["Service-Worker-Allowed"] = "/"

@@ -4,11 +4,17 @@ Every script and style is a same-origin file (no inline ``<script>``, ``<style>`
 ``style=`` attributes), so the policy allows nothing inline. The service worker's own
 fetches (receipts, re-subscription, the VAPID key) go to this origin, which
 ``connect-src 'self'`` covers; the policy served with ``/sw.js`` governs the worker.
+
+Answers that show a person's choices — the preference centre and its states, the account
+link and erasure pages and the erasure receipt (``/preferences…``), the JSON API's answers
+(``/api/…``) and the staff console (``/staff…``, its blueprint says so too) — are never
+stored by a cache or kept for the back button (``Cache-Control: no-store``), unless the view
+chose its own caching (the service worker's public key).
 """
 
 from __future__ import annotations
 
-from flask import Flask, Response
+from flask import Flask, Response, request
 from werkzeug.middleware.proxy_fix import ProxyFix
 
 CONTENT_SECURITY_POLICY = "; ".join(
@@ -71,6 +77,14 @@ def security_headers(*, production: bool) -> dict[str, str]:
     return headers
 
 
+PRIVATE_PREFIXES = ("/preferences", "/api/", "/staff")
+
+
+def is_private(path: str) -> bool:
+    """Whether an answer at ``path`` may show a person's choices or data."""
+    return path.startswith(PRIVATE_PREFIXES)
+
+
 def init_app(app: Flask) -> None:
     settings = app.extensions["portal.settings"]
     headers = security_headers(production=settings.is_production)
@@ -85,4 +99,6 @@ def init_app(app: Flask) -> None:
     def _add_security_headers(response: Response) -> Response:
         for name, value in headers.items():
             response.headers.setdefault(name, value)
+        if is_private(request.path):
+            response.headers.setdefault("Cache-Control", "no-store")
         return response

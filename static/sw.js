@@ -2,7 +2,8 @@
 
    push                   always shows a notification for a new delivery; a delivery id
                           seen before is never shown as a second notification (below)
-   notificationclick      focuses a tab already at the link, or opens it (same origin only)
+   notificationclick      focuses a tab already at the link, or opens it (this site, or a
+                          site LINK_ORIGINS names, only)
    pushsubscriptionchange subscribes again and tells the server which endpoint it replaces
 
    The server acts on a subscription only for the browser that holds it, so every fetch
@@ -22,6 +23,9 @@ var MAX_SEEN = 500; // repeats come from a crashed send, minutes apart: 500 ids 
 // transactions complete one after another, and a first sighting is entered here before the
 // next one completes, so a repeat in this worker finds it while it is still being shown.
 var showing = new Map();
+/* Sites other than this one that campaign links and icons may lead to
+   (CAMPAIGN_LINK_ORIGINS): the portal fills this line in when it serves /sw.js. */
+var LINK_ORIGINS = [];
 
 self.addEventListener("install", function () {
   self.skipWaiting();
@@ -114,12 +118,14 @@ function text(value, max) {
   return typeof value === "string" ? value.slice(0, max) : "";
 }
 
-/* A link on this site, or the site's root: a payload cannot send people elsewhere. */
-function sameOrigin(value, fallback) {
+/* A link on this site or on a site campaigns may link to, else the fallback. The form
+   refuses other links already; this second check means a payload cannot send people
+   elsewhere either. */
+function allowedLink(value, fallback) {
   if (typeof value === "string" && value) {
     try {
       var url = new URL(value, self.location.origin);
-      if (url.origin === self.location.origin) {
+      if (url.origin === self.location.origin || LINK_ORIGINS.indexOf(url.origin) !== -1) {
         return url.href;
       }
     } catch (_) {
@@ -172,7 +178,7 @@ async function handlePush(message) {
   var options = {
     body: text(message.body, 1000),
     data: {
-      url: sameOrigin(message.url, root),
+      url: allowedLink(message.url, root),
       deliveryId: deliveryId,
       campaignId: message.campaignId === undefined ? null : message.campaignId,
     },
@@ -180,7 +186,7 @@ async function handlePush(message) {
   if (tag) {
     options.tag = tag;
   }
-  var icon = sameOrigin(message.icon, null);
+  var icon = allowedLink(message.icon, null);
   if (icon) {
     options.icon = icon;
   }
@@ -258,7 +264,7 @@ async function focusOrOpen(url) {
 function notificationClicked(notification) {
   notification.close();
   var data = notification.data || {};
-  var url = sameOrigin(data.url, new URL("/", self.location.origin).href);
+  var url = allowedLink(data.url, new URL("/", self.location.origin).href);
   var work = [focusOrOpen(url)];
   if (data.deliveryId) {
     work.push(report(data.deliveryId, "clicked"));

@@ -86,3 +86,17 @@ def record_delivery(
     session.add(delivery)
     session.flush()
     return str(delivery.id)
+
+
+def confirm_account_link(client: Any, assertion: str, **kwargs: Any) -> Any:
+    """Open a host product's sign-in link and confirm it, as the person would: the link
+    only asks; the confirmation page's form (with its CSRF token) links."""
+    opened = client.get(f"/preferences?assertion={assertion}", **kwargs)
+    if opened.status_code != 303 or not opened.headers["Location"].endswith("/preferences/link"):
+        return opened
+    page = client.get("/preferences/link", **kwargs)
+    return client.post(
+        "/preferences/link",
+        data={"csrf_token": csrf_token(page.text), "action": "link"},
+        **kwargs,
+    )

@@ -23,6 +23,7 @@ GOOD_PRODUCTION = {
     "VAPID_SUBJECT": "mailto:ops@example.com",
     "SUBSCRIPTION_AUTH_KEY_V1": base64.b64encode(bytes(range(32))).decode(),
     "DATABASE_URL": "postgresql://u@db/portal",
+    "PUBLIC_URL": "https://portal.example.com",
 }
 
 
@@ -82,6 +83,10 @@ def test_production_with_everything_set(tmp_path):
         ("SUBSCRIPTION_AUTH_KEY_VERSION", "2", "SUBSCRIPTION_AUTH_KEY_V2 is missing"),
         ("VAPID_PUBLIC_KEY", generate_vapid_keys()[1], "VAPID_PUBLIC_KEY does not match"),
         ("PORTAL_SCHEDULER", "maybe", "PORTAL_SCHEDULER must be 'on' or 'off'"),
+        ("PUBLIC_URL", None, "PUBLIC_URL is missing"),
+        ("PUBLIC_URL", "http://portal.example.com", "PUBLIC_URL must be an https:// origin"),
+        ("METRICS_TOKEN", "changeme", "METRICS_TOKEN is missing or left at a default"),
+        ("CAMPAIGN_LINK_ORIGINS", "http://shop.example", "CAMPAIGN_LINK_ORIGINS must list"),
     ],
 )
 def test_production_refuses_missing_or_default_secrets(tmp_path, name, value, message):

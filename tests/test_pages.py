@@ -20,6 +20,23 @@ def test_the_service_worker_is_served_from_the_root_uncached(client):
     assert b'addEventListener("push"' in body
 
 
+def test_the_service_worker_knows_the_sites_campaigns_may_link_to(app, client):
+    first = client.get("/sw.js")
+    default = first.get_data(as_text=True)
+    assert "\nvar LINK_ORIGINS = [];\n" in default  # this site only
+    app.extensions["portal"].settings = app.extensions["portal.settings"] = app.extensions[
+        "portal.settings"
+    ].with_overrides(campaign_link_origins=("https://shop.example", "https://cdn.example"))
+    served = client.get("/sw.js")
+    text = served.get_data(as_text=True)
+    assert '\nvar LINK_ORIGINS = ["https://shop.example", "https://cdn.example"];\n' in text
+    assert text.count("LINK_ORIGINS") == default.count("LINK_ORIGINS")
+    # A browser revalidates the worker cheaply, and sees a change of the list at once.
+    assert served.headers["ETag"] != first.headers["ETag"]
+    again = client.get("/sw.js", headers={"If-None-Match": served.headers["ETag"]})
+    assert again.status_code == 304
+
+
 def test_the_vapid_public_key_is_published_for_the_service_worker(client):
     response = client.get("/api/push/vapid-public-key")
     assert response.status_code == 200

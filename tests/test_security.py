@@ -285,3 +285,73 @@ def test_api_errors_stay_json(client):
     assert response.status_code == 405
     assert response.json["error"]["code"] == "method_not_allowed"
     assert "POST" in response.headers["Allow"]
+
+
+def test_every_page_under_preferences_is_never_stored(catalogue_ready, client, subscriptions):
+    """The preference centre, its states, the account link and erasure pages show a
+    person's choices: no shared cache or back button keeps a copy."""
+    urls = [url for url in _get_urls(catalogue_ready) if url.startswith("/preferences")]
+    assert {"/preferences", "/preferences/erase", "/preferences/link"} <= set(urls)
+    subscribed = catalogue_ready.test_client()
+    answer = subscribed.post(
+        "/api/push/subscribe", json={"subscription": subscriptions().to_json()}
+    )
+    assert answer.status_code == 201
+    assert answer.headers.get("Cache-Control") == "no-store"  # the API answers with state too
+    for url in urls:
+        for visitor in (client, subscribed):
+            with visitor.get(url) as response:
+                assert response.headers.get("Cache-Control") == "no-store", (
+                    f"{url} ({response.status_code})"
+                )
+
+
+def test_a_persons_pages_and_downloads_are_never_stored(
+    catalogue_ready, client, engine, subscriptions, staff_browser
+):
+    import re
+
+    import sqlalchemy as sa
+
+    from tests.helpers import csrf_token
+
+    sub = subscriptions()
+    assert (
+        client.post("/api/push/subscribe", json={"subscription": sub.to_json()}).status_code == 201
+    )
+    choices = client.post(
+        "/api/push/preferences",
+        json={
+            "endpoint": sub.endpoint,
+            "decisions": [{"slug": "offers", "state": "opt_in"}],
+            "policyVersion": "v1",
+            "decidedAt": "2025-12-31T23:00:00Z",
+        },
+    )
+    centre = client.get("/preferences")
+    with engine.connect() as conn:
+        subscriber_id = uuid.UUID(
+            str(conn.execute(sa.text("SELECT id FROM subscriber")).scalar_one())
+        )
+    person = staff_browser.get(f"/staff/compliance/subscribers/{subscriber_id}")
+    invalid_link = client.get("/preferences?token=not-a-token")
+    erase_page = client.get("/preferences/erase")
+    erased = client.post(
+        "/preferences/erase", data={"csrf_token": csrf_token(erase_page.text), "confirm": "yes"}
+    )
+    receipt_url = re.search(r'href="(/preferences/erasure-receipt/[^"]+)"', erased.text).group(1)
+    receipt = client.get(receipt_url)
+    lookup = staff_browser.get("/staff/compliance/lookup")
+    responses = {
+        "preferences API": choices,
+        "preference centre": centre,
+        "invalid link": invalid_link,
+        "erase confirmation": erase_page,
+        "staff subscriber page": person,
+        "erased": erased,
+        "erasure receipt download": receipt,
+        "staff look-up": lookup,
+    }
+    for name, response in responses.items():
+        assert response.status_code < 500, name
+        assert response.headers.get("Cache-Control") == "no-store", name

@@ -17,6 +17,7 @@ from portal.consent.catalogue import topic_by_slug
 from portal.consent.recipients import audience_breakdown
 from portal.db import db
 from portal.errors import ApiError, ValidationError
+from portal.origins import campaign_link_origins
 from portal.staff import audit
 
 campaign_cli = AppGroup("campaign", help="Campaigns: create and launch, list.")
@@ -59,8 +60,10 @@ def _instant(text: str | None, field: str, problems: list[ApiError]) -> dt.datet
 @click.option("--topic", required=True, help="The topic's slug.")
 @click.option("--title", required=True)
 @click.option("--body", required=True)
-@click.option("--url", help="Opened on click: https://… or a path on this site.")
-@click.option("--icon", help="An https://… image or a path on this site.")
+@click.option(
+    "--url", help="Opened on click: a path or address on this site, or on CAMPAIGN_LINK_ORIGINS."
+)
+@click.option("--icon", help="An image: a path on this site, or on CAMPAIGN_LINK_ORIGINS.")
 @click.option("--ttl", default="86400", show_default=True, help="Time to live, in seconds.")
 @click.option(
     "--urgency", default="normal", show_default=True, help="very-low, low, normal or high."
@@ -99,11 +102,14 @@ def campaign_create(
     )
     now = _now()
     with db.begin() as session:
-        problems += services.validate_draft(session, draft, now=now)
+        links = campaign_link_origins()  # the form's rule: one function for both doors
+        problems += services.validate_draft(session, draft, now=now, link_origins=links)
         if problems:
             _fail(problems)
         audience = audience_breakdown(session, topic_by_slug(session, topic).id)
-        campaign = services.create_campaign(session, draft, created_by=CREATED_BY, now=now)
+        campaign = services.create_campaign(
+            session, draft, created_by=CREATED_BY, now=now, link_origins=links
+        )
         audit.record(
             session,
             None,

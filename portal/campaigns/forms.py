@@ -23,6 +23,7 @@ from portal.campaigns import services
 from portal.campaigns.presentation import URGENCIES
 from portal.campaigns.services import CampaignDraft
 from portal.consent.catalogue import active_topics
+from portal.origins import campaign_link_origins
 
 UTC_ZONE = "UTC"
 _AREAS = (
@@ -209,7 +210,9 @@ def check(form: CampaignForm, session: Session, *, now: dt.datetime) -> Campaign
         deliver_until=deliver_until,
     )
     time_unclear = bool(form.send_at.errors or form.schedule.errors)
-    for problem in services.validate_draft(session, draft, now=now):
+    for problem in services.validate_draft(
+        session, draft, now=now, link_origins=campaign_link_origins()
+    ):
         field = getattr(form, problem.field or "", None)
         if field is None:
             continue

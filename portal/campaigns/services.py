@@ -14,7 +14,6 @@ import uuid
 import zlib
 from dataclasses import dataclass, replace
 from typing import Any, cast
-from urllib.parse import urlsplit
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
@@ -32,8 +31,10 @@ from portal.consent.models import Topic
 from portal.consent.recipients import recipient_query
 from portal.db import affected_rows, is_postgres, uuid7
 from portal.errors import Conflict, ValidationError
+from portal.origins import LinkOrigins, canonical_origin
 from portal.subscriptions.models import LIVE_STATES, PushSubscription, Subscriber
 
+_PATHS_ONLY = LinkOrigins()  # no site known: a link must be a path on this site
 MAX_PLAINTEXT = 3993
 MAX_TTL = 28 * 24 * 3600  # the longest any push service keeps a message
 # A send time this far in the past is a mistake (a stale form, a wrong zone), not "now".
@@ -114,24 +115,36 @@ def payload_size(draft: CampaignDraft) -> int:
 _UNSAFE_PATH = re.compile(r"[\x00-\x20\x7f\\]")
 
 
-def _link(value: str | None, field: str) -> str | None:
+def _link(value: str | None, field: str, allowed: LinkOrigins) -> str | None:
+    """A campaign's link or icon: a path on this site, or an address on this site or on
+    one ``allowed`` names. Refused here, when the campaign is made, rather than rewritten
+    when the notification is shown or clicked (the service worker's own check stays, as a
+    second line)."""
     if not value:
         return None
     value = value.strip()
     if value.startswith("/") and not value.startswith("//") and not _UNSAFE_PATH.search(value):
         return value  # same origin
-    parts = urlsplit(value)
-    if parts.scheme != "https" or not parts.hostname or "@" in parts.netloc:
+    origin = canonical_origin(value)
+    if origin is None or _UNSAFE_PATH.search(value):
         raise ValidationError(
             "invalid_link", "a link is an https:// URL or a path on this site", field
         )
+    if not allowed.allows(origin):
+        raise ValidationError("link_elsewhere", allowed.refusal(), field)
     return value
 
 
 def validate_draft(
-    session: Session, draft: CampaignDraft, *, now: dt.datetime
+    session: Session,
+    draft: CampaignDraft,
+    *,
+    now: dt.datetime,
+    link_origins: LinkOrigins = _PATHS_ONLY,
 ) -> list[ValidationError]:
-    """Every problem with a draft, in form order (empty when it can be created)."""
+    """Every problem with a draft, in form order (empty when it can be created).
+    ``link_origins`` is where links may lead (:func:`portal.origins.campaign_link_origins`;
+    by default only paths on this site)."""
     problems: list[ValidationError] = []
 
     def check(condition: bool, code: str, message: str, field: str) -> None:
@@ -150,7 +163,7 @@ def validate_draft(
     check(bool(draft.body.strip()), "missing_field", "Enter the message", "body")
     for field, value in (("url", draft.url), ("icon", draft.icon)):
         try:
-            _link(value, field)
+            _link(value, field, link_origins)
         except ValidationError as problem:
             problems.append(problem)
     check(draft.urgency in URGENCIES, "invalid_value", "Choose an urgency", "urgency")
@@ -198,13 +211,14 @@ def create_campaign(
     now: dt.datetime,
     is_test: bool = False,
     campaign_id: uuid.UUID | None = None,
+    link_origins: LinkOrigins = _PATHS_ONLY,
 ) -> Campaign:
     """Create and launch: it is scheduled for ``send_at`` (now when not given).
 
     ``campaign_id`` lets a form choose the id before launch, so a Launch button pressed
     twice finds the campaign it made instead of making a second one.
     """
-    problems = validate_draft(session, draft, now=now)
+    problems = validate_draft(session, draft, now=now, link_origins=link_origins)
     if problems:
         raise problems[0]
     topic = topic_by_slug(session, draft.topic)
@@ -213,8 +227,8 @@ def create_campaign(
         topic_id=topic.id,
         title=draft.title.strip(),
         body=draft.body.strip(),
-        url=_link(draft.url, "url"),
-        icon=_link(draft.icon, "icon"),
+        url=_link(draft.url, "url", link_origins),
+        icon=_link(draft.icon, "icon", link_origins),
         urgency=draft.urgency,
         ttl=draft.ttl,
         collapse_key=draft.collapse_key or None,
@@ -239,6 +253,7 @@ def create_test_campaign(
     subscriber_id: uuid.UUID,
     created_by: str,
     now: dt.datetime,
+    link_origins: LinkOrigins = _PATHS_ONLY,
 ) -> Campaign:
     """A test send of ``draft`` to one subscription of ``subscriber_id``, now.
 
@@ -271,6 +286,7 @@ def create_test_campaign(
         created_by=created_by,
         now=now,
         is_test=True,
+        link_origins=link_origins,
     )
     campaign.materialised_through = subscription.id
     campaign.materialised_at = now

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from flask import current_app, flash, jsonify, redirect, render_template, request, url_for
 from sqlalchemy.exc import IntegrityError
@@ -34,6 +35,7 @@ from portal.consent.recipients import audience_breakdown
 from portal.db import db, uuid7
 from portal.errors import ApiError
 from portal.identity import device_from_cookie, subscriber_from_cookie
+from portal.origins import campaign_link_origins, public_origin
 from portal.staff import audit
 from portal.staff.access import StaffPage, current_staff, register_page, staff_required
 from portal.staff.forms import ConfirmForm
@@ -78,6 +80,11 @@ def _uuid(text: str | None) -> uuid.UUID | None:
         return None
 
 
+def _site_name() -> str:
+    """The site a notification names (its origin's host), from PUBLIC_URL."""
+    return urlsplit(public_origin()).netloc
+
+
 def _preview(form: CampaignForm) -> dict[str, Any]:
     """What the notification shows, from the fields as typed (valid or not)."""
     draft = CampaignDraft(
@@ -96,7 +103,7 @@ def _preview(form: CampaignForm) -> dict[str, Any]:
         "size": payload_size(draft),
         "limit": services.MAX_PLAINTEXT,
         "ttl_words": presentation.ttl_in_words(ttl) if ttl is not None else None,
-        "origin": request.host,
+        "origin": _site_name(),
     }
 
 
@@ -210,7 +217,12 @@ def _launch(form: CampaignForm, draft: CampaignDraft) -> Any:
     audience = audience_breakdown(db.session, topic.id)
     try:
         campaign = services.create_campaign(
-            db.session, draft, created_by=staff.email, now=_now(), campaign_id=chosen
+            db.session,
+            draft,
+            created_by=staff.email,
+            now=_now(),
+            campaign_id=chosen,
+            link_origins=campaign_link_origins(),
         )
         audit.record(
             db.session,
@@ -274,6 +286,7 @@ def campaign_test_send() -> Any:
             subscriber_id=subscriber_id,
             created_by=staff.email,
             now=_now(),
+            link_origins=campaign_link_origins(),
         )
         audit.record(
             db.session,
@@ -367,7 +380,7 @@ def _detail_page(
             "body": campaign.body,
             "url": campaign.url,
             "icon": campaign.icon,
-            "origin": request.host,
+            "origin": _site_name(),
         },
     ), status
 

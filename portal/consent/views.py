@@ -20,6 +20,7 @@ from flask import (
     request,
     url_for,
 )
+from flask import session as signed_session
 
 from portal.api import check_same_origin, json_body
 from portal.consent import catalogue
@@ -38,6 +39,7 @@ from portal.consent.sources import source_for
 from portal.db import db
 from portal.errors import NotFound, ValidationError
 from portal.identity import (
+    Assertion,
     InvalidLink,
     device_from_cookie,
     set_subscriber_cookie,
@@ -104,6 +106,19 @@ def _current_policy() -> PolicyVersion | None:
     return current
 
 
+def _devices(subscriber: Subscriber) -> list[PushSubscription]:
+    """The person's devices the preference centre lists (and linking would move)."""
+    return (
+        db.session.query(PushSubscription)
+        .filter(
+            PushSubscription.subscriber_id == subscriber.id,
+            PushSubscription.deleted_at.is_(None),
+            PushSubscription.state.in_(["pending", "active", "stale"]),
+        )
+        .all()
+    )
+
+
 def _render(
     subscriber: Subscriber | None,
     *,
@@ -117,17 +132,13 @@ def _render(
     shown = catalogue.current(session)
     policy = shown.policy
     if subscriber is None:
-        return render_template("preferences/unknown.html", policy=policy), status
+        return render_template(
+            "preferences/unknown.html",
+            policy=policy,
+            messages=get_flashed_messages(with_categories=True),
+        ), status
     views = topic_views(session, subscriber, shown.topics, rows)
-    devices = (
-        session.query(PushSubscription)
-        .filter(
-            PushSubscription.subscriber_id == subscriber.id,
-            PushSubscription.deleted_at.is_(None),
-            PushSubscription.state.in_(["pending", "active", "stale"]),
-        )
-        .all()
-    )
+    devices = _devices(subscriber)
     return render_template(
         "preferences/centre.html",
         categories=catalogue.by_category([v.topic for v in views]),
@@ -158,29 +169,90 @@ def _identify(token: str | None, assertion: str | None) -> Any:
     settings = _portal().settings
     session = db.session
     try:
-        if token:
-            subscriber_id = subscriber_from_link_token(
-                token, max_age=settings.preference_link_max_age
-            )
-            subscriber = session.get(Subscriber, subscriber_id)
-            if subscriber is None or subscriber.erased_at is not None:
-                raise InvalidLink("This link is no longer valid.")
-        else:
+        if not token:
             claims = verify_assertion(
                 assertion or "", secrets=settings.identity_assertion_secrets, now=time.time()
             )
-            subscriber = link_account(
-                session,
-                claims,
-                browser_subscriber_id=subscriber_from_cookie(request),
-                now=_portal().clock.now(),
-                context=_context("account-link"),
-            )
-            session.commit()
+            return _ask_to_link(claims)
+        subscriber_id = subscriber_from_link_token(token, max_age=settings.preference_link_max_age)
+        subscriber = session.get(Subscriber, subscriber_id)
+        if subscriber is None or subscriber.erased_at is not None:
+            raise InvalidLink("This link is no longer valid.")
     except InvalidLink as problem:
         session.rollback()
         return render_template("preferences/link_error.html", message=problem.message), 400
     # A clean address: the token leaves the URL bar and the history.
+    response = redirect(url_for("preferences.centre"), code=303)
+    set_subscriber_cookie(response, subscriber.id, secure=_secure())
+    return response
+
+
+# Linking an account ---------------------------------------------------------------------
+#
+# Whoever sends a sign-in link chooses the account it names: opened, a link only asks.
+# The browser joins the account when the person confirms, on a page that names it, by a
+# POST carrying that page's CSRF token (a cross-site form cannot). Until then the checked
+# claims, never the assertion itself, wait in the signed session for a few minutes.
+
+PENDING_LINK = "pending_account_link"
+PENDING_LINK_SECONDS = 600
+
+
+def _ask_to_link(claims: Assertion) -> Any:
+    browser = _current_subscriber()
+    if browser is not None and browser.external_user_id == claims.external_user_id:
+        return redirect(url_for("preferences.centre"), code=303)  # already this account
+    signed_session[PENDING_LINK] = {
+        "sub": claims.external_user_id,
+        "region": claims.region_code,
+        "locale": claims.locale,
+        "until": time.time() + PENDING_LINK_SECONDS,
+    }
+    return redirect(url_for("preferences.link_account_page"), code=303)
+
+
+def _pending_link(*, take: bool = False) -> Assertion | None:
+    """The account this browser was asked to join, while the question stands."""
+    pending = signed_session.pop(PENDING_LINK, None) if take else signed_session.get(PENDING_LINK)
+    if not isinstance(pending, dict):
+        return None
+    until = pending.get("until")
+    if not isinstance(until, int | float) or until < time.time():
+        signed_session.pop(PENDING_LINK, None)
+        return None
+    return Assertion(pending["sub"], pending.get("region"), pending.get("locale"))
+
+
+@bp.get("/preferences/link")
+def link_account_page() -> Any:
+    claims = _pending_link()
+    if claims is None:
+        return redirect(url_for("preferences.centre"), code=303)
+    browser = _current_subscriber()
+    return render_template(
+        "preferences/link.html",
+        account=claims.external_user_id,
+        devices=len(_devices(browser)) if browser is not None else 0,
+        other_account=browser.external_user_id if browser is not None else None,
+    )
+
+
+@bp.post("/preferences/link")
+def link_account_confirmed() -> Any:
+    claims = _pending_link(take=True)
+    if claims is None or request.form.get("action") != "link":
+        flash("Nothing was linked.", "info")
+        return redirect(url_for("preferences.centre"), code=303)
+    session = db.session
+    subscriber = link_account(
+        session,
+        claims,
+        browser_subscriber_id=subscriber_from_cookie(request),
+        now=_portal().clock.now(),
+        context=_context("account-link"),
+    )
+    session.commit()
+    flash("This browser is now linked to your account.", "success")
     response = redirect(url_for("preferences.centre"), code=303)
     set_subscriber_cookie(response, subscriber.id, secure=_secure())
     return response

@@ -32,6 +32,7 @@ class Action:
     DISABLED = "staff.disabled"
     ENABLED = "staff.enabled"
     PASSWORD_CHANGED = "staff.password_changed"  # noqa: S105 - an action name
+    PASSWORD_CHANGE_FAILED = "staff.password_change_failed"  # noqa: S105 - an action name
 
     ALL = (
         SIGNED_IN,
@@ -43,6 +44,7 @@ class Action:
         DISABLED,
         ENABLED,
         PASSWORD_CHANGED,
+        PASSWORD_CHANGE_FAILED,
     )
 
 
@@ -56,6 +58,7 @@ _LABELS: dict[str, str] = {
     Action.DISABLED: "Staff user disabled",
     Action.ENABLED: "Staff user enabled",
     Action.PASSWORD_CHANGED: "Password changed",
+    Action.PASSWORD_CHANGE_FAILED: "Password change refused",
 }
 
 

@@ -63,6 +63,21 @@ class NotFound(StaffError):
     pass
 
 
+class RecordedRefusal(StaffError):
+    """A refusal that is itself recorded — a failed password check counts toward the
+    lockout and is audited — so the caller commits rather than rolls back. ``minutes``
+    is the wait when the account is locked."""
+
+    def __init__(self, message: str, field: str | None = None, *, minutes: int = 0) -> None:
+        super().__init__(message, field)
+        self.minutes = minutes
+
+
+def wait_message(minutes: int) -> str:
+    unit = "minute" if minutes == 1 else "minutes"
+    return f"Too many attempts: try again in {minutes} {unit}"
+
+
 @dataclass(frozen=True)
 class StaffPolicy:
     """The sign-in rules, from :class:`portal.config.StaffAuthSettings`."""
@@ -244,15 +259,39 @@ def change_password(
     current: str,
     new: str,
     passwords: Passwords,
+    policy: StaffPolicy,
     clock: Clock,
 ) -> None:
-    """Change one's own password; every other session of the account ends."""
+    """Change one's own password; every other session of the account ends.
+
+    The current password is checked under the sign-in lockout: a wrong one is a failed
+    attempt like a wrong one at sign-in (one count for both), and while the account is
+    locked no password is checked here either. Otherwise a stolen session could try
+    passwords without limit."""
     user = get_staff(session, actor.id)
+    session.refresh(user, with_for_update=True)  # serialise attempts on one account
+    now = clock.now()
+    state = LockState(user.failed_logins, user.locked_until)
+    target = staff_target(user.email)
+    if state.is_locked(now):
+        audit.record(
+            session, actor, Action.PASSWORD_CHANGE_FAILED, target, {"reason": "locked"}, at=now
+        )
+        minutes = state.minutes_left(now)
+        raise RecordedRefusal(wait_message(minutes), "current_password", minutes=minutes)
     if not passwords.verify(user.password_hash, current):
-        raise StaffError("Your current password is wrong", "current_password")
+        counted = _count_failure(
+            session, user, state, now, policy, actor, Action.PASSWORD_CHANGE_FAILED
+        )
+        if counted.is_locked(now):
+            minutes = counted.minutes_left(now)
+            raise RecordedRefusal(wait_message(minutes), "current_password", minutes=minutes)
+        raise RecordedRefusal("Your current password is wrong", "current_password")
     problem = password_problem(new)
     if problem:
         raise StaffError(problem, "new_password")
+    cleared = after_success(state)
+    user.failed_logins, user.locked_until = cleared.failures, cleared.locked_until
     user.password_hash = passwords.hash(new)
     session.execute(
         sa.delete(StaffSession).where(
@@ -267,10 +306,9 @@ def change_password(
 
 class Outcome(enum.StrEnum):
     SIGNED_IN = "signed_in"
-    WRONG = "wrong"  # email or password is wrong (never says which)
+    WRONG = "wrong"  # email or password is wrong, or the account is disabled (never says which)
     LOCKED = "locked"  # the account (or the unknown email) is locked out
     THROTTLED = "throttled"  # too many attempts from this client address
-    DISABLED = "disabled"  # right password, disabled account
 
 
 @dataclass(frozen=True)
@@ -371,29 +409,15 @@ def sign_in(
     if state.is_locked(now):
         audit.record(session, user, Action.SIGN_IN_FAILED, target, {"reason": "locked"}, at=now)
         return SignInResult(Outcome.LOCKED, minutes=state.minutes_left(now), user=user)
-    if correct and user.disabled_at is not None:
-        audit.record(session, user, Action.SIGN_IN_FAILED, target, {"reason": "disabled"}, at=now)
-        return SignInResult(Outcome.DISABLED, user=user)
-    if not correct:
-        new = after_failure(state, now, policy.lockout)
-        user.failed_logins, user.locked_until = new.failures, new.locked_until
-        audit.record(
-            session,
-            user,
-            Action.SIGN_IN_FAILED,
-            target,
-            {"reason": "wrong_password"},
-            at=now,
+    if not correct or user.disabled_at is not None:
+        # A disabled account's right password is a failed attempt like a wrong one: the
+        # answer (and the count toward the lockout) never tells the two apart. The audit
+        # trail, which only staff read, keeps which it was.
+        reason = "wrong_password" if not correct else "disabled"
+        new = _count_failure(
+            session, user, state, now, policy, user, Action.SIGN_IN_FAILED, reason=reason
         )
         if new.is_locked(now):
-            audit.record(
-                session,
-                None,
-                Action.LOCKED_OUT,
-                target,
-                {"minutes": policy.lockout.duration // dt.timedelta(minutes=1)},
-                at=now,
-            )
             return SignInResult(Outcome.LOCKED, minutes=new.minutes_left(now), user=user)
         return SignInResult(Outcome.WRONG, user=user)
 
@@ -417,6 +441,35 @@ def sign_in(
     purge_expired(session, now=now, idle=policy.session_idle)
     audit.record(session, user, Action.SIGNED_IN, target, at=now)
     return SignInResult(Outcome.SIGNED_IN, token=token, user=user)
+
+
+def _count_failure(
+    session: Session,
+    user: StaffUser,
+    state: LockState,
+    now: dt.datetime,
+    policy: StaffPolicy,
+    actor: audit.Actor,
+    action: str,
+    *,
+    reason: str = "wrong_password",
+) -> LockState:
+    """One failed password check on an account, at sign-in or on the password form:
+    counted toward the lockout and audited, and the lock audited when it starts."""
+    new = after_failure(state, now, policy.lockout)
+    user.failed_logins, user.locked_until = new.failures, new.locked_until
+    target = staff_target(user.email)
+    audit.record(session, actor, action, target, {"reason": reason}, at=now)
+    if new.is_locked(now):
+        audit.record(
+            session,
+            None,
+            Action.LOCKED_OUT,
+            target,
+            {"minutes": policy.lockout.duration // dt.timedelta(minutes=1)},
+            at=now,
+        )
+    return new
 
 
 def _unknown_email(

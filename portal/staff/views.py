@@ -144,10 +144,7 @@ def _clear_cookie(response: Response) -> None:
 
 def _refusal(result: services.SignInResult) -> tuple[str, int]:
     if result.outcome in {Outcome.LOCKED, Outcome.THROTTLED}:
-        unit = "minute" if result.minutes == 1 else "minutes"
-        return f"Too many attempts: try again in {result.minutes} {unit}", 429
-    if result.outcome is Outcome.DISABLED:
-        return "This account is disabled: ask an admin to enable it", 403
+        return services.wait_message(result.minutes), 429
     return "Email or password is wrong", 401
 
 
@@ -240,8 +237,14 @@ def password() -> Any:
                     current=form.current_password.data,
                     new=form.new_password.data,
                     passwords=passwords(),
+                    policy=_policy(),
                     clock=_portal().clock,
                 )
+            except services.RecordedRefusal as error:
+                db.session.commit()  # the failed attempt counts, and is audited
+                _field(form, error).errors = [error.message]
+                if error.minutes:
+                    status = 429
             except StaffError as error:
                 db.session.rollback()
                 _field(form, error).errors = [error.message]
@@ -249,7 +252,12 @@ def password() -> Any:
                 db.session.commit()
                 flash("Your password has been changed. Your other browsers are signed out.")
                 return redirect(url_for("staff.dashboard"), 303)
-    return render_template("staff/password.html", form=form, errors=error_list(form)), status
+    response = current_app.make_response(
+        (render_template("staff/password.html", form=form, errors=error_list(form)), status)
+    )
+    if status == 429:
+        response.headers["Retry-After"] = "60"
+    return response
 
 
 def _field(form: Any, error: StaffError) -> Any:

@@ -441,7 +441,6 @@ SAME_ORIGIN: list[dict[str, str]] = [
     {},
     {"Sec-Fetch-Site": "same-origin"},
     {"Sec-Fetch-Site": "same-origin", "Origin": "http://localhost"},
-    {"Origin": "null"},
     {"Sec-Fetch-Site": "none"},
 ]
 CROSS_ORIGIN: list[dict[str, str]] = [
@@ -453,6 +452,8 @@ CROSS_ORIGIN: list[dict[str, str]] = [
     {"Origin": "localhost"},
     {"Sec-Fetch-Site": "same-site", "Origin": "https://localhost.evil.example"},
     {"Sec-Fetch-Site": "Cross-Site"},
+    {"Origin": "null"},
+    {"Origin": "https://localhost"},
 ]
 origin_headers = st.one_of(
     st.sampled_from(SAME_ORIGIN), st.sampled_from(SAME_ORIGIN), st.sampled_from(CROSS_ORIGIN)

@@ -28,8 +28,13 @@ from playwright.sync_api import Page
 from sqlalchemy.orm import sessionmaker
 
 from portal.db import create_engine
-from tests.browser.conftest import LiveServer, subscribe_through_api, subscribe_through_page
-from tests.browser.test_preference_centre import publish_new_policy
+from tests.browser.conftest import (
+    PHONE,
+    LiveServer,
+    subscribe_through_api,
+    subscribe_through_page,
+)
+from tests.browser.test_preference_centre import publish_new_policy, sign_in_link
 from tests.browser.test_subscribe_page import (
     IPHONE_UA,
     NO_PUSH,
@@ -188,6 +193,23 @@ def _preferences_unknown_device(new_context: Callable[..., Any], server: LiveSer
     page.click("text=Stop notifications on this device")
     page.wait_for_selector(".error-summary")
     return page
+
+
+def _account_link(**context_options: Any) -> Reach:
+    """The question a sign-in link asks a browser with a device (at a given viewport)."""
+
+    def reach(new_context: Callable[..., Any], server: LiveServer) -> Page:
+        from tests.factories import SubscriptionFactory
+
+        context = new_context(**context_options)
+        subscribe_through_api(context, SubscriptionFactory()())
+        page = context.new_page()
+        # A long account id (the host product's choice, up to 255 characters) wraps.
+        page.goto(sign_in_link(server, "customer-3307-" + "a1b2c3d4" * 12))
+        page.wait_for_selector("button[value=link]")
+        return page
+
+    return reach
 
 
 def _erase(new_context: Callable[..., Any], submit: bool) -> Page:
@@ -751,6 +773,8 @@ PAGES = [
     PageState("preferences-database-down", _database_down),
     PageState("policy", _open("/policy/2026-01")),
     PageState("link-error", _open("/preferences?token=not-a-valid-token")),
+    PageState("account-link-confirm", _account_link()),
+    PageState("account-link-confirm-390", _account_link(viewport=PHONE)),
     PageState("not-found", _open("/no/such/page")),
     PageState("method-not-allowed", _open("/preferences/stop-device")),
     PageState("erase-confirm", lambda new_context, server: _erase(new_context, False)),

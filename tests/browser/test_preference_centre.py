@@ -4,12 +4,16 @@ all of it without JavaScript."""
 from __future__ import annotations
 
 import datetime as dt
+import time
 
 import pytest
 from playwright.sync_api import Page
 
 from portal.consent import catalogue
+from portal.identity import sign_assertion
 from tests.browser.conftest import active_element_id, subscribe_through_api
+
+HOST_SECRET = "host-product-secret-for-the-browser"
 
 pytestmark = pytest.mark.browser
 
@@ -30,6 +34,16 @@ def publish_new_policy(server, version: str = "2026-02") -> None:
             text="We now also send a monthly summary, if you ask for it.",
             now=dt.datetime.now(dt.UTC) + dt.timedelta(seconds=1),
         )
+
+
+def sign_in_link(server, subject: str) -> str:
+    """A host product's sign-in link to the preference centre for account ``subject``."""
+    app = server.app
+    app.extensions["portal"].settings = app.extensions["portal.settings"] = app.extensions[
+        "portal.settings"
+    ].with_overrides(identity_assertion_secrets=(HOST_SECRET,))
+    assertion = sign_assertion({"sub": subject, "exp": time.time() + 300}, HOST_SECRET)
+    return f"/preferences?assertion={assertion}"
 
 
 def focused_classes(page: Page) -> str:
@@ -169,3 +183,50 @@ def test_the_preference_centre_works_without_javascript(new_context, server, bro
     assert page.locator(".banner--success").count() == 1
     assert "No device gets notifications from us" in page.inner_text("main")
     assert server.scalar("SELECT state FROM push_subscription") == "revoked"
+
+
+def _owners(server) -> set[object]:
+    return {
+        row.external_user_id
+        for row in server.rows(
+            "SELECT s.external_user_id FROM push_subscription p"
+            " JOIN subscriber s ON s.id = p.subscriber_id"
+        )
+    }
+
+
+def test_a_sign_in_link_asks_before_linking_and_links_on_the_click(known_page, server):
+    page = known_page
+    link = sign_in_link(server, "customer-2041")
+    page.goto(link)
+    # The token left the address bar at once; the page names the account and the device.
+    assert page.url == server.url + "/preferences/link"
+    assert "assertion" not in page.url
+    assert page.title() == "Link this browser to your account – Push consent portal"
+    assert "customer-2041" in page.inner_text("main")
+    assert "1 device" in page.inner_text("main")
+    assert _owners(server) == {None}  # nothing linked by opening the link
+    page.click("button[value=link]")
+    page.wait_for_selector(".banner--success")
+    assert page.url == server.url + "/preferences"
+    assert "This browser is now linked to your account." in page.inner_text(".banner--success")
+    assert _owners(server) == {"customer-2041"}
+
+
+def test_choosing_not_to_link_links_nothing(known_page, server):
+    page = known_page
+    page.goto(sign_in_link(server, "customer-2042"))
+    page.click("button[value=cancel]")
+    page.wait_for_selector(".banner--info")
+    assert "Nothing was linked." in page.inner_text(".banner--info")
+    assert _owners(server) == {None}
+    assert server.scalar("SELECT count(*) FROM consent_event WHERE kind = 'account_linked'") == 0
+
+
+def test_the_confirmation_works_from_the_keyboard_alone(known_page, server):
+    page = known_page
+    page.goto(sign_in_link(server, "customer-2043"))
+    page.focus("button[value=link]")
+    page.keyboard.press("Enter")
+    page.wait_for_selector(".banner--success")
+    assert _owners(server) == {"customer-2043"}

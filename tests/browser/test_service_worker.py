@@ -373,6 +373,28 @@ def test_links_and_icons_off_the_site_fall_back_to_the_site(worker_page, server)
     assert shown["icon"] == ""
 
 
+def test_links_and_icons_on_a_site_campaigns_may_link_to_are_kept(context, server):
+    server.app.extensions["portal"].settings = server.app.extensions["portal.settings"] = (
+        server.app.extensions["portal.settings"].with_overrides(
+            campaign_link_origins=("https://shop.example",)
+        )
+    )
+    page = context.new_page()
+    page.goto("/")
+    page.evaluate(
+        "async () => { await navigator.serviceWorker.register('/sw.js', {scope: '/'});"
+        " await navigator.serviceWorker.ready; }"
+    )
+    channel = PushChannel(context, page, server.url)
+    channel.push(message(url="https://shop.example/sale?id=1", icon="https://shop.example/i.png"))
+    on_screen(channel.last_ended(1))
+    channel.push(message(tag="campaign-2", url="https://phishing.example/", icon="/x.png"))
+    shown = {n["tag"]: n for n in on_screen(channel.last_ended(2))}
+    assert shown["campaign-41"]["data"]["url"] == "https://shop.example/sale?id=1"
+    assert shown["campaign-41"]["icon"] == "https://shop.example/i.png"
+    assert shown["campaign-2"]["data"]["url"] == server.url + "/"  # still never elsewhere
+
+
 @pytest.mark.parametrize(
     ("data", "title", "body", "tag"),
     [

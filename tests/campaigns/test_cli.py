@@ -87,7 +87,7 @@ def test_bad_input_prints_each_field_and_exits_1(catalogue_ready):
         "--body",
         "x" * 4000,
         "--url",
-        "http://plain.example",
+        "javascript:alert(1)",
         "--ttl",
         "a day",
         "--urgency",
@@ -154,3 +154,49 @@ def test_list_shows_campaigns_newest_first(catalogue_ready, clock):
     assert lines[0].endswith("Second")
     assert "scheduled" in lines[0]
     assert "offers  0/0 done" in lines[1]
+
+
+def _allow(app, *origins: str, public_url: str | None = None) -> None:
+    changed = app.extensions["portal.settings"].with_overrides(
+        campaign_link_origins=origins, public_url=public_url
+    )
+    app.extensions["portal"].settings = app.extensions["portal.settings"] = changed
+
+
+def _create(app, url: str, *more: str):
+    return run(
+        app, "create", "--topic", "offers", "--title", "T", "--body", "B", "--url", url, *more
+    )
+
+
+def test_create_refuses_a_link_to_another_site_as_the_form_does(catalogue_ready):
+    for url in ("https://elsewhere.example/offer", "http://localhost/news"):
+        result = _create(catalogue_ready, url)
+        assert result.exit_code == 1, url
+        assert "error: url: Links may lead only to this site" in result.stderr.splitlines()
+    icon = _create(catalogue_ready, "/news", "--icon", "https://cdn.example/i.png")
+    assert icon.exit_code == 1
+    assert "error: icon: Links may lead only to this site" in icon.stderr.splitlines()
+    assert campaigns(catalogue_ready) == []
+
+
+def test_create_accepts_this_site_and_the_sites_allowed_for_campaigns(catalogue_ready):
+    app = catalogue_ready
+    # Outside a request, "this site" is PUBLIC_URL (the development server's address
+    # without it).
+    assert _create(app, "http://127.0.0.1:5000/news").exit_code == 0
+    _allow(app, "https://shop.example", public_url="https://portal.example")
+    for url in ("https://portal.example/news", "https://shop.example/sale"):
+        result = _create(app, url)
+        assert result.exit_code == 0, result.output
+    refused = _create(app, "http://127.0.0.1:5000/news")
+    assert refused.exit_code == 1
+    assert (
+        "error: url: Links may lead only to this site or to https://shop.example"
+        in refused.stderr.splitlines()
+    )
+    assert [c.url for c in campaigns(app)] == [
+        "http://127.0.0.1:5000/news",
+        "https://portal.example/news",
+        "https://shop.example/sale",
+    ]

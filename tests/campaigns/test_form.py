@@ -128,10 +128,16 @@ def test_a_payload_right_at_the_limit_passes(campaigner):
     assert review(campaigner, body="x" * (11 + room)).status_code == 422
 
 
+def allow_link_origins(app, *origins: str, public_url: str | None = None) -> None:
+    changed = app.extensions["portal.settings"].with_overrides(
+        campaign_link_origins=origins, public_url=public_url
+    )
+    app.extensions["portal"].settings = app.extensions["portal.settings"] = changed
+
+
 @pytest.mark.parametrize(
     "link",
     [
-        "http://example.com/news",
         "javascript:alert(1)",
         "//evil.example/path",
         "/\\evil.example",
@@ -146,9 +152,51 @@ def test_a_bad_link_is_refused(campaigner, link):
     assert field_error(response.text, "url") == "A link is an https:// URL or a path on this site"
 
 
-@pytest.mark.parametrize("link", ["/news?id=1#top", "https://example.com/a?b=c"])
+@pytest.mark.parametrize("link", ["/news?id=1#top", "http://localhost/news"])
 def test_good_links_pass(campaigner, link):
+    # A path, or this site's own address (in development, the address the form is on).
     assert review(campaigner, url=link, icon=link).status_code == 200
+
+
+@pytest.mark.parametrize(
+    "link",
+    [
+        "https://example.com/a?b=c",
+        "http://example.com/news",
+        "https://localhost.evil.example/",
+        "https://localhost:8443/news",
+    ],
+)
+def test_a_link_to_another_site_is_refused_in_the_form(campaigner, engine, link):
+    for field in ("url", "icon"):
+        response = review(campaigner, **{field: link})
+        assert response.status_code == 422
+        assert field_error(response.text, field) == "Links may lead only to this site"
+    launched = campaigner.post("/staff/campaigns/new", {**form_data(url=link), "action": "launch"})
+    assert launched.status_code == 422
+    assert campaigns(engine) == 0
+
+
+def test_sites_allowed_for_campaigns_may_be_linked(campaigner, catalogue_ready):
+    allow_link_origins(
+        catalogue_ready, "https://shop.example", "https://cdn.example", public_url=None
+    )
+    fine = review(
+        campaigner, url="https://shop.example/sale?id=1", icon="https://CDN.example/i.png"
+    )
+    assert fine.status_code == 200
+    refused = review(campaigner, url="https://elsewhere.example/")
+    assert field_error(refused.text, "url") == (
+        "Links may lead only to this site or to https://cdn.example, https://shop.example"
+    )
+
+
+def test_this_site_is_the_public_url_not_the_address_typed(campaigner, catalogue_ready):
+    allow_link_origins(catalogue_ready, public_url="https://portal.example")
+    assert review(campaigner, url="https://portal.example/news").status_code == 200
+    # The form is reached at http://localhost here, which is not the public address.
+    refused = review(campaigner, url="http://localhost/news")
+    assert field_error(refused.text, "url") == "Links may lead only to this site"
 
 
 def test_a_bad_icon_is_refused(campaigner):
@@ -301,11 +349,12 @@ def test_preview_renders_what_was_typed_without_judging_it(campaigner, engine):
     assert campaigns(engine) == 0
 
 
-def test_the_preview_shows_a_same_site_icon_and_names_a_remote_one(campaigner):
+def test_the_preview_shows_a_same_site_icon_and_names_a_remote_one(campaigner, catalogue_ready):
     html = campaigner.post(
         "/staff/campaigns/new", {**form_data(icon="/static/icon.png"), "action": "preview"}
     ).text
     assert '<img src="/static/icon.png" alt="" width="48" height="48">' in html
+    allow_link_origins(catalogue_ready, "https://cdn.example.com")
     html = campaigner.post(
         "/staff/campaigns/new",
         {**form_data(icon="https://cdn.example.com/i.png"), "action": "preview"},

@@ -160,7 +160,7 @@ def test_launch_checks_the_rules_again(campaigner, catalogue_ready, engine):
         "/staff/campaigns/new", {**form_data(url="http://plain.example"), "action": "launch"}
     )
     assert response.status_code == 422
-    assert "A link is an https:// URL or a path on this site" in response.text
+    assert "Links may lead only to this site" in response.text
     with engine.connect() as conn:
         assert conn.execute(sa.text("SELECT count(*) FROM campaign")).scalar_one() == 0
 

@@ -18,7 +18,7 @@ from portal.consent.preferences import Decision, apply_decisions
 from portal.db import db, uuid7
 from portal.identity import sign_assertion
 from portal.subscriptions.models import Subscriber
-from tests.helpers import count_rows, csrf_token
+from tests.helpers import confirm_account_link, count_rows, csrf_token
 
 
 def _subscriber(app, clock):
@@ -275,7 +275,7 @@ def test_events_hold_no_raw_personal_data(app, engine, subscriptions, catalogue_
     )
     assert moved.json["moved"] is True
     link = sign_assertion({"sub": "customer-4711", "exp": time.time() + 60}, secret)
-    assert browser.get(f"/preferences?assertion={link}", headers=headers).status_code == 303
+    assert confirm_account_link(browser, link, headers=headers).status_code == 303
     browser.post("/api/push/unsubscribe", json={"endpoint": second.endpoint}, headers=headers)
 
     with engine.connect() as conn:

@@ -9,7 +9,7 @@ import pytest
 import sqlalchemy as sa
 
 from portal.identity import preference_link_token, sign_assertion
-from tests.helpers import all_rows, count_rows, csrf_token
+from tests.helpers import all_rows, confirm_account_link, count_rows, csrf_token
 
 
 def _prefs(engine):
@@ -251,10 +251,10 @@ def test_identity_assertion_links_the_account_and_merges_device_preferences(
     # The account already exists from another device, with an older decision on offers.
     laptop = app.test_client()
     first = sign_assertion({"sub": "user-42", "exp": time.time() + 60, "region": "DE"}, secret)
-    assert laptop.get(f"/preferences?assertion={first}").status_code == 303
+    assert confirm_account_link(laptop, first).status_code == 303
 
     phone_link = sign_assertion({"sub": "user-42", "exp": time.time() + 60}, secret)
-    response = client.get(f"/preferences?assertion={phone_link}")
+    response = confirm_account_link(client, phone_link)
     assert response.status_code == 303
     with engine.connect() as conn:
         account = conn.execute(

@@ -8,7 +8,7 @@ import time
 import sqlalchemy as sa
 
 from portal.identity import sign_assertion
-from tests.helpers import all_rows, count_rows, csrf_token
+from tests.helpers import all_rows, confirm_account_link, count_rows, csrf_token
 
 UA = "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/140.0.0.0 Safari/537.36 Unique/7f3a"
 
@@ -48,10 +48,10 @@ def test_erasure_leaves_nothing_of_the_person_and_the_log_still_verifies(
             headers={"User-Agent": UA, "Accept-Language": "fr-CA"},
         )
         devices[sub.endpoint] = browser.get_cookie("portal_device").value
-    browser.get(
-        "/preferences?assertion="
-        + sign_assertion({"sub": "customer-8812", "exp": time.time() + 60}, secret)
+    linked = confirm_account_link(
+        browser, sign_assertion({"sub": "customer-8812", "exp": time.time() + 60}, secret)
     )
+    assert linked.status_code == 303
     before = _dump_everything(engine)
     sealed = [bytes(r["auth_sealed"]) for r in all_rows(engine, "push_subscription")]
     # Every needle the scan looks for afterwards is really there before: the scan can see it.

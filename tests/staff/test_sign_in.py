@@ -279,14 +279,108 @@ def test_the_throttle_stores_no_address_or_email_in_the_clear(app, engine, make_
         assert len(bytes(row["key"])) == 32
 
 
-def test_a_disabled_account_cannot_sign_in(app, engine, make_staff, browser):
+def _page_answer(response) -> tuple[int, str]:
+    """What a sign-in answer tells the person: its status and its error summary."""
+    summary = re.search(r'<div class="error-summary".*?</div>', response.text, re.S)
+    return response.status_code, summary.group(0) if summary else ""
+
+
+def test_a_disabled_account_answers_the_same_for_a_right_and_a_wrong_password(
+    app, engine, make_staff, browser
+):
+    calls = []
+
+    class Spy(Passwords):
+        def verify(self, stored_hash, password):
+            calls.append(stored_hash)
+            return super().verify(stored_hash, password)
+
+    app.extensions["portal.staff.passwords"] = Spy(FAST_HASHER)
     make_staff("gone@example.test", disabled=True)
+    make_staff("here@example.test")
     wrong = browser().sign_in("gone@example.test", "wrong password here")
-    assert wrong.status_code == 401  # a wrong password says nothing about the account
     right = browser().sign_in("gone@example.test")
-    assert right.status_code == 403
-    assert "This account is disabled" in right.text
+    enabled_wrong = browser().sign_in("here@example.test", "wrong password here")
+    # No oracle: the right password of a disabled account reads as any wrong password.
+    assert _page_answer(right) == _page_answer(wrong) == _page_answer(enabled_wrong)
+    assert right.status_code == 401
+    assert WRONG in right.text
+    assert "disabled" not in right.text
     assert count_rows(engine, "staff_session") == 0
+    # The stored hash is verified either way, so the time taken does not tell either.
+    assert len(calls) == 3 and all(h and h.startswith("$argon2id$") for h in calls)
+    reasons = [r["detail"]["reason"] for r in _audit(engine, "staff.sign_in_failed")]
+    assert reasons == ["wrong_password", "disabled", "wrong_password"]  # staff still see why
+
+
+def test_a_disabled_account_locks_out_like_any_other(app, make_staff, browser):
+    make_staff("gone@example.test", disabled=True)
+    person = browser()
+    statuses = [
+        person.sign_in(
+            "gone@example.test", PASSWORD if i % 2 else "wrong password here"
+        ).status_code
+        for i in range(6)
+    ]
+    assert statuses == [401, 401, 401, 401, 429, 429]
+
+
+def test_a_wrong_current_password_counts_toward_the_lockout(
+    app, engine, clock, admin_browser, browser
+):
+    new = "a brand new password for me"
+    for _ in range(4):
+        wrong = admin_browser.post(
+            "/staff/password",
+            {"current_password": "not it at all", "new_password": new, "confirm_password": new},
+        )
+        assert wrong.status_code == 422
+        assert "Your current password is wrong" in wrong.text
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT failed_logins FROM staff_user")).scalar_one() == 4
+    # The fifth wrong attempt, here at sign-in, locks the account: one count for both doors.
+    locked = browser().sign_in("admin@example.test", "wrong password here")
+    assert locked.status_code == 429
+    assert browser().sign_in("admin@example.test").status_code == 429
+    # While locked, the form does not check passwords either, not even the right one.
+    refused = admin_browser.post(
+        "/staff/password",
+        {"current_password": PASSWORD, "new_password": new, "confirm_password": new},
+    )
+    assert refused.status_code == 429
+    assert "Too many attempts: try again in 15 minutes" in refused.text
+    assert browser().sign_in("admin@example.test", new).status_code == 429
+    reasons = [r["detail"].get("reason") for r in _audit(engine, "staff.password_change_failed")]
+    assert reasons == ["wrong_password"] * 4 + ["locked"]
+    clock.advance(minutes=15)
+    assert browser().sign_in("admin@example.test").status_code == 303
+
+
+def test_the_password_form_locks_the_account_on_the_last_allowed_attempt(
+    app, engine, clock, admin_browser, browser
+):
+    new = "a brand new password for me"
+    answers = [
+        admin_browser.post(
+            "/staff/password",
+            {"current_password": "not it at all", "new_password": new, "confirm_password": new},
+        ).status_code
+        for _ in range(6)
+    ]
+    assert answers == [422, 422, 422, 422, 429, 429]
+    assert len(_audit(engine, "staff.locked_out")) == 1
+    assert browser().sign_in("admin@example.test").status_code == 429
+    clock.advance(minutes=15)
+    ok = admin_browser.post(
+        "/staff/password",
+        {"current_password": PASSWORD, "new_password": new, "confirm_password": new},
+    )
+    assert ok.status_code == 303  # still signed in here (sessions are not ended by a lock)
+    with engine.connect() as conn:
+        failed, locked = conn.execute(
+            sa.text("SELECT failed_logins, locked_until FROM staff_user")
+        ).one()
+    assert (failed, locked) == (0, None)  # a right current password clears the count
 
 
 def test_form_errors_use_the_error_summary(app, browser):
