@@ -73,9 +73,42 @@ def _context(screen: str) -> Context:
     return Context(screen=screen, client=family(request.headers.get("User-Agent")))
 
 
+# A preference link (``?token=``) names its person for the preference centre of the
+# browser that opens it, for this visit only: the person is kept in the signed session,
+# never in the subscriber cookie. Whoever sends a link chooses the person it names, so a
+# link opened in someone else's browser must not make that browser theirs: a device
+# subscribed there afterwards joins the browser's own subscriber, not the link's.
+LINK_VISITOR = "preference_link_visitor"
+LINK_VISIT_SECONDS = 3600
+
+
+def _link_visitor() -> uuid.UUID | None:
+    visit = signed_session.get(LINK_VISITOR)
+    if not isinstance(visit, dict):
+        return None
+    until = visit.get("until")
+    if not isinstance(until, int | float) or until < time.time():
+        signed_session.pop(LINK_VISITOR, None)
+        return None
+    try:
+        return uuid.UUID(str(visit.get("id")))
+    except ValueError:
+        return None
+
+
+def _visitor_id() -> uuid.UUID | None:
+    """Whose preference centre this is: the person of a preference link opened in this
+    visit, else the browser's own subscriber."""
+    return _link_visitor() or subscriber_from_cookie(request)
+
+
+def forget_link_visit() -> None:
+    signed_session.pop(LINK_VISITOR, None)
+
+
 def _visitor() -> tuple[Subscriber | None, dict[int, TopicPreference]]:
     """The subscriber at the browser and their stored preferences, in one query."""
-    subscriber_id = subscriber_from_cookie(request)
+    subscriber_id = _visitor_id()
     if subscriber_id is None:
         return None, {}
     subscriber, rows = subscriber_with_preferences(db.session, subscriber_id)
@@ -84,8 +117,10 @@ def _visitor() -> tuple[Subscriber | None, dict[int, TopicPreference]]:
     return subscriber, rows
 
 
-def _current_subscriber() -> Subscriber | None:
-    subscriber_id = subscriber_from_cookie(request)
+def _current_subscriber(*, browser_only: bool = False) -> Subscriber | None:
+    """The visitor (see ``_visitor_id``); with ``browser_only``, the browser's own
+    subscriber whatever link was opened (what account linking moves)."""
+    subscriber_id = subscriber_from_cookie(request) if browser_only else _visitor_id()
     if subscriber_id is None:
         return None
     subscriber = db.session.get(Subscriber, subscriber_id)
@@ -181,10 +216,12 @@ def _identify(token: str | None, assertion: str | None) -> Any:
     except InvalidLink as problem:
         session.rollback()
         return render_template("preferences/link_error.html", message=problem.message), 400
+    signed_session[LINK_VISITOR] = {
+        "id": str(subscriber.id),
+        "until": time.time() + LINK_VISIT_SECONDS,
+    }
     # A clean address: the token leaves the URL bar and the history.
-    response = redirect(url_for("preferences.centre"), code=303)
-    set_subscriber_cookie(response, subscriber.id, secure=_secure())
-    return response
+    return redirect(url_for("preferences.centre"), code=303)
 
 
 # Linking an account ---------------------------------------------------------------------
@@ -199,7 +236,7 @@ PENDING_LINK_SECONDS = 600
 
 
 def _ask_to_link(claims: Assertion) -> Any:
-    browser = _current_subscriber()
+    browser = _current_subscriber(browser_only=True)
     if browser is not None and browser.external_user_id == claims.external_user_id:
         return redirect(url_for("preferences.centre"), code=303)  # already this account
     signed_session[PENDING_LINK] = {
@@ -228,7 +265,7 @@ def link_account_page() -> Any:
     claims = _pending_link()
     if claims is None:
         return redirect(url_for("preferences.centre"), code=303)
-    browser = _current_subscriber()
+    browser = _current_subscriber(browser_only=True)
     return render_template(
         "preferences/link.html",
         account=claims.external_user_id,
@@ -252,6 +289,7 @@ def link_account_confirmed() -> Any:
         context=_context("account-link"),
     )
     session.commit()
+    forget_link_visit()  # from now on the centre is the account's, through the cookie
     flash("This browser is now linked to your account.", "success")
     response = redirect(url_for("preferences.centre"), code=303)
     set_subscriber_cookie(response, subscriber.id, secure=_secure())

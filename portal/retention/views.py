@@ -10,9 +10,9 @@ from itsdangerous import BadSignature, URLSafeSerializer
 
 from portal.consent.log import Context
 from portal.consent.models import Source
-from portal.consent.views import _current_subscriber
+from portal.consent.views import _current_subscriber, forget_link_visit
 from portal.db import db
-from portal.identity import SUBSCRIBER_COOKIE
+from portal.identity import SUBSCRIBER_COOKIE, subscriber_from_cookie
 from portal.retention.services import ErasureReceipt, erase_subscriber
 from portal.useragent import family
 
@@ -70,9 +70,11 @@ def erase() -> Any:
         ),
     )
     session.commit()
+    forget_link_visit()
     token = receipt_token(receipt)
     response = Response(render_template("preferences/erased.html", receipt=receipt, token=token))
-    response.delete_cookie(SUBSCRIBER_COOKIE, path="/")
+    if subscriber_from_cookie(request) == subscriber.id:  # not a link visitor's browser
+        response.delete_cookie(SUBSCRIBER_COOKIE, path="/")
     # The device cookie stays: it names only this browser's tombstone, and it is what
     # lets the browser prove that tombstone is its own, so its next heartbeat is told to
     # drop the subscription (the tombstone keeps no auth secret to prove it with).

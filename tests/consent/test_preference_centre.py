@@ -230,6 +230,42 @@ def test_link_token_identifies_and_expires(app, client, engine, subscribed, cloc
     assert "expired" in expired.text
 
 
+def test_a_preference_link_opened_in_another_browser_never_makes_it_that_persons(
+    app, engine, subscribed, subscriptions
+):
+    """Whoever sends a link chooses its person: opened in someone else's browser it shows
+    that person's choices for the visit, but the browser stays its own. A device the
+    victim subscribes there afterwards joins the victim, never the link's person."""
+    with engine.connect() as conn:
+        (sender,) = conn.execute(sa.text("SELECT id FROM subscriber")).scalars()
+    with app.test_request_context():
+        token = preference_link_token(sender)
+    victim = app.test_client()
+    opened = victim.get(f"/preferences?token={token}")
+    assert opened.status_code == 303
+    assert victim.get_cookie("portal_subscriber") is None
+    assert "topic-offers" in victim.get("/preferences").text  # the visit shows the link's
+
+    phone = subscriptions()
+    subscribed_here = victim.post("/api/push/subscribe", json={"subscription": phone.to_json()})
+    assert subscribed_here.status_code == 201
+    (row,) = [r for r in all_rows(engine, "push_subscription") if r["endpoint"] == phone.endpoint]
+    assert str(row["subscriber_id"]) != str(sender)
+    assert count_rows(engine, "subscriber") == 2
+
+
+def test_a_preference_link_visit_ends_with_the_browsers_session(app, engine, subscribed):
+    with engine.connect() as conn:
+        (person,) = conn.execute(sa.text("SELECT id FROM subscriber")).scalars()
+    with app.test_request_context():
+        token = preference_link_token(person)
+    browser = app.test_client()
+    browser.get(f"/preferences?token={token}")
+    assert "topic-offers" in browser.get("/preferences").text
+    browser.delete_cookie("session")  # the browser closed: session cookies are gone
+    assert "We do not know who you are" in browser.get("/preferences").text
+
+
 def test_identity_assertion_links_the_account_and_merges_device_preferences(
     app, client, engine, subscribed, clock
 ):
