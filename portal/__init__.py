@@ -11,7 +11,7 @@ from pathlib import Path
 from flask import Flask, Response, g, request
 from flask_wtf.csrf import CSRFProtect
 
-from portal import ratelimit, security
+from portal import inputs, ratelimit, security
 from portal.clock import Clock, SystemClock
 from portal.config import Settings
 from portal.db import db
@@ -64,6 +64,7 @@ def create_app(
     db.init_app(app)
     csrf.init_app(app)
     security.init_app(app)
+    inputs.init_app(app)
     ratelimit.init_app(app)
     _register_blueprints(app)
     _instrument(app)
