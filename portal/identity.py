@@ -159,4 +159,6 @@ def verify_assertion(value: str, *, secrets: tuple[str, ...], now: float) -> Ass
 
 def _is_time(value: object) -> TypeGuard[float]:
     """A Unix time in seconds: a finite number (JSON's Infinity and NaN never expire)."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))

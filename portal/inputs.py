@@ -12,7 +12,8 @@ Three doors use it:
 - :func:`check_request`, before every view: a route parameter that breaks the rule names
   nothing (404), a query string that does is a bad request (400) — except on views that
   read their query string through a form (:func:`query_form`), which name the field;
-- services that store text typed elsewhere (the campaign rules) call it themselves.
+- services that store text typed elsewhere (the command line, a policy file) call it
+  themselves: the catalogue's topics and notices, staff e-mail addresses, campaigns.
 """
 
 from __future__ import annotations
