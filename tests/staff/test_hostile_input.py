@@ -212,3 +212,25 @@ def test_a_query_string_with_a_control_character_is_a_bad_request(engine, admin_
     assert "Bad request" in response.text
     assert admin_browser.client.get("/staff/login?next=/staff/%0D%0Aevil").status_code == 400
     assert unchanged.changed() == []
+
+
+@pytest.mark.parametrize(
+    ("email", "what"),
+    [("ops\x07@example.test", "U+0007 at character 4"), ("ops\udcff@x.test", None)],
+)
+def test_the_create_staff_command_refuses_what_the_form_refuses(app, engine, email, what):
+    """The same rule at the other door: a control character, or a byte that is not UTF-8
+    (the shell passes it through as a lone surrogate)."""
+    unchanged = Unchanged(engine)
+    result = app.test_cli_runner().invoke(
+        args=["portal", "create-staff", email, "--role", "admin", "--password-stdin"],
+        input="a brand new passphrase\n",
+    )
+    assert result.exit_code == 1
+    expected = (
+        f"Email address {CONTROL} (there is {what})"
+        if what
+        else "Email address must be text (it has an unpaired surrogate character)"
+    )
+    assert result.output == f"Error: {expected}\n"
+    assert unchanged.changed() == []

@@ -174,7 +174,8 @@ class World:
     parameters: dict[str, list[str]]
     # Values worth trying in a form field or a query string (good ones, for other fields).
     good_values: list[str]
-    # Good values by field name, for the inputs a page leaves empty.
+    # Good values by field name, for the inputs a page leaves empty ("{n}": a fresh
+    # number, so a slug or an address can be new every time).
     good_by_field: dict[str, list[str]]
     link_tokens: list[str]
     assertions: list[str]
@@ -303,18 +304,18 @@ def build_world(app: Flask) -> World:
         *topics,
     ]
     by_field = {
-        "email": ["victim@example.test", "new.person@example.test"],
+        "email": ["victim@example.test", "new.person{n}@example.test"],
         "password": ["a brand new passphrase"],
         "new_password": ["a brand new passphrase"],
         "confirm_password": ["a brand new passphrase"],
         "current_password": ["not the password"],
         "value": ["customer-1", str(person_id)],
         "reference": ["T-1"],
-        "slug": ["product-news"],
+        "slug": ["product-news-{n}"],
         "category": ["News"],
         "label": ["Product news"],
         "description": ["New features.\r\nOnce a month."],
-        "version": ["v2"],
+        "version": ["v{n}"],
         "text": ["We send less.\r\n\tThat is all."],
         "date_from": ["2026-01-01"],
         "date_to": ["2026-01-31"],

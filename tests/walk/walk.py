@@ -293,11 +293,14 @@ class _Draw:
         at = self.rnd.randrange(len(good) + 1)
         return good[:at] + self.rnd.choice(_INSERTED) + good[at:]
 
+    def good(self, values: list[str]) -> str:
+        return self.rnd.choice(values).replace("{n}", str(self.rnd.randrange(10**6)))
+
     def value(self, good: list[str], *, spoiled: bool) -> str | bytes:
         if not spoiled:
-            return self.rnd.choice(good)
+            return self.good(good)
         if self.chance(0.4):
-            return self.near_miss(self.rnd.choice(good))
+            return self.near_miss(self.good(good))
         return self.draw(hostile)
 
     def parameter(self, name: str) -> str | bytes:
