@@ -228,8 +228,18 @@ hostile: st.SearchStrategy[str | bytes] = st.one_of(
 )
 
 
-# What a near miss puts into a good value: NUL most often, the byte PostgreSQL refuses.
-_INSERTED = ["\x00"] * 6 + ["\n", "\r\n", "\t", "\x1b", "\x7f", "\x85", "\ud800"]
+# What a near miss puts into a good value: NUL most often, the byte PostgreSQL refuses;
+# then other controls, a lone surrogate, and plain non-ASCII (it must pass, and go on).
+_INSERTED = ["\x00"] * 6 + ["\n", "\r\n", "\t", "\x1b", "\x7f", "\x85", "\ud800", "é", "€"]
+# The edges of a value's own kind: a date, a date and time, a number.
+_EDGES = [
+    (re.compile(r"\d{4}-\d\d-\d\d"), ["0001-01-01", "9999-12-31", "9999-12-30", "10000-01-01"]),
+    (
+        re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d"),
+        ["0001-01-01T00:00", "9999-12-31T23:59", "9999-12-31T12:00", "10000-01-01T00:00"],
+    ),
+    (re.compile(r"\d+"), ["-1", "0", "²", "١٢", "１２", "9" * 20, "2147483648", "1e309"]),
+]
 _HEADER_TEXT = st.text(st.characters(min_codepoint=0x20, max_codepoint=0xFF), max_size=60)
 _CONTENT_TYPES = ["application/x-www-form-urlencoded"] * 18 + ["text/plain", "multipart/form-data"]
 
@@ -296,11 +306,22 @@ class _Draw:
     def good(self, values: list[str]) -> str:
         return self.rnd.choice(values).replace("{n}", str(self.rnd.randrange(10**6)))
 
+    def edge(self, good: str) -> str | None:
+        for shape, edges in _EDGES:
+            if shape.fullmatch(good):
+                return self.rnd.choice(edges)
+        return None
+
     def value(self, good: list[str], *, spoiled: bool) -> str | bytes:
+        """A good value, or for a spoiled field: the edge of its kind (a far date, a
+        digit that is not ASCII), a near miss, or anything hostile."""
         if not spoiled:
             return self.good(good)
-        if self.chance(0.4):
-            return self.near_miss(self.good(good))
+        roll, chosen = self.rnd.random(), self.good(good)
+        if roll < 0.35:
+            return self.edge(chosen) or self.near_miss(chosen)
+        if roll < 0.65:
+            return self.near_miss(chosen)
         return self.draw(hostile)
 
     def parameter(self, name: str) -> str | bytes:
@@ -337,9 +358,10 @@ class _Draw:
 
     def query(self, target: Target) -> str:
         own = self.forms.get(target)
-        if not self.chance(0.5 if target[1] == "GET" else 0.2):
+        in_query = own is not None and target[1] == "GET"  # a form that sends a query string
+        if not self.chance(0.9 if in_query else 0.5 if target[1] == "GET" else 0.2):
             return ""
-        pairs = self.fields(own) if own is not None and target[1] == "GET" else []
+        pairs = self.fields(own) if in_query and own is not None else []
         names = sorted({*QUERY_NAMES, *(own.fields if own else ())})
         for _ in range(self.rnd.randrange(4)):
             name: str | bytes = self.rnd.choice(names) if self.chance(0.7) else self.draw(hostile)
@@ -348,8 +370,10 @@ class _Draw:
                 value: str | bytes = self.draw(hostile)
             elif roll < 0.7:
                 value = self.value(self.world.good_values, spoiled=self.chance(0.3))
-            else:
-                value = self.rnd.choice(self.world.link_tokens + self.world.assertions)
+            else:  # a link token or a signed assertion, as sent or nearly
+                value = self.value(
+                    self.world.link_tokens + self.world.assertions, spoiled=self.chance(0.5)
+                )
             pairs.append((name, value))
         return _query_string(pairs)
 
