@@ -12,7 +12,7 @@ from typing import Any
 from flask import Flask, Response, g, request
 from flask_wtf.csrf import CSRFProtect
 
-from portal import accesslog, ratelimit, security
+from portal import accesslog, inputs, ratelimit, security
 from portal.accesslog import loggable_path
 from portal.clock import Clock, SystemClock
 from portal.config import Settings
@@ -75,6 +75,7 @@ def create_app(
     db.init_app(app)
     csrf.init_app(app)
     security.init_app(app)
+    inputs.init_app(app)
     ratelimit.init_app(app)
     _register_blueprints(app)
     _instrument(app)

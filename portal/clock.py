@@ -6,6 +6,10 @@ import datetime as dt
 import threading
 from typing import Protocol
 
+# A period of UTC days ends at the midnight after its last day, which must exist: the
+# calendar's last day (9999-12-31) cannot end a period.
+LAST_DAY = dt.date.max - dt.timedelta(days=1)
+
 
 class Clock(Protocol):
     def now(self) -> dt.datetime: ...

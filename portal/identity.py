@@ -17,10 +17,11 @@ import binascii
 import hashlib
 import hmac
 import json
+import math
 import re
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from flask import Flask, Request, current_app
 from itsdangerous import BadSignature, SignatureExpired, URLSafeTimedSerializer
@@ -32,6 +33,9 @@ COOKIE_MAX_AGE = 400 * 24 * 3600  # the longest lifetime browsers keep
 ASSERTION_SKEW_SECONDS = 300
 _EXTERNAL_ID = re.compile(r"^[A-Za-z0-9._:@+-]{1,255}$")
 _REGION = re.compile(r"^[A-Z]{2}$")
+_ASSERTION = re.compile(r"([A-Za-z0-9_-]{1,8192})\.([0-9a-f]{64})")
+# A language tag as the portal stores one (the shape portal.api accepts from browsers).
+_LOCALE = re.compile(r"^[A-Za-z]{2,3}(-[A-Za-z0-9]{1,8}){0,3}$")
 
 
 def _serializer(salt: str, app: Flask | None = None) -> URLSafeTimedSerializer:
@@ -118,32 +122,44 @@ def sign_assertion(claims: dict[str, Any], secret: str) -> str:
 def verify_assertion(value: str, *, secrets: tuple[str, ...], now: float) -> Assertion:
     if not secrets:
         raise InvalidLink("Account links are not set up on this portal.")
-    payload, _, mac = value.partition(".")
-    if not payload or not mac:
+    # The shape first (base64url, a dot, the hex HMAC): anything else, non-ASCII
+    # included, is refused before it reaches the HMAC or the decoder.
+    shape = _ASSERTION.fullmatch(value)
+    if shape is None:
         raise InvalidLink("This sign-in link is not valid.")
+    payload, mac = shape.group(1).encode("ascii"), shape.group(2).encode("ascii")
     if not any(
-        hmac.compare_digest(hmac.new(s.encode(), payload.encode(), hashlib.sha256).hexdigest(), mac)
+        hmac.compare_digest(hmac.new(s.encode(), payload, hashlib.sha256).hexdigest().encode(), mac)
         for s in secrets
     ):
         raise InvalidLink("This sign-in link is not valid.")
     try:
-        claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
-    except (ValueError, binascii.Error):
+        claims = json.loads(base64.urlsafe_b64decode(payload + b"=" * (-len(payload) % 4)))
+    except (ValueError, binascii.Error, RecursionError):
         raise InvalidLink("This sign-in link is not valid.") from None
     if not isinstance(claims, dict):
         raise InvalidLink("This sign-in link is not valid.")
     subject, expires = claims.get("sub"), claims.get("exp")
     if not isinstance(subject, str) or not _EXTERNAL_ID.fullmatch(subject):
         raise InvalidLink("This sign-in link does not name an account.")
-    if not isinstance(expires, int | float) or isinstance(expires, bool) or expires < now:
+    if not _is_time(expires) or expires < now:
         raise InvalidLink("This sign-in link has expired. Go back and try again.")
     issued = claims.get("iat")
-    if isinstance(issued, int | float) and issued > now + ASSERTION_SKEW_SECONDS:
+    if issued is not None and not _is_time(issued):
+        raise InvalidLink("This sign-in link is not valid.")
+    if issued is not None and issued > now + ASSERTION_SKEW_SECONDS:
         raise InvalidLink("This sign-in link is not valid yet.")
     region = claims.get("region")
     locale = claims.get("locale")
     return Assertion(
         subject,
         region if isinstance(region, str) and _REGION.fullmatch(region) else None,
-        locale if isinstance(locale, str) and len(locale) <= 35 else None,
+        locale if isinstance(locale, str) and _LOCALE.fullmatch(locale) else None,
     )
+
+
+def _is_time(value: object) -> TypeGuard[float]:
+    """A Unix time in seconds: a finite number (JSON's Infinity and NaN never expire)."""
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))

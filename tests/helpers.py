@@ -100,3 +100,43 @@ def confirm_account_link(client: Any, assertion: str, **kwargs: Any) -> Any:
         data={"csrf_token": csrf_token(page.text), "action": "link"},
         **kwargs,
     )
+
+
+def error_summary(html: str) -> list[tuple[str, str]]:
+    """The error summary's (anchor, message) links, in order; empty without a summary."""
+    import html as htmllib
+
+    if 'class="error-summary"' not in html:
+        return []
+    start = html.index('class="error-summary"')
+    block = html[start : html.index("</div>", start)]
+    return [
+        (anchor, htmllib.unescape(text))
+        for anchor, text in re.findall(r'<a href="#([\w-]+)">([^<]+)</a>', block)
+    ]
+
+
+def field_error(html: str, field_id: str) -> str | None:
+    """The error message shown at one field, or None."""
+    import html as htmllib
+
+    match = re.search(
+        rf'<p class="field-error" id="{re.escape(field_id)}-error">.*?</span> ([^<]+)</p>',
+        html,
+        re.S,
+    )
+    return htmllib.unescape(match.group(1).strip()) if match else None
+
+
+class Unchanged:
+    """Every table's row count and contents, taken now, to compare with later."""
+
+    def __init__(self, engine: sa.Engine) -> None:
+        from tests.api.guard import TableDigest
+
+        self.digest = TableDigest(engine)
+        self.before = self.digest.take()
+
+    def changed(self) -> list[str]:
+        after = self.digest.take()
+        return sorted(t for t in self.before if self.before[t] != after[t])

@@ -53,7 +53,13 @@ def _instant(text: str | None, field: str, problems: list[ApiError]) -> dt.datet
             )
         )
         return None
-    return value.astimezone(dt.UTC)
+    try:
+        return value.astimezone(dt.UTC)
+    except OverflowError:  # 9999-12-31T23:00-05:00 is in the year 10000 in UTC
+        problems.append(
+            ValidationError("invalid_value", "the time is outside the calendar in UTC", field)
+        )
+        return None
 
 
 @campaign_cli.command("create")

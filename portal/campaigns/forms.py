@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import re
 import uuid
 import zoneinfo
 from typing import Any
 
-from flask_wtf import FlaskForm
 from sqlalchemy.orm import Session
 from wtforms import BooleanField, Field, HiddenField, StringField, TextAreaField
 
@@ -23,6 +23,7 @@ from portal.campaigns import services
 from portal.campaigns.presentation import URGENCIES
 from portal.campaigns.services import CampaignDraft
 from portal.consent.catalogue import active_topics
+from portal.inputs import CheckedForm
 from portal.origins import campaign_link_origins
 
 UTC_ZONE = "UTC"
@@ -37,6 +38,7 @@ _AREAS = (
     "Indian/",
     "Pacific/",
 )
+_SECONDS = re.compile(r"[0-9]{1,9}")
 SCHEDULE_CHOICES = [("now", "Send now"), ("later", "At a date and time")]
 URGENCY_CHOICES = [(value, label) for value, (label, _) in URGENCIES.items()]
 # The order fields appear in on the page, which is the order of the error summary.
@@ -88,8 +90,15 @@ def local_to_utc(text: str, zone: str) -> dt.datetime:
     except (zoneinfo.ZoneInfoNotFoundError, ValueError):
         raise LocalTimeError("Choose a time zone from the list") from None
     local = naive.replace(tzinfo=tz, fold=0)
-    utc = local.astimezone(dt.UTC)
-    if utc.astimezone(tz).replace(tzinfo=None) != naive:
+    try:
+        utc = local.astimezone(dt.UTC)
+        back = utc.astimezone(tz).replace(tzinfo=None)
+    except OverflowError:  # 9999-12-31 23:00 in New York is in the year 10000 in UTC
+        raise LocalTimeError(
+            f"{naive.isoformat(' ', 'minutes')} in {zone} is outside the calendar once "
+            "converted to UTC: choose an earlier or later time"
+        ) from None
+    if back != naive:
         raise LocalTimeError(
             f"{naive:%Y-%m-%d %H:%M} does not exist in {zone}: the clocks go forward then"
         )
@@ -105,7 +114,7 @@ def _text(value: Any) -> Any:
     return value.replace("\r\n", "\n").strip() if isinstance(value, str) else value
 
 
-class CampaignForm(FlaskForm):
+class CampaignForm(CheckedForm):
     """Every field is a string as typed, so a page re-renders exactly what was sent."""
 
     topic = StringField("Topic", filters=[_strip])
@@ -132,7 +141,8 @@ class CampaignForm(FlaskForm):
 
     def ttl_seconds(self) -> int | None:
         text = self.ttl.data or ""
-        return int(text) if text.isdigit() and len(text) <= 9 else None
+        # ASCII digits only: "²".isdigit() is true, and int("²") fails.
+        return int(text) if _SECONDS.fullmatch(text) else None
 
     def chosen_id(self) -> uuid.UUID | None:
         try:
@@ -153,7 +163,7 @@ class TestSendForm(CampaignForm):
             return None
 
 
-class CancelForm(FlaskForm):
+class CancelForm(CheckedForm):
     confirm = BooleanField("Yes, cancel this campaign")
 
 
@@ -193,6 +203,8 @@ def check(form: CampaignForm, session: Session, *, now: dt.datetime) -> Campaign
     # of their own, so every message below comes from one place, in page order.
     for field in form:
         field.errors = []
+    form.check_text()  # first, so a field with a control character says so
+    form.campaign_id.errors = []  # hidden: chosen_id() ignores what is not a UUID
     ttl = form.ttl_seconds()
     if ttl is None:
         _error(form.ttl, "Enter the time to live as a whole number of seconds, like 86400")

@@ -31,6 +31,7 @@ from portal.consent.models import Topic
 from portal.consent.recipients import recipient_query
 from portal.db import affected_rows, is_postgres, uuid7
 from portal.errors import Conflict, ValidationError
+from portal.inputs import text_problem
 from portal.origins import LinkOrigins, canonical_origin
 from portal.subscriptions.models import LIVE_STATES, PushSubscription, Subscriber
 
@@ -135,6 +136,28 @@ def _link(value: str | None, field: str, allowed: LinkOrigins) -> str | None:
     return value
 
 
+_TEXT_FIELDS = {
+    # field: (its name in a message, multi-line)
+    "topic": ("The topic", False),
+    "title": ("The title", False),
+    "body": ("The message", True),
+    "url": ("The link", False),
+    "icon": ("The icon", False),
+    "collapse_key": ("The collapse key", False),
+}
+
+
+def _text_problems(draft: CampaignDraft) -> dict[str, ValidationError]:
+    """The draft's fields that are not text a campaign can store (a NUL, an escape …)."""
+    found: dict[str, ValidationError] = {}
+    for field, (name, multiline) in _TEXT_FIELDS.items():
+        value = getattr(draft, field)
+        problem = text_problem(value, multiline=multiline) if value else None
+        if problem:
+            found[field] = ValidationError("invalid_text", f"{name} {problem}", field)
+    return found
+
+
 def validate_draft(
     session: Session,
     draft: CampaignDraft,
@@ -151,7 +174,13 @@ def validate_draft(
         if not condition:
             problems.append(ValidationError(code, message, field))
 
-    topic = session.scalars(sa.select(Topic).where(Topic.slug == draft.topic)).first()
+    unreadable = _text_problems(draft)
+    problems.extend(unreadable.values())
+    topic = (
+        None
+        if "topic" in unreadable
+        else session.scalars(sa.select(Topic).where(Topic.slug == draft.topic)).first()
+    )
     check(
         topic is not None and topic.retired_at is None,
         "unknown_topic",

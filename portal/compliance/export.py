@@ -33,6 +33,7 @@ from typing import Any, cast
 import psycopg
 import sqlalchemy as sa
 
+from portal.clock import LAST_DAY
 from portal.compliance.signing import ALGORITHM, SigningKey
 from portal.consent.models import ConsentEvent, PolicyVersion, Topic
 
@@ -121,6 +122,8 @@ class ExportFilter:
     def __post_init__(self) -> None:
         if self.end < self.start:
             raise ExportError("the end date is before the start date")
+        if self.end > LAST_DAY:  # the period ends at the midnight after its last day
+            raise ExportError(f"the last day must be on or before {LAST_DAY.isoformat()}")
 
     @property
     def recorded_from(self) -> dt.datetime:

@@ -7,11 +7,11 @@ import datetime as dt
 import uuid
 from typing import Any
 
-from flask_wtf import FlaskForm
 from wtforms import BooleanField, Field, StringField
 from wtforms.validators import DataRequired, Length, ValidationError
 
 from portal.compliance.services import LOOKUP_LABELS, LookupKind
+from portal.inputs import CheckedForm
 from portal.staff.catalogue_forms import RadioChoice
 from portal.staff.forms import DateRangeChecks, parse_date, strip
 from portal.subscriptions.validation import EndpointRefused, canonical_endpoint
@@ -24,7 +24,7 @@ def parse_uuid(text: str | None) -> uuid.UUID | None:
         return None
 
 
-class LookupForm(FlaskForm):
+class LookupForm(CheckedForm):
     kind = RadioChoice(
         "Look up by",
         [(kind.value, LOOKUP_LABELS[kind]) for kind in LookupKind],
@@ -56,7 +56,7 @@ class LookupForm(FlaskForm):
         return LookupKind(self.kind.data or "")
 
 
-class EraseForm(FlaskForm):
+class EraseForm(CheckedForm):
     confirm = BooleanField(
         "The person asked for their data to be erased",
         validators=[DataRequired("Tick the box to confirm the person asked for erasure")],
@@ -68,7 +68,7 @@ class EraseForm(FlaskForm):
     )
 
 
-class ExportForm(DateRangeChecks, FlaskForm):
+class ExportForm(DateRangeChecks, CheckedForm):
     date_from = StringField(
         "From", filters=[strip], validators=[DataRequired("Enter the first day")]
     )

@@ -49,6 +49,8 @@ _NULLABLE = frozenset(
     }
 )
 _ROW_PROBLEMS_SHOWN = 20
+# The exporter's manifest nests four levels; a hand-edited one gets some room, no more.
+_MANIFEST_DEPTH = 16
 
 
 @dataclass(frozen=True)
@@ -155,8 +157,18 @@ def verify_bundle(path: Path, public_key: PublicKey | None = None) -> Report:
         manifest = json.loads(raw)
         if not isinstance(manifest, dict):
             raise ValueError("not a JSON object")
+    except RecursionError:
+        manifest = None
     except (ValueError, UnicodeDecodeError) as problem:
         report.add(MANIFEST, "format", f"not a JSON object ({problem})")
+        return report
+    if manifest is None or _depth(manifest) > _MANIFEST_DEPTH:
+        # Checked before anything walks it: re-encoding a deep document recurses too.
+        report.add(
+            MANIFEST,
+            "format",
+            f"nested deeper than an export manifest is (at most {_MANIFEST_DEPTH} levels)",
+        )
         return report
     _check_signature(manifest, public_key, report)
     _check_layout(raw, manifest, report)
@@ -167,6 +179,19 @@ def verify_bundle(path: Path, public_key: PublicKey | None = None) -> Report:
     policies = _check_policies(bundle, manifest, report)
     _check_data(bundle, manifest, data, policies, report)
     return report
+
+
+def _depth(document: object) -> int:
+    """How deeply lists and objects nest in a parsed JSON document (without recursing)."""
+    deepest, stack = 0, [(document, 1)]
+    while stack:
+        value, level = stack.pop()
+        if isinstance(value, dict):
+            value = list(value.values())
+        if isinstance(value, list):
+            deepest = max(deepest, level)
+            stack.extend((child, level + 1) for child in value)
+    return deepest
 
 
 def bundle_anchors(path: Path, public_key: PublicKey | None = None) -> dict[int, bytes]:
@@ -390,6 +415,9 @@ def _check_rows(
             state.previous = row
     except (ValueError, KeyError, TypeError, UnicodeDecodeError, csv.Error) as error:
         report.add(name, "format", f"cannot be read past row {state.count}: {error}")
+        return
+    except RecursionError:  # a line of nested brackets
+        report.add(name, "format", f"cannot be read past row {state.count}: nested too deeply")
         return
     finally:
         if state.hidden:

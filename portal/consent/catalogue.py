@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 
 from portal.consent.models import PolicyVersion, Topic
 from portal.errors import Conflict, NotFound, ValidationError
+from portal.inputs import text_problem
 
 SLUG = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,31}$")
@@ -45,6 +46,7 @@ def add_topic(
         raise ValidationError("invalid_default", "the default is opt_in or opt_out", "default")
     if not category.strip() or not label.strip():
         raise ValidationError("missing_field", "category and label are required", "label")
+    _check_text(category=category, label=label, description=description)
     _check_lengths(category=category, label=label)
     if session.scalars(sa.select(Topic).where(Topic.slug == slug)).first() is not None:
         raise Conflict(
@@ -73,6 +75,17 @@ CATEGORY_MAX = 64
 LABEL_MAX = 120
 
 
+def _check_text(**fields: str | None) -> None:
+    """Words people read: no control characters (a description keeps its line breaks)."""
+    for name, value in fields.items():
+        problem = value and text_problem(value, multiline=name in _MULTILINE)
+        if problem:
+            raise ValidationError("invalid_text", f"the {name} {problem}", name)
+
+
+_MULTILINE = frozenset({"description", "text"})
+
+
 def _check_lengths(*, category: str | None = None, label: str | None = None) -> None:
     if category is not None and len(category.strip()) > CATEGORY_MAX:
         raise ValidationError(
@@ -90,6 +103,7 @@ def edit_topic(session: Session, slug: str, *, label: str, description: str) -> 
         raise Conflict("topic_retired", f"topic {slug!r} is retired and cannot change", "slug")
     if not label.strip():
         raise ValidationError("missing_field", "the label is required", "label")
+    _check_text(label=label, description=description)
     _check_lengths(label=label)
     topic.label = label.strip()
     topic.description = description.strip()
@@ -147,6 +161,7 @@ def publish_policy(session: Session, *, version: str, text: str, now: dt.datetim
         )
     if not text.strip():
         raise ValidationError("missing_field", "the policy text is empty", "text")
+    _check_text(text=text)
     if session.get(PolicyVersion, version) is not None:
         raise Conflict(
             "version_taken", f"policy {version!r} is published already and immutable", "version"

@@ -16,6 +16,7 @@ from wtforms.validators import (
 )
 
 from portal.consent.catalogue import CATEGORY_MAX, LABEL_MAX, SLUG, VERSION
+from portal.inputs import CheckedForm
 from portal.staff.catalogue import normalise_text
 from portal.staff.forms import strip
 
@@ -60,7 +61,7 @@ CLASS_CHOICES = [("marketing", "Marketing"), ("transactional", "Transactional (a
 DEFAULT_CHOICES = [("opt_out", "Off until the person turns it on"), ("opt_in", "On by default")]
 
 
-class TopicForm(FlaskForm):
+class TopicForm(CheckedForm):
     slug = StringField(
         "Slug",
         filters=[strip],
@@ -102,12 +103,12 @@ class TopicForm(FlaskForm):
     )
 
 
-class TopicEditForm(FlaskForm):
+class TopicEditForm(CheckedForm):
     label = TopicForm.label
     description = TopicForm.description
 
 
-class PolicyForm(FlaskForm):
+class PolicyForm(CheckedForm):
     version = StringField(
         "Version",
         filters=[strip],

@@ -13,6 +13,8 @@ from flask_wtf import FlaskForm
 from wtforms import Field, PasswordField, StringField
 from wtforms.validators import InputRequired, Length, ValidationError
 
+from portal.clock import LAST_DAY
+from portal.inputs import CheckedForm
 from portal.staff.audit import action_labels
 from portal.staff.models import Role
 from portal.staff.passwords import MAX_LENGTH, password_problem
@@ -42,7 +44,7 @@ def _new_password(_form: FlaskForm, field: Field) -> None:
         raise ValidationError(problem)
 
 
-class SignInForm(FlaskForm):
+class SignInForm(CheckedForm):
     email = StringField(
         "Email address",
         filters=[strip],
@@ -82,7 +84,7 @@ class RolesField(Field):
             raise ValidationError("Choose roles from the list")
 
 
-class CreateStaffForm(FlaskForm):
+class CreateStaffForm(CheckedForm):
     email = StringField(
         "Email address",
         filters=[strip],
@@ -95,15 +97,15 @@ class CreateStaffForm(FlaskForm):
     )
 
 
-class RolesForm(FlaskForm):
+class RolesForm(CheckedForm):
     roles = RolesField()
 
 
-class ConfirmForm(FlaskForm):
+class ConfirmForm(CheckedForm):
     """A button that changes something: only the CSRF token to check."""
 
 
-class PasswordForm(FlaskForm):
+class PasswordForm(CheckedForm):
     current_password = PasswordField(
         "Current password", validators=[InputRequired("Enter your current password")]
     )
@@ -124,9 +126,12 @@ def parse_date(field: Field, label: str) -> dt.date | None:
     if not text:
         return None
     try:
-        return dt.date.fromisoformat(text)
+        day = dt.date.fromisoformat(text)
     except ValueError:
         raise ValidationError(f"{label} must be a real date, like 2026-03-27") from None
+    if day > LAST_DAY:
+        raise ValidationError(f"{label} must be on or before {LAST_DAY.isoformat()}")
+    return day
 
 
 class DateRangeChecks:
@@ -147,7 +152,7 @@ class DateRangeChecks:
             raise ValidationError("To must be the same as or after From")
 
 
-class AuditFilterForm(DateRangeChecks, FlaskForm):
+class AuditFilterForm(DateRangeChecks, CheckedForm):
     """Filters in the query string: reading changes nothing, so no CSRF token."""
 
     class Meta:

@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session
 from portal.clock import Clock
 from portal.config import StaffAuthSettings
 from portal.db import UTCDateTime, is_postgres
+from portal.inputs import text_problem
 from portal.staff import audit
 from portal.staff.audit import Action, Anonymous, staff_target
 from portal.staff.lockout import LockoutPolicy, LockState, after_failure, after_success
@@ -126,6 +127,9 @@ def email_problem(email: str) -> str | None:
         return "Enter an email address"
     if len(email) > EMAIL_MAX_LENGTH:
         return f"Email address must be {EMAIL_MAX_LENGTH} characters or fewer"
+    problem = text_problem(email)
+    if problem:
+        return f"Email address {problem}"
     if not _EMAIL.match(email):
         return "Enter an email address in the correct format, like name@example.com"
     return None

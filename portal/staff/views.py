@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,7 @@ from flask_wtf.csrf import CSRFError
 from werkzeug.wrappers import Response
 
 from portal.db import db
+from portal.inputs import query_form
 from portal.staff import audit, services
 from portal.staff.access import (
     ROLE_DESCRIPTIONS,
@@ -54,6 +56,7 @@ bp = Blueprint("staff", __name__, url_prefix="/staff")
 
 PASSWORDS_EXTENSION = "portal.staff.passwords"
 _UNPROTECTED = {"staff.login"}
+_DIGITS = re.compile(r"[0-9]{1,18}")
 
 
 def register(app: Flask) -> None:
@@ -383,11 +386,13 @@ def staff_enable(staff_id: uuid.UUID) -> Any:
 
 def _keyset(name: str) -> int | None:
     value = request.args.get(name, "")
-    return int(value) if value.isdigit() and len(value) < 19 else None
+    # ASCII digits only: "²".isdigit() is true, and int("²") fails.
+    return int(value) if _DIGITS.fullmatch(value) else None
 
 
 @bp.get("/admin/audit")
 @staff_required(Role.ADMIN, Role.COMPLIANCE)
+@query_form
 def audit_trail() -> Any:
     form = AuditFilterForm(request.args)
     status = 200

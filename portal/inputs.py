@@ -1,0 +1,136 @@
+"""Text from outside: what a form field, a route parameter or a query string may carry.
+
+One rule, :func:`text_problem`: no control character (C0, DEL, C1), except the tab and
+line breaks of a multi-line field (a notice text, a message). PostgreSQL cannot store
+NUL in text at all, and nothing the portal keeps or looks up has a use for the others,
+so such input is refused with the field named — never stripped and then stored.
+
+Three doors use it:
+
+- :class:`CheckedForm`, the base of the staff forms, runs it first on every text field
+  (passwords aside: they are hashed, never stored or looked up);
+- :func:`check_request`, before every view: a route parameter that breaks the rule names
+  nothing (404), a query string that does is a bad request (400) — except on views that
+  read their query string through a form (:func:`query_form`), which name the field;
+- services that store text typed elsewhere (the command line, a policy file) call it
+  themselves: the catalogue's topics and notices, staff e-mail addresses, campaigns.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from flask import Flask, abort, current_app, request
+from flask_wtf import FlaskForm
+from wtforms import Field, PasswordField, StringField, TextAreaField
+from wtforms.csrf.core import CSRFTokenField
+from wtforms.validators import StopValidation
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# A multi-line field keeps its tabs and line breaks (browsers send CRLF).
+_CONTROL_MULTILINE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+_NAMES = {"\x00": "a NUL", "\t": "a tab", "\n": "a line break", "\r": "a line break"}
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def text_problem(text: str, *, multiline: bool = False) -> str | None:
+    """Why ``text`` cannot be the value of a field, to follow the field's name; or None.
+
+    The message says what and where (the character is invisible on the page).
+    """
+    found = (_CONTROL_MULTILINE if multiline else _CONTROL).search(text)
+    if found is not None:
+        char = found.group()
+        what = _NAMES.get(char, f"U+{ord(char):04X}")
+        where = found.start() + 1
+        return f"must not contain control characters (there is {what} at character {where})"
+    if not _encodable(text):
+        # Form and URL decoding replace what is not UTF-8; this guards other callers.
+        return "must be text (it has an unpaired surrogate character)"
+    return None
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def field_name(field: Field) -> str:
+    """How an error message names a field: its label, without an "(optional)"."""
+    return re.sub(r"\s*\(optional\)$", "", str(field.label.text))
+
+
+class PlainText:
+    """The WTForms validator of :func:`text_problem`, on what was submitted (before any
+    filter strips it): refusing is the point, so nothing is trimmed away first."""
+
+    def __init__(self, *, multiline: bool = False) -> None:
+        self.multiline = multiline
+
+    def __call__(self, form: Any, field: Field) -> None:
+        for value in field.raw_data or ():
+            if not isinstance(value, str):
+                continue
+            problem = text_problem(value, multiline=self.multiline)
+            if problem:
+                raise StopValidation(f"{field_name(field)} {problem}")
+
+
+class CheckedForm(FlaskForm):
+    """A form whose every text field is checked by :class:`PlainText` before its own
+    validators run, so the first error a field shows is the one that matters. (The CSRF
+    token is Flask-WTF's to check, and passwords are never stored.)"""
+
+    class Meta:
+        def bind_field(self, form: Any, unbound_field: Any, options: dict[str, Any]) -> Field:
+            field = unbound_field.bind(form=form, **options)
+            if isinstance(field, StringField) and not isinstance(
+                field, PasswordField | CSRFTokenField
+            ):
+                check = PlainText(multiline=isinstance(field, TextAreaField))
+                field.validators = [check, *field.validators]
+            return field
+
+    def check_text(self) -> bool:
+        """Only the text rule, on every field: for a form whose other checks live in a
+        service (the campaign form). Each refused field gets the error."""
+        ok = True
+        for field in self:
+            for validator in field.validators:
+                if isinstance(validator, PlainText):
+                    try:
+                        validator(self, field)
+                    except StopValidation as problem:
+                        field.errors = [str(problem)]
+                        ok = False
+        return ok
+
+
+def query_form(view: F) -> F:
+    """Mark a view that reads its query string through a :class:`CheckedForm`: the form
+    names a bad field on the page, so :func:`check_request` leaves the query to it."""
+    view.query_form = True  # type: ignore[attr-defined]
+    return view
+
+
+def check_request() -> None:
+    """Refuse route parameters and query strings that break :func:`text_problem`."""
+    for value in (request.view_args or {}).values():
+        if isinstance(value, str) and text_problem(value):
+            abort(404)  # no topic, version or job has such a name
+    view = current_app.view_functions.get(request.endpoint or "")
+    if getattr(view, "query_form", False):
+        return
+    for name, values in request.args.lists():
+        if text_problem(name) or any(text_problem(v) for v in values):
+            abort(400)
+
+
+def init_app(app: Flask) -> None:
+    app.before_request(check_request)

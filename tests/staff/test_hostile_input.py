@@ -1,0 +1,236 @@
+"""Hostile input on the staff pages: NUL and other control characters in form fields,
+route parameters and query strings, and dates at the edge of the calendar.
+
+Each is refused with the field named (a form) or a 404/400 page (the address), and
+writes nothing. PostgreSQL refuses NUL in text outright, which is where a missing check
+used to surface as a 500.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from portal.staff.models import Role
+from tests.helpers import Unchanged, error_summary, field_error
+
+CONTROL = "must not contain control characters"
+
+
+@pytest.mark.parametrize(
+    ("email", "what"),
+    [
+        ("admin\x00@example.test", "a NUL at character 6"),
+        ("admin@exa\x1bmple.test", "U+001B at character 10"),
+        ("admin@example.test\x85", "U+0085 at character 19"),
+    ],
+)
+def test_sign_in_refuses_a_control_character_in_the_email(
+    app, engine, browser, make_staff, email, what
+):
+    make_staff("admin@example.test", Role.ADMIN)
+    person = browser()
+    token = person.token()
+    unchanged = Unchanged(engine)
+    response = person.client.post(
+        "/staff/login", data={"csrf_token": token, "email": email, "password": "whatever"}
+    )
+    assert response.status_code == 422
+    message = f"Email address {CONTROL} (there is {what})"
+    assert field_error(response.text, "email") == message
+    assert error_summary(response.text) == [("email", message)]
+    assert unchanged.changed() == []
+    assert person.cookie is None
+
+
+def test_adding_staff_refuses_a_control_character_in_the_email(engine, admin_browser):
+    token = admin_browser.token()
+    unchanged = Unchanged(engine)
+    response = admin_browser.client.post(
+        "/staff/admin/staff",
+        data={
+            "csrf_token": token,
+            "email": "new\x00person@example.test",
+            "roles": ["campaigns"],
+            "password": "a brand new passphrase",
+        },
+    )
+    assert response.status_code == 422
+    assert field_error(response.text, "email") == (
+        f"Email address {CONTROL} (there is a NUL at character 4)"
+    )
+    assert ("email", field_error(response.text, "email")) in error_summary(response.text)
+    assert unchanged.changed() == []
+
+
+@pytest.mark.parametrize(
+    ("query", "field", "message"),
+    [
+        ("actor=a%00b@example.test", "actor", f"Staff email {CONTROL} (there is a NUL at character 2)"),
+        ("actor=ann%0A@example.test", "actor", f"Staff email {CONTROL} (there is a line break at character 4)"),
+        ("date_from=2026-01-01%00", "date_from", f"From {CONTROL} (there is a NUL at character 11)"),
+        ("date_to=9999-12-31", "date_to", "To must be on or before 9999-12-30"),
+        ("date_from=9999-12-31&date_to=9999-12-31", "date_from", "From must be on or before 9999-12-30"),
+        ("date_to=10000-01-01", "date_to", "To must be a real date, like 2026-03-27"),
+    ],
+)  # fmt: skip
+def test_the_audit_filters_refuse_control_characters_and_far_dates(
+    engine, admin_browser, query, field, message
+):
+    unchanged = Unchanged(engine)
+    response = admin_browser.get(f"/staff/admin/audit?{query}")
+    assert response.status_code == 422
+    assert field_error(response.text, field) == message
+    assert (field, message) in error_summary(response.text)
+    assert unchanged.changed() == []
+
+
+def test_the_first_and_last_days_of_the_calendar_filter_the_audit_trail(admin_browser):
+    response = admin_browser.get("/staff/admin/audit?date_from=0001-01-01&date_to=9999-12-30")
+    assert response.status_code == 200
+    assert error_summary(response.text) == []
+    assert "admin@example.test" in response.text  # the sign-in is within the range
+
+
+@pytest.mark.parametrize("keyset", ["before=%C2%B2", "after=%D9%A3", "before=1%00"])
+def test_audit_paging_ignores_keysets_that_are_not_ascii_digits(admin_browser, keyset):
+    """``"²".isdigit()`` is true but ``int("²")`` fails: only ASCII digits are a page key."""
+    response = admin_browser.get(f"/staff/admin/audit?{keyset}")
+    assert response.status_code < 500
+    assert response.status_code in {200, 400}
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/staff/admin/topics/offers%00/edit",
+        "/staff/admin/topics/off%0Ders/retire",
+        "/staff/admin/policies/versions/v1%00",
+        "/staff/admin/policies/versions/v%1B1",
+    ],
+)
+def test_topic_slugs_and_policy_versions_in_the_address_are_refused(
+    engine, catalogue_ready, admin_browser, path
+):
+    unchanged = Unchanged(engine)
+    assert admin_browser.get(path).status_code == 404
+    if "/topics/" in path:  # the policy pages take no POST
+        assert admin_browser.post(path).status_code == 404
+    assert unchanged.changed() == []
+
+
+@pytest.mark.parametrize("path", ["/policy/v1%00", "/policy/v%0A1"])
+def test_the_public_policy_page_refuses_control_characters_in_the_version(
+    client, catalogue_ready, path
+):
+    response = client.get(path)
+    assert response.status_code == 404
+    assert "Page not found" in response.text
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("label", "Product\x00news", f"Label {CONTROL} (there is a NUL at character 8)"),
+        ("label", "Product\nnews", f"Label {CONTROL} (there is a line break at character 8)"),
+        ("category", "News\x07", f"Category {CONTROL} (there is U+0007 at character 5)"),
+        ("slug", "product\x00news", f"Slug {CONTROL} (there is a NUL at character 8)"),
+        ("description", "Once\x00a month", f"Description {CONTROL} (there is a NUL at character 5)"),
+    ],
+)  # fmt: skip
+def test_a_new_topic_refuses_control_characters(
+    engine, catalogue_ready, admin_browser, field, value, message
+):
+    data = {
+        "slug": "product-news",
+        "category": "News",
+        "label": "Product news",
+        "description": "New features.\r\nOnce a month.\tNo more.",
+        "topic_class": "marketing",
+        "default_state": "opt_out",
+        field: value,
+    }
+    token = admin_browser.token()
+    unchanged = Unchanged(engine)
+    response = admin_browser.client.post(
+        "/staff/admin/topics/new", data={"csrf_token": token, **data}
+    )
+    assert response.status_code == 422
+    assert field_error(response.text, field) == message
+    assert (field, message) in error_summary(response.text)
+    assert unchanged.changed() == []
+
+
+def test_a_description_keeps_its_line_breaks_and_tabs(engine, catalogue_ready, admin_browser):
+    response = admin_browser.post(
+        "/staff/admin/topics/new",
+        {
+            "slug": "product-news",
+            "category": "News",
+            "label": "Product news",
+            "description": "New features.\r\nOnce a month.\tNo more.",
+            "topic_class": "marketing",
+            "default_state": "opt_out",
+        },
+    )
+    assert response.status_code == 303
+
+
+def test_editing_a_topic_refuses_a_control_character_in_the_label(
+    engine, catalogue_ready, admin_browser
+):
+    token = admin_browser.token()
+    unchanged = Unchanged(engine)
+    response = admin_browser.client.post(
+        "/staff/admin/topics/offers/edit",
+        data={"csrf_token": token, "label": "Offers\x00", "description": ""},
+    )
+    assert response.status_code == 422
+    assert field_error(response.text, "label") == f"Label {CONTROL} (there is a NUL at character 7)"
+    assert unchanged.changed() == []
+
+
+@pytest.mark.parametrize("action", ["preview", "publish"])
+def test_a_policy_text_with_a_nul_is_refused(engine, catalogue_ready, admin_browser, action):
+    token = admin_browser.token()
+    unchanged = Unchanged(engine)
+    response = admin_browser.client.post(
+        "/staff/admin/policies/new",
+        data={"csrf_token": token, "version": "v2", "text": "We send\x00 what you choose.",
+              "action": action},
+    )  # fmt: skip
+    assert response.status_code == 422
+    message = f"Notice text {CONTROL} (there is a NUL at character 8)"
+    assert field_error(response.text, "text") == message
+    assert ("text", message) in error_summary(response.text)
+    assert unchanged.changed() == []
+
+
+def test_a_query_string_with_a_control_character_is_a_bad_request(engine, admin_browser):
+    unchanged = Unchanged(engine)
+    response = admin_browser.get("/staff/campaigns?before=%00")
+    assert response.status_code == 400
+    assert "Bad request" in response.text
+    assert admin_browser.client.get("/staff/login?next=/staff/%0D%0Aevil").status_code == 400
+    assert unchanged.changed() == []
+
+
+@pytest.mark.parametrize(
+    ("email", "what"),
+    [("ops\x07@example.test", "U+0007 at character 4"), ("ops\udcff@x.test", None)],
+)
+def test_the_create_staff_command_refuses_what_the_form_refuses(app, engine, email, what):
+    """The same rule at the other door: a control character, or a byte that is not UTF-8
+    (the shell passes it through as a lone surrogate)."""
+    unchanged = Unchanged(engine)
+    result = app.test_cli_runner().invoke(
+        args=["portal", "create-staff", email, "--role", "admin", "--password-stdin"],
+        input="a brand new passphrase\n",
+    )
+    assert result.exit_code == 1
+    expected = (
+        f"Email address {CONTROL} (there is {what})"
+        if what
+        else "Email address must be text (it has an unpaired surrogate character)"
+    )
+    assert result.output == f"Error: {expected}\n"
+    assert unchanged.changed() == []
