@@ -425,16 +425,21 @@ def requests(
 # -- the oracle ---------------------------------------------------------------------------
 
 SIGN_IN_REFUSED = {"staff.sign_in_failed", "staff.locked_out"}
+PASSWORD_REFUSED = {"staff.password_change_failed", "staff.locked_out"}
 
 
 def recorded_refusal(walker: Walker, request: WalkRequest, status: int, changed: list[str]) -> bool:
     """The refusals that write on purpose: a failed sign-in (the lockout and the audit
     trail count it), a look-up that found nobody (audited either way), a signed feedback
-    digest refused (kept for the operations page)."""
+    digest refused (kept for the operations page), a wrong current password on the
+    password form (it counts toward the lockout like a failed sign-in)."""
     rule, method = request.target
     if rule == "/staff/login" and method == "POST" and status in {401, 403, 429}:
         allowed = {"staff_audit", "staff_login_throttle", "staff_user"}
         return set(changed) <= allowed and walker.newest_audit(changed) <= SIGN_IN_REFUSED
+    if rule == "/staff/password" and method == "POST" and status in {422, 429}:
+        allowed = {"staff_audit", "staff_user"}
+        return set(changed) <= allowed and walker.newest_audit(changed) <= PASSWORD_REFUSED
     if rule == "/staff/compliance/lookup" and method == "POST" and status == 404:
         return changed == ["staff_audit"] and walker.newest_audit(changed) == {"consent.looked_up"}
     return rule == "/api/push/feedback" and changed == [FEEDBACK_DIGESTS]
