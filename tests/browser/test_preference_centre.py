@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import datetime as dt
 import time
+from collections.abc import Callable
 
 import pytest
-from playwright.sync_api import Page
+from playwright.sync_api import Page, Route
 
 from portal.consent import catalogue
 from portal.identity import sign_assertion
@@ -50,18 +51,34 @@ def focused_classes(page: Page) -> str:
     return page.evaluate("document.activeElement.className")
 
 
+def submit(page: Page, press: Callable[[], None]) -> None:
+    """Sends the form and returns once the answer page has loaded. The element a test waits
+    for is in the page while it is still being parsed, before the deferred script that
+    moves focus to it has run; the load event comes after that script."""
+    with page.expect_navigation(wait_until="load"):
+        press()
+
+
+def slow_focus_script(route: Route) -> None:
+    time.sleep(0.3)
+    route.continue_()
+
+
 @pytest.fixture
 def known_page(context, browser_subscription) -> Page:
     subscribe_through_api(context, browser_subscription)
     page = context.new_page()
     page.goto("/preferences")
+    # The script that moves focus arrives late, as on a slow phone: a test that reads focus
+    # before the answer page has loaded fails every time instead of now and then.
+    page.route("**/js/focus.js", slow_focus_script)
     return page
 
 
 def test_saving_shows_a_focused_banner(known_page, server):
     page = known_page
     page.check("#topic-weekly-digest")
-    page.click("text=Save my choices")
+    submit(page, lambda: page.click("text=Save my choices"))
     page.wait_for_selector(".banner--success")
     assert "banner" in focused_classes(page)
     assert page.evaluate("document.activeElement.getAttribute('role')") == "status"
@@ -73,7 +90,7 @@ def test_a_stale_policy_gives_a_focused_error_summary_whose_links_work(known_pag
     page = known_page
     page.check("#topic-offers")
     publish_new_policy(server)  # the notice changes while the page is open
-    page.click("text=Save my choices")
+    submit(page, lambda: page.click("text=Save my choices"))
     page.wait_for_selector(".error-summary")
 
     assert page.title().startswith("Error: ")
@@ -123,7 +140,7 @@ def test_the_form_can_be_completed_with_the_keyboard_alone(known_page, server):
             break
     else:
         pytest.fail("Tab never reached the save button")
-    page.keyboard.press("Enter")
+    submit(page, lambda: page.keyboard.press("Enter"))
     page.wait_for_selector(".banner--success")
     assert "banner" in focused_classes(page)
     assert preferences(server) == {"product-news": "opt_in"}
@@ -227,6 +244,6 @@ def test_the_confirmation_works_from_the_keyboard_alone(known_page, server):
     page = known_page
     page.goto(sign_in_link(server, "customer-2043"))
     page.focus("button[value=link]")
-    page.keyboard.press("Enter")
+    submit(page, lambda: page.keyboard.press("Enter"))
     page.wait_for_selector(".banner--success")
     assert _owners(server) == {"customer-2043"}

@@ -219,6 +219,21 @@ def notifications(page: Page) -> list[dict[str, Any]]:
     return page.evaluate(NOTIFICATIONS)
 
 
+def dismiss_all(page: Page, timeout: float = 10) -> None:
+    """Closes every open notification, as a person dismissing them would, and returns once
+    the browser lists none. ``close()`` only sends the request: Chromium removes the
+    notification from its database afterwards, so a ``getNotifications()`` (the page's or
+    the worker's) made at once may still list it."""
+    page.evaluate(
+        "async () => (await (await navigator.serviceWorker.ready).getNotifications())"
+        ".forEach(n => n.close())"
+    )
+    deadline = time.monotonic() + timeout
+    while (still := notifications(page)) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert still == [], f"notifications still open after close(): {still}"
+
+
 def on_screen(push: dict[str, Any]) -> list[dict[str, Any]]:
     """What a push that ended alone left on screen, after checking what every push owes:
     its promise fulfilled and no notification still on its way to the screen when it ended
@@ -338,11 +353,7 @@ def test_a_repeat_of_a_dismissed_delivery_does_not_come_back(worker_page, server
     sent = message()
     channel.push(sent)
     on_screen(channel.last_ended(1))
-    page.evaluate(
-        "async () => (await (await navigator.serviceWorker.ready).getNotifications())"
-        ".forEach(n => n.close())"
-    )
-    assert notifications(page) == []
+    dismiss_all(page)
     channel.push(sent)
     # The one push that ends with nothing on screen, by design (README, the service worker).
     repeat = channel.last_ended(2)
