@@ -165,6 +165,17 @@ class Dispatcher:
                 .all()
             )
             for campaign_id in expired:
+                # The campaign row first: it waits for a batch being materialised (which
+                # holds that row), so the skip below sees the batch's deliveries too.
+                session.execute(
+                    sa.update(_c)
+                    .where(_c.c.id == campaign_id)
+                    .values(
+                        status=CampaignStatus.EXPIRED.value,
+                        finished_at=now,
+                        materialised_at=sa.func.coalesce(_c.c.materialised_at, now),
+                    )
+                )
                 session.execute(
                     sa.update(_d)
                     .where(
@@ -174,15 +185,6 @@ class Dispatcher:
                         status=DeliveryStatus.SKIPPED.value,
                         reason="deliver_until_passed",
                         updated_at=now,
-                    )
-                )
-                session.execute(
-                    sa.update(_c)
-                    .where(_c.c.id == campaign_id)
-                    .values(
-                        status=CampaignStatus.EXPIRED.value,
-                        finished_at=now,
-                        materialised_at=sa.func.coalesce(_c.c.materialised_at, now),
                     )
                 )
         with db.begin(self.app) as session:

@@ -430,6 +430,17 @@ def materialise_batch(
         or not _campaign_lock(session, campaign.id)
     ):
         return 0
+    # A batch and a change of the campaign (cancel, pause, expiry) or of its topic (retired)
+    # exclude each other: the batch holds the campaign row and a share of the topic row
+    # until it commits, so a change waits for the batch and the batch after it sees the
+    # change. Without this, a cancel's UPDATE of the queued deliveries cannot see a batch
+    # still being written, and the batch then stays queued on a cancelled campaign.
+    session.refresh(campaign, with_for_update=True)
+    if campaign.status != CampaignStatus.SENDING.value or campaign.materialised_at is not None:
+        return 0
+    session.execute(
+        sa.select(Topic.id).where(Topic.id == campaign.topic_id).with_for_update(read=True)
+    )
     ids = recipient_query(campaign.topic_id).subquery()
     window = sa.select(ids.c.id)
     if campaign.materialised_through is not None:
