@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import ast
 import importlib
+import os
 import re
+import subprocess
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ from flask.cli import cli as flask_cli
 
 import portal.config
 from portal import create_app
+from portal.compliance.signing import SigningKey
 from portal.jobs import job_names
 from tests.conftest import make_settings
 
@@ -441,6 +444,12 @@ def test_command_problems_are_found(docs_app, mention, problem):
         assert len(found) == 1 and problem in found[0]
 
 
+def test_the_jobs_table_lists_every_job():
+    section = (ROOT / "docs" / "operations.md").read_text().split("## Jobs and the scheduler")[1]
+    table = set(re.findall(r"^\| `([a-z-]+)` \|", section, re.M))
+    assert table == set(job_names())
+
+
 # --- routes ---------------------------------------------------------------------------
 
 ROUTE = re.compile(r"\b(GET|POST|PUT|PATCH|DELETE) (/[^\s`|,;)\]]*)")
@@ -658,3 +667,121 @@ def test_link_problems_are_found(tmp_path, monkeypatch):
         "README.md: docs/b.md (no such file)",
         "README.md: docs/a.md#not-a-heading (no such heading)",
     ]
+
+
+# --- recipes --------------------------------------------------------------------------
+
+
+def code_block(path: Path, containing: str, language: str = "sh") -> str:
+    """The fenced block of ``language`` in ``path`` that contains ``containing``."""
+    blocks = re.findall(rf"^```{language}\n(.*?)^```", path.read_text("utf-8"), re.S | re.M)
+    found = [block for block in blocks if containing in block]
+    assert len(found) == 1, f"{_rel(path)}: {len(found)} {language} blocks hold {containing!r}"
+    return found[0]
+
+
+@pytest.fixture
+def live_app(database_url, tmp_path) -> Iterator[Flask]:
+    """The portal on the real clock: a signature's timestamp is checked against it."""
+    app = create_app(make_settings(database_url, str(tmp_path / "live")))
+    app.config["TESTING"] = True
+    yield app
+    app.extensions["portal.db"].engine.dispose()
+
+
+FEEDBACK_SECRET = "feedback-secret-one"  # the test settings' first FEEDBACK_SECRETS entry
+
+
+def test_the_feedback_signing_recipe_is_accepted(live_app):
+    recipe = code_block(ROOT / "docs" / "operations.md", "openssl dgst")
+    # curl stands aside: it prints what it would send, one argument a line.
+    script = "curl() { printf '%s\\n' \"$@\"; }\n" + recipe
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script],
+        capture_output=True,
+        text=True,
+        env={"PATH": os.environ["PATH"], "FEEDBACK_SECRET": FEEDBACK_SECRET},
+        check=True,
+    )
+    arguments = done.stdout.splitlines()
+    assert "http://127.0.0.1:5000/api/push/feedback" in arguments
+    headers = dict(arguments[i + 1].split(": ", 1) for i, a in enumerate(arguments) if a == "-H")
+    body = arguments[arguments.index("--data-binary") + 1]
+    response = live_app.test_client().post(
+        "/api/push/feedback", data=body.encode(), headers=headers
+    )
+    assert response.status_code == 200, response.json
+    assert response.json["organization"] == "acme"
+
+
+def test_the_feedback_signing_snippet_is_accepted(live_app):
+    snippet = code_block(ROOT / "docs" / "operations.md", "hmac.new", "python")
+    body = b'{"organization":"acme","events":[],"truncated":false,"eventsOmitted":0}'
+    names: dict[str, Any] = {"secret": FEEDBACK_SECRET, "body": body}
+    exec(snippet, names)  # the documented snippet, as written
+    response = live_app.test_client().post(
+        "/api/push/feedback", data=body, headers=names["headers"]
+    )
+    assert response.status_code == 200, response.json
+
+
+def test_the_plain_tools_recipe_checks_an_export(
+    app, clock, subscriptions, catalogue_ready, tmp_path
+):
+    for _ in range(3):  # a few people, so the chain has links to check
+        response = app.test_client().post(
+            "/api/push/subscribe",
+            json={
+                "subscription": subscriptions().to_json(),
+                "topics": ["weekly-digest"],
+                "policyVersion": "v1",
+            },
+        )
+        assert response.status_code == 201, response.json
+    day = clock.now().date().isoformat()
+    bundle = tmp_path / "bundle"
+    exported = app.test_cli_runner().invoke(
+        args=[
+            "portal",
+            "export",
+            "--from",
+            day,
+            "--to",
+            day,
+            "--format",
+            "ndjson",
+            "--out",
+            str(bundle),
+        ]
+    )
+    assert exported.exit_code == 0, exported.output
+    key = SigningKey.from_setting(app.extensions["portal"].settings.export_signing_key)
+    recipe = code_block(ROOT / "docs" / "compliance.md", "sha256sum -c")
+    # The recipe as written, with the console's key filled in and its scratch files in
+    # this test's folder.
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    script = recipe.replace("<public key hex from the console>", key.public.hex).replace(
+        "/tmp/", f"{scratch}/"
+    )
+
+    def run() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", script],
+            cwd=bundle,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+
+    good = run()
+    assert good.returncode == 0, good.stderr
+    assert "consent-events.ndjson: OK" in good.stdout
+    assert "Signature Verified Successfully" in good.stdout
+    assert good.stdout.rstrip().endswith("[]")  # every consecutive pair chains
+
+    data = bundle / "consent-events.ndjson"
+    data.write_bytes(data.read_bytes().replace(b'"hash":"', b'"hash":"0', 1))
+    tampered = run()
+    assert tampered.returncode != 0
+    assert "consent-events.ndjson: FAILED" in tampered.stdout
