@@ -368,8 +368,14 @@ def _until_stop(words: list[str]) -> list[str]:
 def command_problems(app: Flask, words: list[str]) -> list[str]:
     """What is wrong with one mention: an unknown command or subcommand, an option the
     command does not take, a job `run-job` does not know."""
-    info = ScriptInfo(create_app=lambda: app)
-    ctx = click.Context(flask_cli, obj=info)
+    # Flask's group pushes an application context while it looks commands up; closing
+    # the click context pops it again.
+    with click.Context(flask_cli, obj=ScriptInfo(create_app=lambda: app)) as ctx:
+        return _command_problems(ctx, words)
+
+
+def _command_problems(ctx: click.Context, words: list[str]) -> list[str]:
+    info = ctx.obj
     command: click.Command = flask_cli
     path: list[str] = []
     problems = []
