@@ -675,6 +675,31 @@ def test_link_problems_are_found(tmp_path, monkeypatch):
     ]
 
 
+REPO_PATH = re.compile(r"(?:\.ci|bench|migrations|portal|static|templates|tests)(?:/[\w.-]*)*")
+
+
+def path_problems(text: str, root: Path) -> list[str]:
+    """Repository paths written in code spans that are not there (a placeholder such as
+    NAME in `bench/results/NAME.json` is no path)."""
+    problems = []
+    for span in code_spans(text):
+        if not REPO_PATH.fullmatch(span) or re.search(r"\b[A-Z]{2,}\b", span):
+            continue
+        if not (root / span).exists() and span not in PLANNED_PATHS:
+            problems.append(span)
+    return problems
+
+
+@pytest.mark.parametrize("path", TEXTS, ids=_rel)
+def test_every_repository_path_written_exists(path):
+    assert path_problems(path.read_text(), ROOT) == []
+
+
+def test_path_problems_are_found():
+    text = "`portal/api.py`, `portal/gone.py`, `bench/results/NAME.json`, `tests/` and `portal.api`"
+    assert path_problems(text, ROOT) == ["portal/gone.py"]
+
+
 # --- recipes --------------------------------------------------------------------------
 
 
