@@ -507,6 +507,17 @@ def test_every_route_mentioned_exists_with_its_method(docs_app, doc, method, rou
     assert method in methods, f"{doc}: {route} does not answer {method}"
 
 
+def test_the_api_table_lists_every_json_route(docs_app):
+    documented = route_mentions((ROOT / "docs" / "api.md").read_text())
+    served = {
+        (method, route)
+        for route, methods in url_map(docs_app).items()
+        if route.startswith("/api/")
+        for method in methods - {"HEAD", "OPTIONS"}
+    }
+    assert served - documented == set()
+
+
 def test_every_page_mentioned_exists(docs_app):
     routes = url_map(docs_app)
     problems = []
