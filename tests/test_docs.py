@@ -518,6 +518,32 @@ def test_the_api_table_lists_every_json_route(docs_app):
     assert served - documented == set()
 
 
+def staff_route_table(text: str) -> dict[tuple[str, str], str]:
+    """docs/staff-console.md's table of every staff route: (method, path) -> roles."""
+    section = text.split("## Every staff route", 1)[1]
+    table = {}
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        match = re.fullmatch(r"`([A-Z ]+) (/\S+)`", cells[0]) if len(cells) == 3 else None
+        if match:
+            for method in match.group(1).split():
+                table[(method, normalise(match.group(2)))] = cells[1]
+    return table
+
+
+def test_the_staff_route_table_matches_each_views_rule(docs_app):
+    table = staff_route_table((ROOT / "docs" / "staff-console.md").read_text())
+    served = {}
+    for rule in docs_app.url_map.iter_rules():
+        if not rule.rule.startswith("/staff"):
+            continue
+        roles = getattr(docs_app.view_functions[rule.endpoint], "staff_roles", None)
+        written = "none" if roles is None else ", ".join(sorted(r.value for r in roles)) or "any"
+        for method in (rule.methods or set()) - {"HEAD", "OPTIONS"}:
+            served[(method, normalise(rule.rule))] = written
+    assert table == served
+
+
 def test_every_page_mentioned_exists(docs_app):
     routes = url_map(docs_app)
     problems = []
