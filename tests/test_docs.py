@@ -715,6 +715,12 @@ def test_every_relative_link_lands(path):
     assert link_problems(path) == []
 
 
+def test_the_readme_links_every_doc():
+    linked = {target.partition("#")[0] for target in LINK.findall(README.read_text())}
+    docs = {_rel(path) for path in DOCS} | PLANNED_FILES
+    assert sorted(docs - linked) == []
+
+
 def test_link_problems_are_found(tmp_path, monkeypatch):
     monkeypatch.setattr(f"{__name__}.ROOT", tmp_path)
     (tmp_path / "docs").mkdir()
