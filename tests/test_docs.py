@@ -5,10 +5,12 @@ read and documented, and every relative link lands on a file (and heading)."""
 from __future__ import annotations
 
 import ast
+import base64
 import importlib
 import os
 import re
 import subprocess
+import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -879,3 +881,19 @@ def test_the_plain_tools_recipe_checks_an_export(
     tampered = run()
     assert tampered.returncode != 0
     assert "consent-events.ndjson: FAILED" in tampered.stdout
+
+
+def test_the_key_one_liners_make_keys_the_portal_takes():
+    text = (ROOT / "docs" / "configuration.md").read_text()
+    one_liners = re.findall(r"python3 -c '([^']+)'", text)
+    made = {
+        code: subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+        ).stdout.strip()
+        for code in one_liners
+    }
+    signing = [out for code, out in made.items() if "generate_signing_key" in code]
+    data_keys = [out for code, out in made.items() if "urandom(32)" in code]
+    assert len(signing) == 1 and len(data_keys) == 1
+    SigningKey.from_setting(signing[0])  # a malformed key raises
+    assert len(base64.b64decode(data_keys[0], validate=True)) == 32
