@@ -12,7 +12,7 @@
    auth secret.
 
    The payload is JSON: {"deliveryId", "campaignId", "title", "body", "url", "icon", "tag"}
-   (README, "Push payload"). */
+   (docs/subscribe-page.md, "Push payload"). */
 "use strict";
 
 var DB_NAME = "portal-sw";

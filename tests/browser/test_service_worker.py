@@ -355,7 +355,7 @@ def test_a_repeat_of_a_dismissed_delivery_does_not_come_back(worker_page, server
     on_screen(channel.last_ended(1))
     dismiss_all(page)
     channel.push(sent)
-    # The one push that ends with nothing on screen, by design (README, the service worker).
+    # The one push that ends with nothing on screen, by design (docs/subscribe-page.md).
     repeat = channel.last_ended(2)
     assert on_screen(repeat) == []
     assert repeat["shown"] == ["campaign-41"]  # not shown again
