@@ -7,12 +7,22 @@ page also gives the same numbers as a table.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from portal.compliance.services import TopicWeeks
 
 WIDTH, HEIGHT = 640, 230
 LEFT, RIGHT, TOP, BOTTOM = 44, 8, 18, 40
+# The room a week label ("29 Dec" at 11 px, about 36 units wide) needs with a gap on each
+# side. The chart scales as a whole, so labels that do not touch at 1280 px do not at 390 px.
+LABEL_SPACE = 56
+
+
+def label_every(group: float) -> int:
+    """Label every n-th week: the smallest n whose labels are LABEL_SPACE apart, for weeks
+    ``group`` units apart."""
+    return max(1, math.ceil(LABEL_SPACE / group))
 
 
 @dataclass(frozen=True)
@@ -74,6 +84,7 @@ def weekly_chart(series: TopicWeeks, index: int) -> Chart:
     bar = group * 0.34
     bars: list[Bar] = []
     labels: list[Label] = []
+    every = label_every(group)
     for i, week in enumerate(series.weeks):
         start = LEFT + i * group + group * 0.14
         for offset, kind, value in ((0.0, "in", week.opt_in), (bar + 2, "out", week.opt_out)):
@@ -88,7 +99,9 @@ def weekly_chart(series: TopicWeeks, index: int) -> Chart:
                     value,
                 )
             )
-        labels.append(Label(round(LEFT + i * group + group / 2, 1), f"{week.week:%d %b}"))
+        # The newest week is always labelled; the others every n-th back from it.
+        if (len(series.weeks) - 1 - i) % every == 0:
+            labels.append(Label(round(LEFT + i * group + group / 2, 1), f"{week.week:%d %b}"))
     ticks = [Tick(round(baseline - v * scale, 1), v) for v in range(0, top + 1, step)]
     opt_in, opt_out = series.totals
     first, last = series.weeks[0].week, series.weeks[-1].week

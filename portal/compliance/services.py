@@ -481,6 +481,12 @@ class ChainStatus:
         return self.current is not None
 
     @property
+    def unverified(self) -> int:
+        """Events written since the latest finished check read the log (all of them when
+        there was none): the check's verdict says nothing about them yet."""
+        return self.events - (self.last_result.processed if self.last_result else 0)
+
+    @property
     def intact(self) -> bool | None:
         """The latest finished check's verdict; None when there is none."""
         return None if self.last_result is None else self.last_result.error is None

@@ -4,6 +4,7 @@ broken in the middle to make it fit, and axe-core finds nothing at either width.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
@@ -65,3 +66,30 @@ def test_no_page_scrolls_sideways_on_a_phone(
         # Stacked tables keep their meaning for a screen reader: axe-core at phone width too.
         results = _axe.run(page, options=AXE_OPTIONS)
         assert results.violations_count == 0, results.generate_report()
+
+
+WEEK_LABELS = """() => [...document.querySelectorAll('svg.chart__svg')].map(svg =>
+  [...svg.querySelectorAll('text.chart__axis[text-anchor=middle]')].map(t => {
+    const r = t.getBoundingClientRect();
+    return [r.left, r.right];
+  }))"""
+
+
+@pytest.mark.parametrize(
+    "viewport", [*NARROW, {"width": 1280, "height": 900}], ids=lambda v: f"{v['width']}px"
+)
+def test_week_labels_on_the_dashboard_charts_never_overlap(
+    viewport: dict[str, int], new_context: Any, server: Any
+) -> None:
+    (state,) = (s for s in PAGES if s.name == "staff-compliance-dashboard")
+
+    def sized(**options: Any) -> Any:
+        options["viewport"] = viewport
+        return new_context(**options)
+
+    page = _settled(state.reach(sized, server))
+    charts = page.evaluate(WEEK_LABELS)
+    assert charts and all(len(labels) >= 2 for labels in charts), charts
+    for labels in charts:
+        for (_, right), (left, _) in itertools.pairwise(labels):
+            assert left - right >= 2, f"week labels overlap at {viewport['width']} px: {labels}"

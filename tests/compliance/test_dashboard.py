@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import re
 import uuid
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from portal.compliance import services
-from portal.compliance.charts import _nice_step, weekly_chart
+from portal.compliance.charts import LABEL_SPACE, _nice_step, weekly_chart
 from portal.consent import catalogue, log
 from portal.consent.models import EventKind
 from portal.db import db
@@ -109,7 +113,10 @@ def test_chart_geometry():
 
 def test_chain_status_before_and_after_a_check(app, engine, clock, officer, person):
     page = officer.get("/staff/compliance/").text
-    assert "<strong>Not checked yet.</strong>" in page
+    assert (
+        "<strong>Not verified yet</strong>: no check of the log has finished, so none of its "
+        "6 events have been verified." in page
+    )
     assert "The log holds 6 events now." in page
     # Nothing is due until someone asks.
     with app.app_context():
@@ -128,7 +135,8 @@ def test_chain_status_before_and_after_a_check(app, engine, clock, officer, pers
     assert report.processed == 6
     page = officer.get("/staff/compliance/").text
     assert "<strong>Intact</strong>" in page
-    assert "6 events checked on 2026-01-01 00:20:00 UTC" in page
+    assert "when last verified, 2026-01-01 00:20:00 UTC: 6 events checked in" in page
+    assert "written since that check" not in page
     assert "<strong>Check requested</strong>" not in page
     (row,) = [
         r
@@ -246,3 +254,56 @@ def test_the_dashboard_is_listed_for_compliance(app, officer):
         "Export signing key",
     ):
         assert f">{title}</a>" in home
+
+
+@given(st.integers(min_value=1, max_value=160))
+def test_week_labels_never_overlap_and_the_newest_week_is_labelled(count):
+    topic = type("T", (), {"label": "X"})()
+    weeks = [
+        services.WeekCount(MONDAY - dt.timedelta(weeks=count - 1 - i), 1, 0) for i in range(count)
+    ]
+    chart = weekly_chart(services.TopicWeeks(topic, weeks), 0)
+    xs = [label.x for label in chart.labels]
+    assert all(b - a >= LABEL_SPACE - 0.2 for a, b in itertools.pairwise(xs)), xs  # 0.2: rounding
+    assert chart.labels[-1].text == f"{weeks[-1].week:%d %b}"
+    assert xs[-1] < chart.right  # inside the chart
+    if count <= 11:  # 586 units of plot: up to 10 weeks fit a label each
+        assert len(chart.labels) == count or count == 11
+
+
+def _verified(app, clock, processed: int) -> None:
+    with db.begin(app) as session:
+        session.add(
+            JobRun(
+                name="verify-log",
+                trigger="scheduler",
+                host="h",
+                started_at=clock.now(),
+                seconds=0.1,
+                processed=processed,
+                changed=0,
+            )
+        )
+
+
+def test_events_written_since_the_last_check_are_not_called_verified(app, clock, officer, person):
+    _verified(app, clock, processed=0)  # a check of the log while it was still empty
+    page = officer.get("/staff/compliance/").text
+    when = f"{clock.now():%Y-%m-%d %H:%M:%S} UTC"
+    assert f"when last verified, {when}: the log was empty then." in page
+    assert "<strong>Not verified yet</strong>: 6 events written since that check." in page
+    assert "0 events checked" not in page
+    clock.advance(minutes=1)
+    _verified(app, clock, processed=6)
+    page = officer.get("/staff/compliance/").text
+    assert "6 events checked in 0.1 s" in page
+    assert "Not verified yet" not in page
+
+
+def test_a_log_shorter_than_its_last_check_is_flagged(app, clock, officer, person):
+    _verified(app, clock, processed=60)
+    page = officer.get("/staff/compliance/").text
+    assert (
+        "<strong>Fewer events than were checked</strong>: the log holds 6, the last check read 60."
+        in page
+    )
