@@ -307,3 +307,11 @@ def test_a_log_shorter_than_its_last_check_is_flagged(app, clock, officer, perso
         "<strong>Fewer events than were checked</strong>: the log holds 6, the last check read 60."
         in page
     )
+
+
+def test_an_empty_log_never_checked_says_so(officer):
+    page = officer.get("/staff/compliance/").text
+    assert (
+        "<strong>Not verified yet</strong>: no check of the log has finished, and the log is "
+        "empty." in page
+    )
