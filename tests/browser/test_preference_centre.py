@@ -46,6 +46,14 @@ def sign_in_link(server, subject: str) -> str:
     return f"/preferences?assertion={assertion}"
 
 
+def settled_on(page: Page, selector: str) -> None:
+    """Wait for ``selector`` on the page a submit led to, and for that page's deferred
+    scripts: the element shows as soon as the page is parsed, but focus.js moves focus
+    to it only when the deferred scripts run, and "load" fires after they have."""
+    page.wait_for_selector(selector)
+    page.wait_for_load_state("load")
+
+
 def focused_classes(page: Page) -> str:
     return page.evaluate("document.activeElement.className")
 
@@ -62,7 +70,7 @@ def test_saving_shows_a_focused_banner(known_page, server):
     page = known_page
     page.check("#topic-weekly-digest")
     page.click("text=Save my choices")
-    page.wait_for_selector(".banner--success")
+    settled_on(page, ".banner--success")
     assert "banner" in focused_classes(page)
     assert page.evaluate("document.activeElement.getAttribute('role')") == "status"
     assert "Your choices are saved." in page.inner_text(".banner--success")
@@ -74,7 +82,7 @@ def test_a_stale_policy_gives_a_focused_error_summary_whose_links_work(known_pag
     page.check("#topic-offers")
     publish_new_policy(server)  # the notice changes while the page is open
     page.click("text=Save my choices")
-    page.wait_for_selector(".error-summary")
+    settled_on(page, ".error-summary")
 
     assert page.title().startswith("Error: ")
     assert "error-summary" in focused_classes(page)
@@ -124,7 +132,7 @@ def test_the_form_can_be_completed_with_the_keyboard_alone(known_page, server):
     else:
         pytest.fail("Tab never reached the save button")
     page.keyboard.press("Enter")
-    page.wait_for_selector(".banner--success")
+    settled_on(page, ".banner--success")
     assert "banner" in focused_classes(page)
     assert preferences(server) == {"product-news": "opt_in"}
 
