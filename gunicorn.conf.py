@@ -13,6 +13,9 @@ _metrics_dir = os.environ.setdefault(
 )
 Path(_metrics_dir).mkdir(parents=True, exist_ok=True)
 
+# Imported once the metrics folder is known (importing portal imports prometheus_client).
+from portal.logconfig import gunicorn_config  # noqa: E402
+
 bind = os.environ.get("PORTAL_BIND", "127.0.0.1:8000")
 workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
 threads = int(os.environ.get("PORTAL_THREADS", "4"))
@@ -23,6 +26,9 @@ accesslog = "-"
 # Access-log lines without bearer tokens (preference-link tokens, sign-in assertions,
 # erasure-receipt tokens) or control characters, whatever access_log_format says.
 logger_class = "portal.accesslog.AccessLogger"
+# The portal's one logging configuration (portal/logconfig.py): gunicorn's error and access
+# lines and the application's records, JSON lines on standard error.
+logconfig_dict = gunicorn_config()
 forwarded_allow_ips = os.environ.get("FORWARDED_ALLOW_IPS", "127.0.0.1")
 
 

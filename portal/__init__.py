@@ -72,6 +72,9 @@ def create_app(
     )
 
     accesslog.install()  # the development server's request log
+    from portal.logconfig import configure as configure_logging
+
+    configure_logging(production=settings.is_production)  # JSON lines in production
     db.init_app(app)
     csrf.init_app(app)
     security.init_app(app)

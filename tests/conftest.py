@@ -3,6 +3,12 @@
 ``PORTAL_TEST_DATABASE`` chooses the backend. Unset: SQLite, a migrated template file
 copied for every test. A PostgreSQL URL: a fresh database created on that server for
 the run, migrated, emptied after every test and dropped at the end.
+
+Under pytest-xdist (``-n auto``) every worker is a run of its own: its own template
+file in its own temporary folder on SQLite, its own databases on PostgreSQL, named
+``portal_test_<run>_<worker>_<random>``. The controller drops whatever databases of its
+run are left when the run ends (a worker that crashed cannot drop its own), and passing
+runs leave no temporary folder (``tmp_path_retention_policy = "failed"``).
 """
 
 from __future__ import annotations
@@ -15,12 +21,14 @@ import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 import sqlalchemy as sa
 from flask import Flask
 from flask.testing import FlaskClient
+from hypothesis import settings as hypothesis_settings
 
 from portal import create_app
 from portal.clock import FrozenClock
@@ -43,6 +51,16 @@ KEY_V1 = base64.b64encode(b"\x01" * 32).decode()
 KEY_V2 = base64.b64encode(b"\x02" * 32).decode()
 VAPID_PRIVATE, VAPID_PUBLIC = generate_vapid_keys()
 EXPORT_SIGNING_KEY = generate_signing_key()
+# The run's and this process's parts of every database name: a run with workers passes
+# its id to each of them (pytest_configure_node).
+RUN_ID_KEY = "portal_test_run"
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "main")
+
+# Hypothesis's per-example deadline (200 ms) measures how busy the machine is, not the
+# code: two workers on two shared CPUs miss it now and then. The property tests that
+# need a deadline set their own.
+hypothesis_settings.register_profile("portal", deadline=None)
+hypothesis_settings.load_profile("portal")
 
 
 # A test that fails only sometimes is a defect to find, never one to run again until it
@@ -66,6 +84,29 @@ def pytest_configure(config: pytest.Config) -> None:
             f"a plugin that reruns failed tests is loaded: {', '.join(found)}; a flaky test "
             "must fail the run: uninstall the plugin or disable it"
         )
+    workerinput = getattr(config, "workerinput", None)
+    config.stash[_RUN_ID] = workerinput[RUN_ID_KEY] if workerinput else uuid.uuid4().hex[:8]
+
+
+_RUN_ID = pytest.StashKey[str]()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """pytest-xdist, in the controller: each worker learns the run's id."""
+    node.workerinput[RUN_ID_KEY] = node.config.stash[_RUN_ID]
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """In the controller (or a run without workers): drop every database of this run
+    still on the server, whichever worker made it."""
+    if BACKEND != "postgresql" or hasattr(session.config, "workerinput"):
+        return
+    PostgresServer(TEST_DATABASE).drop_run(session.config.stash[_RUN_ID])
+
+
+def database_prefix(config: pytest.Config) -> str:
+    return f"portal_test_{config.stash[_RUN_ID]}_{WORKER}"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -82,16 +123,17 @@ def _psycopg_url(url: str) -> str:
 class PostgresServer:
     """Creates and drops throwaway databases on the server PORTAL_TEST_DATABASE names."""
 
-    def __init__(self, admin_url: str) -> None:
+    def __init__(self, admin_url: str, prefix: str = "portal_test") -> None:
         self.admin_url = _psycopg_url(normalise_database_url(admin_url))
+        self.prefix = prefix
         self.created: list[str] = []
 
     def url_for(self, name: str) -> str:
         base, _, _ = self.admin_url.rpartition("/")
         return normalise_database_url(f"{base}/{name}")
 
-    def create(self, prefix: str = "portal_test") -> str:
-        name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    def create(self, prefix: str | None = None) -> str:
+        name = f"{prefix or self.prefix}_{uuid.uuid4().hex[:12]}"
         with psycopg.connect(self.admin_url, autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{name}"')
         self.created.append(name)
@@ -104,6 +146,20 @@ class PostgresServer:
         if name in self.created:
             self.created.remove(name)
 
+    def drop_run(self, run_id: str) -> list[str]:
+        """Drop the databases whose names say they belong to run ``run_id``."""
+        pattern = f"portal\\_test\\_{run_id}\\_%"
+        with psycopg.connect(self.admin_url, autocommit=True) as conn:
+            names = [
+                row[0]
+                for row in conn.execute(
+                    "SELECT datname FROM pg_database WHERE datname LIKE %s", (pattern,)
+                )
+            ]
+            for name in names:
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        return names
+
 
 @pytest.fixture(scope="session")
 def backend() -> str:
@@ -111,11 +167,11 @@ def backend() -> str:
 
 
 @pytest.fixture(scope="session")
-def pg_server() -> Iterator[PostgresServer | None]:
+def pg_server(pytestconfig: pytest.Config) -> Iterator[PostgresServer | None]:
     if BACKEND != "postgresql":
         yield None
         return
-    server = PostgresServer(TEST_DATABASE)
+    server = PostgresServer(TEST_DATABASE, prefix=database_prefix(pytestconfig))
     yield server
     for name in list(server.created):
         server.drop(server.url_for(name))

@@ -81,7 +81,12 @@ def test_production_with_everything_set(tmp_path):
             "SUBSCRIPTION_AUTH_KEY_V2 is missing or left at a default",
         ),
         ("SUBSCRIPTION_AUTH_KEY_VERSION", "2", "SUBSCRIPTION_AUTH_KEY_V2 is missing"),
-        ("VAPID_PUBLIC_KEY", generate_vapid_keys()[1], "VAPID_PUBLIC_KEY does not match"),
+        pytest.param(  # a fresh key: named, or pytest-xdist's workers would collect it apart
+            "VAPID_PUBLIC_KEY",
+            generate_vapid_keys()[1],
+            "VAPID_PUBLIC_KEY does not match",
+            id="VAPID_PUBLIC_KEY-another-key",
+        ),
         ("PORTAL_SCHEDULER", "maybe", "PORTAL_SCHEDULER must be 'on' or 'off'"),
         ("PUBLIC_URL", None, "PUBLIC_URL is missing"),
         ("PUBLIC_URL", "http://portal.example.com", "PUBLIC_URL must be an https:// origin"),

@@ -45,3 +45,36 @@ def test_the_run_starts_without_one(tmp_path):
     started = collect(tmp_path)
     assert started.returncode == pytest.ExitCode.OK, started.stdout + started.stderr
     assert "1 test collected" in started.stdout
+
+
+# Under pytest-xdist every worker makes databases of its own; their names say whose.
+
+
+@pytest.mark.postgres_only
+def test_each_worker_s_databases_are_named_for_the_run_and_the_worker(pg_server, pytestconfig):
+    from tests.conftest import WORKER, database_prefix
+
+    url = pg_server.create()
+    try:
+        name = url.rpartition("/")[2]
+        assert name.startswith(f"{database_prefix(pytestconfig)}_")
+        assert f"_{WORKER}_" in name
+    finally:
+        pg_server.drop(url)
+
+
+@pytest.mark.postgres_only
+def test_the_run_drops_the_databases_a_worker_left_and_no_other_run_s():
+    from tests.conftest import TEST_DATABASE, PostgresServer
+
+    left_by_a_crashed_worker = PostgresServer(TEST_DATABASE, prefix="portal_test_0dead0_gw7")
+    another_run = PostgresServer(TEST_DATABASE, prefix="portal_test_0live0_gw0")
+    left = left_by_a_crashed_worker.create()
+    kept = another_run.create()
+    try:
+        dropped = PostgresServer(TEST_DATABASE).drop_run("0dead0")
+        assert dropped == [left.rpartition("/")[2]]
+        assert PostgresServer(TEST_DATABASE).drop_run("0dead0") == []
+    finally:
+        another_run.drop(kept)
+        left_by_a_crashed_worker.drop(left)
