@@ -48,8 +48,8 @@ from portal.consent import log as consent_log
 from portal.consent.models import EventKind, Source
 from portal.consent.recipients import recipient_query
 from portal.db import affected_rows, db, is_postgres
-from portal.dispatch.encryption import InvalidSubscriptionKeys, PayloadTooLarge
-from portal.dispatch.transport import (
+from portal.push.encryption import InvalidSubscriptionKeys, PayloadTooLarge
+from portal.push.transport import (
     BatchInterrupted,
     InvalidEndpoint,
     InvalidPushRequest,

@@ -20,8 +20,8 @@ def dispatcher_for(app: Flask) -> Dispatcher:
         if existing is not None:
             return existing
         from portal.campaigns import metrics
-        from portal.dispatch.transport import HttpsPushTransport
-        from portal.dispatch.vapid import VapidSigner
+        from portal.push.transport import HttpsPushTransport
+        from portal.push.vapid import VapidSigner
 
         portal = app.extensions["portal"]
         # The two counters looked up once: a label lookup per message costs more than the

@@ -16,8 +16,8 @@ from portal import create_app
 from portal.campaigns.engine import Dispatcher, EngineSettings
 from portal.config import Settings
 from portal.db import db
-from portal.dispatch.transport import HttpsPushTransport
-from portal.dispatch.vapid import VapidSigner
+from portal.push.transport import HttpsPushTransport
+from portal.push.vapid import VapidSigner
 from portal.staff import services as staff_services
 from portal.staff.models import Role
 from portal.staff.passwords import Passwords

@@ -30,7 +30,7 @@ from portal.campaigns.services import CampaignDraft
 from portal.clock import FrozenClock
 from portal.config import Settings
 from portal.db import db
-from portal.dispatch.transport import PushResponse
+from portal.push.transport import PushResponse
 from portal.identity import preference_link_token, sign_assertion
 from portal.jobs import job_names
 from portal.retention.services import erase_subscriber
