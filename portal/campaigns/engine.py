@@ -58,6 +58,7 @@ from portal.push.transport import (
     PushTransport,
     Urgency,
 )
+from portal.seams import current_portal
 from portal.subscriptions.lifecycle import (
     Lifecycle,
     Outcome,
@@ -132,7 +133,7 @@ class Dispatcher:
         self.transport = transport
         self.settings = settings or EngineSettings()
         self.rand = rand
-        portal = app.extensions["portal"]
+        portal = current_portal(app)
         self.clock = portal.clock
         self.keys: KeyRing = portal.keys
         self.retry = portal.settings.retry

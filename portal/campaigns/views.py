@@ -12,7 +12,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from flask import current_app, flash, jsonify, redirect, render_template, request, url_for
+from flask import flash, jsonify, redirect, render_template, request, url_for
 from sqlalchemy.exc import IntegrityError
 
 from portal.campaigns import presentation, services
@@ -36,35 +36,32 @@ from portal.db import db, uuid7
 from portal.errors import ApiError
 from portal.identity import device_from_cookie, subscriber_from_cookie
 from portal.origins import campaign_link_origins, public_origin
+from portal.seams import current_portal
 from portal.staff import audit
-from portal.staff.access import StaffPage, current_staff, register_page, staff_required
+from portal.staff.access import StaffPage, current_staff, staff_required
+from portal.staff.blueprint import bp
 from portal.staff.forms import ConfirmForm
 from portal.staff.models import Role
-from portal.staff.views import bp
 from portal.useragent import family
 
 if TYPE_CHECKING:
-    from portal import Portal
     from portal.staff.services import SignedIn
 
-register_page(
+# Its pages on the staff dashboard (create_app lists them, in its order).
+PAGES = (
     StaffPage(
         "staff.campaign_list",
         "Campaigns",
         "Create, test, launch and follow campaigns; pause, resume or cancel them.",
-    )
+    ),
 )
 
 _CONTROLS = {"pause": PAUSED, "resume": RESUMED, "cancel": CANCELLED}
 _DONE = {"pause": "paused", "resume": "resumed", "cancel": "cancelled"}
 
 
-def _portal() -> Portal:
-    return current_app.extensions["portal"]
-
-
 def _now() -> dt.datetime:
-    return _portal().clock.now()
+    return current_portal().clock.now()
 
 
 def _signed_in() -> SignedIn:
@@ -158,7 +155,7 @@ def _review_page(
         this_device=device_from_cookie(request),
         family=family,
         test_campaign=test_campaign,
-        dispatch_every=_portal().settings.schedule.dispatch,
+        dispatch_every=current_portal().settings.schedule.dispatch,
     )
 
 

@@ -32,7 +32,6 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from portal import metrics
 from portal.campaigns.models import Delivery
-from portal.clock import Clock
 from portal.config import Settings
 from portal.consent import log
 from portal.consent.models import EventKind, Source
@@ -40,6 +39,7 @@ from portal.db import is_postgres, uuid7
 from portal.errors import ApiError, ValidationError
 from portal.feedback import signature
 from portal.feedback.models import DigestResult, FeedbackApplied, FeedbackDigest, Outcome
+from portal.seams import current_portal
 from portal.subscriptions.models import EndReason, PushSubscription, SubscriptionState
 from portal.subscriptions.services import end_subscription
 
@@ -467,7 +467,7 @@ def receive(
     header: str | None,
     *,
     settings: Settings,
-    clock: Clock,
+    now: dt.datetime,
     sessions: sessionmaker[Session],
 ) -> Receipt:
     """Verify, validate, apply and commit one digest; the answer says which step refused.
@@ -476,7 +476,6 @@ def receive(
     no one without the secret can add rows. Signed digests that are refused are
     recorded with their reason, for the operations page.
     """
-    now = clock.now()
     try:
         if not settings.feedback_secrets:
             raise signature.SignatureError(
@@ -625,9 +624,9 @@ def send_test_digest(app: Flask) -> tuple[int, dict[str, Any]]:
     status 0 when no HTTP answer came back. Call it outside an open database
     transaction: on SQLite the receiver needs the write lock.
     """
-    settings: Settings = app.extensions["portal.settings"]
-    clock: Clock = app.extensions["portal"].clock
-    now = clock.now()
+    portal = current_portal(app)
+    settings = portal.settings
+    now = portal.clock.now()
     raw = build_test_digest(settings, now)
     headers = {"Content-Type": "application/json"}
     if settings.feedback_secrets:

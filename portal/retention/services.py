@@ -25,7 +25,7 @@ from portal.config import RetentionSettings
 from portal.consent import log
 from portal.consent.models import EventKind, Source, TopicPreference
 from portal.db import affected_rows, is_postgres
-from portal.jobs import JobReport, Progress
+from portal.jobreport import JobReport, Progress
 from portal.retention.models import RetentionCounter
 from portal.subscriptions.batches import subscription_batches
 from portal.subscriptions.models import EndReason, PushSubscription, Subscriber, SubscriptionState

@@ -4,24 +4,24 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from flask import current_app, flash, redirect, render_template, request, url_for
+from flask import flash, redirect, render_template, request, url_for
 
 from portal.consent import catalogue as consent_catalogue
 from portal.consent.catalogue import text_digest
 from portal.db import db
 from portal.errors import ApiError
+from portal.seams import current_portal
 from portal.staff import catalogue
 from portal.staff.access import (
     StaffPage,
     current_staff,
     not_found_page,
-    register_page,
     staff_required,
 )
+from portal.staff.blueprint import bp
 from portal.staff.catalogue_forms import PolicyForm, TopicEditForm, TopicForm, form_errors
 from portal.staff.forms import ConfirmForm
 from portal.staff.models import Role
-from portal.staff.views import bp
 
 if TYPE_CHECKING:
     import datetime as dt
@@ -31,24 +31,23 @@ if TYPE_CHECKING:
     from portal.consent.models import Topic
 
 
-register_page(
+# Its pages on the staff dashboard (create_app lists them, in its order).
+PAGES = (
     StaffPage(
         "staff.topics",
         "Topics",
         "The topic catalogue: add topics, change their wording, retire them.",
-    )
-)
-register_page(
+    ),
     StaffPage(
         "staff.policies",
         "Policy versions",
         "The notice texts people agree to: read any version, publish a new one.",
-    )
+    ),
 )
 
 
 def _now() -> dt.datetime:
-    return current_app.extensions["portal"].clock.now()
+    return current_portal().clock.now()
 
 
 def _refuse(form: FlaskForm, error: ApiError) -> None:

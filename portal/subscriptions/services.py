@@ -19,7 +19,6 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from portal.clock import Clock
 from portal.consent import log
 from portal.consent.models import EventKind, Source
 from portal.db import is_postgres, uuid7
@@ -139,7 +138,7 @@ def upsert_subscription(
     registration: Registration,
     *,
     keys: KeyRing,
-    clock: Clock,
+    now: dt.datetime,
     record_events: bool = True,
     field: str = "subscription.endpoint",
 ) -> UpsertResult:
@@ -162,7 +161,6 @@ def upsert_subscription(
     permission grant and the subscription itself as consent events.
     """
     log.lock_chain(session)
-    now = clock.now()
     digest = subscription.endpoint.hash
     existing = session.execute(
         sa.select(
@@ -337,7 +335,7 @@ def heartbeat(
     *,
     subscriber_id: uuid.UUID | None,
     keys: KeyRing,
-    clock: Clock,
+    now: dt.datetime,
     throttle: dt.timedelta,
 ) -> HeartbeatResult:
     """The page says the browser still holds this subscription.
@@ -355,7 +353,6 @@ def heartbeat(
     subscription no one can tie to consent (a tombstone after its cookies were cleared,
     one purged long after it ended).
     """
-    now = clock.now()
     sub = find_by_endpoint(session, endpoint)
     if sub is None or not holds_subscription(sub, proof, keys=keys):
         known = _live_subscriber(session, subscriber_id) is not None
@@ -413,7 +410,7 @@ def change_endpoint(
     proof: Proof,
     *,
     keys: KeyRing,
-    clock: Clock,
+    now: dt.datetime,
 ) -> ChangeResult:
     """pushsubscriptionchange: the new endpoint takes over the old one's subscriber.
 
@@ -434,13 +431,12 @@ def change_endpoint(
         new,
         dataclasses.replace(registration, subscriber_id=carry or registration.subscriber_id),
         keys=keys,
-        clock=clock,
+        now=now,
         # A rotation is one event, not a fresh grant: the grant carries over.
         record_events=not rotating,
     )
     moved = False
     if rotating:
-        now = clock.now()
         old_state = old.state
         moved = end_subscription(
             old, state=SubscriptionState.REVOKED, reason=EndReason.ROTATED, now=now
@@ -472,7 +468,7 @@ def unsubscribe_endpoint(
     proof: Proof,
     *,
     keys: KeyRing,
-    clock: Clock,
+    now: dt.datetime,
     source: str = Source.API.value,
     context: log.Context | None = None,
 ) -> PushSubscription:
@@ -480,14 +476,14 @@ def unsubscribe_endpoint(
     :class:`NotYourSubscription` for any other endpoint, known or not."""
     log.lock_chain(session)
     sub = held_by_endpoint(session, endpoint, proof, keys=keys)
-    _unsubscribe(session, sub, clock=clock, source=source, context=context)
+    _unsubscribe(session, sub, now=now, source=source, context=context)
     return sub
 
 
 def unsubscribe(
     session: Session,
     *,
-    clock: Clock,
+    now: dt.datetime,
     subscription_id: uuid.UUID,
     source: str = Source.API.value,
     context: log.Context | None = None,
@@ -498,7 +494,7 @@ def unsubscribe(
     sub = session.get(PushSubscription, subscription_id)
     if sub is None:
         return None
-    _unsubscribe(session, sub, clock=clock, source=source, context=context)
+    _unsubscribe(session, sub, now=now, source=source, context=context)
     return sub
 
 
@@ -506,12 +502,11 @@ def _unsubscribe(
     session: Session,
     sub: PushSubscription,
     *,
-    clock: Clock,
+    now: dt.datetime,
     source: str,
     context: log.Context | None,
 ) -> None:
     previous = sub.state
-    now = clock.now()
     if (
         sub.deleted_at is None
         and end_subscription(

@@ -4,6 +4,7 @@ with the campaigns role signed in to either app."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -13,11 +14,13 @@ import sqlalchemy as sa
 from flask import Flask
 
 from portal import create_app
-from portal.campaigns.engine import Dispatcher, EngineSettings
+from portal.campaigns.engine import Dispatcher
+from portal.campaigns.jobs import dispatcher_for
 from portal.config import Settings
 from portal.db import db
 from portal.push.transport import HttpsPushTransport
 from portal.push.vapid import VapidSigner
+from portal.seams import current_portal
 from portal.staff import services as staff_services
 from portal.staff.models import Role
 from portal.staff.passwords import Passwords
@@ -41,8 +44,21 @@ def fake_push() -> Iterator[FakePushService]:
 
 
 @pytest.fixture
-def push_app(settings, clock, fake_push, catalogue_ready):
-    """The portal with the fake push service allowed and its CA trusted."""
+def push_transport(fake_push) -> Iterator[HttpsPushTransport]:
+    # VAPID tokens are checked by the fake against real time, so the signer keeps the
+    # system clock; the engine itself runs on the test's clock.
+    signer = VapidSigner(VAPID_PRIVATE, "mailto:ops@example.test", public_key=VAPID_PUBLIC)
+    transport = HttpsPushTransport(
+        signer, ca_bundle=fake_push.ca_bundle, concurrency=8, timeout=2.0
+    )
+    yield transport
+    transport.close()
+
+
+@pytest.fixture
+def push_app(settings, clock, fake_push, push_transport, catalogue_ready):
+    """The portal with the fake push service allowed and its CA trusted, sending through
+    ``push_transport``."""
     host = urlsplit(fake_push.origin).netloc
     app = create_app(
         settings.with_overrides(
@@ -50,6 +66,7 @@ def push_app(settings, clock, fake_push, catalogue_ready):
             push_ca_bundle=str(fake_push.ca_bundle),
         ),
         clock=clock,
+        transport_factory=lambda portal: push_transport,
     )
     app.config["TESTING"] = True
     yield app
@@ -57,19 +74,13 @@ def push_app(settings, clock, fake_push, catalogue_ready):
 
 
 @pytest.fixture
-def dispatcher(push_app, fake_push) -> Iterator[Dispatcher]:
-    # VAPID tokens are checked by the fake against real time, so the signer keeps the
-    # system clock; the engine itself runs on the test's clock.
-    signer = VapidSigner(VAPID_PRIVATE, "mailto:ops@example.test", public_key=VAPID_PUBLIC)
-    transport = HttpsPushTransport(
-        signer, ca_bundle=fake_push.ca_bundle, concurrency=8, timeout=2.0
-    )
-    engine = Dispatcher(
-        push_app, transport, settings=EngineSettings(batch_size=50), rand=lambda: 0.0
-    )
-    push_app.extensions["portal.dispatcher"] = engine
-    yield engine
-    transport.close()
+def dispatcher(push_app) -> Dispatcher:
+    """The app's own dispatcher (the one its dispatch job runs), in smaller batches and
+    without jitter."""
+    engine = dispatcher_for(push_app)
+    engine.settings = replace(engine.settings, batch_size=50)
+    engine.rand = lambda: 0.0
+    return engine
 
 
 @pytest.fixture
@@ -79,7 +90,7 @@ def sign_in() -> Callable[..., Browser]:
 
     def make(application: Flask, email: str = CAMPAIGNER, *roles: Role) -> Browser:
         passwords = Passwords(FAST_HASHER)
-        application.extensions["portal.staff.passwords"] = passwords
+        current_portal(application).passwords = passwords
         with application.app_context(), db.begin() as session:
             staff_services.create_staff(
                 session,
@@ -88,7 +99,7 @@ def sign_in() -> Callable[..., Browser]:
                 roles=roles or (Role.CAMPAIGNS,),
                 actor=None,
                 passwords=passwords,
-                clock=application.extensions["portal"].clock,
+                now=current_portal(application).clock.now(),
                 via="test",
             )
         person = Browser(application.test_client())

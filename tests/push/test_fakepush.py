@@ -18,7 +18,6 @@ from portal.config import b64url_decode
 from portal.push.encryption import encrypt
 from portal.push.vapid import VapidSigner
 from tests.conftest import VAPID_PRIVATE, VAPID_PUBLIC
-from tests.push.conftest import SUBJECT
 from tests.factories import BrowserSubscription, SubscriptionFactory
 from tests.fakepush import (
     Answer,
@@ -29,6 +28,7 @@ from tests.fakepush import (
     token_of,
     verify_vapid,
 )
+from tests.push.conftest import SUBJECT
 
 
 @pytest.fixture

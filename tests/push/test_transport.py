@@ -27,8 +27,8 @@ from portal.push.transport import (
 from portal.subscriptions.lifecycle import Lifecycle, Outcome, apply_answer
 from portal.subscriptions.models import PushService, SubscriptionState
 from tests.conftest import make_settings
-from tests.push.conftest import push_request
 from tests.fakepush import Answer, fake_push_service
+from tests.push.conftest import push_request
 
 SYSTEM_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 
