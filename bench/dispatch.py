@@ -88,11 +88,12 @@ from sqlalchemy.engine import URL, make_url  # noqa: E402
 
 from bench.contract import Figure, write  # noqa: E402
 from portal import create_app  # noqa: E402
-from portal.campaigns.jobs import close_dispatcher  # noqa: E402
-from portal.campaigns.models import Campaign, Delivery  # noqa: E402
+from portal.campaigns.models import Campaign  # noqa: E402
 from portal.campaigns.services import CampaignDraft, create_campaign, payload  # noqa: E402
 from portal.config import Settings, generate_vapid_keys, normalise_database_url  # noqa: E402
 from portal.db import create_engine, db  # noqa: E402
+from portal.delivery.jobs import close_dispatcher  # noqa: E402
+from portal.delivery.models import Delivery  # noqa: E402
 from portal.jobs import run_job  # noqa: E402
 from portal.migrate import upgrade  # noqa: E402
 from portal.seams import current_portal  # noqa: E402

@@ -64,7 +64,7 @@ def create_app(
         TEMPLATES_AUTO_RELOAD=not settings.is_production,
     )
     if transport_factory is None:
-        from portal.campaigns.jobs import https_transport
+        from portal.delivery.jobs import https_transport
 
         transport_factory = https_transport
     app.extensions[EXTENSION] = Portal(

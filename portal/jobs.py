@@ -13,9 +13,9 @@ from dataclasses import dataclass, fields
 
 from flask import Flask
 
-from portal.campaigns.jobs import dispatch_job
 from portal.compliance.jobs import verify_log
 from portal.config import ScheduleSettings, Settings
+from portal.delivery.jobs import dispatch_job
 from portal.jobreport import JobFunction, JobReport, NoProgress, Progress
 from portal.ratelimit import prune_job
 from portal.retention.jobs import purge_job, sweep_job, tombstone_job

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from portal.campaigns.models import Unsendable
+from portal.delivery.models import Unsendable
 from portal.push.transport import PushResponse
 
 PROVIDERS = frozenset({"fcm", "autopush", "apple", "wns", "other"})

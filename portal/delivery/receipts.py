@@ -26,9 +26,8 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from portal.api import check_same_origin, json_body
-from portal.campaigns.models import Delivery
 from portal.db import db, is_postgres
-from portal.delivery.models import DeliveryReceipt, ReceiptEvent
+from portal.delivery.models import Delivery, DeliveryReceipt, ReceiptEvent
 from portal.errors import ApiError, ValidationError
 from portal.identity import device_from_cookie
 from portal.ratelimit import limit_endpoint

@@ -31,11 +31,11 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from portal import metrics
-from portal.campaigns.models import Delivery
 from portal.config import Settings
 from portal.consent import log
 from portal.consent.models import EventKind, Source
 from portal.db import is_postgres, uuid7
+from portal.delivery.models import Delivery
 from portal.errors import ApiError, ValidationError
 from portal.feedback import signature
 from portal.feedback.models import DigestResult, FeedbackApplied, FeedbackDigest, Outcome

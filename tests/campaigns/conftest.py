@@ -1,32 +1,28 @@
-"""Campaign fixtures: an app that trusts the fake push service, its dispatcher, and staff
-with the campaigns role signed in to either app."""
+"""Campaign fixtures: the dispatch fixtures (tests/delivery/conftest.py) and staff with
+the campaigns role signed in to either app."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from dataclasses import replace
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 import sqlalchemy as sa
 from flask import Flask
 
-from portal import create_app
-from portal.campaigns.engine import Dispatcher
-from portal.campaigns.jobs import dispatcher_for
 from portal.config import Settings
 from portal.db import db
-from portal.push.transport import HttpsPushTransport
-from portal.push.vapid import VapidSigner
 from portal.seams import current_portal
 from portal.staff import services as staff_services
 from portal.staff.models import Role
 from portal.staff.passwords import Passwords
-from tests.conftest import VAPID_PRIVATE, VAPID_PUBLIC, make_settings
-from tests.fakepush import FakePushService, fake_push_service
+from tests.conftest import make_settings
+from tests.delivery.conftest import dispatcher, fake_push, push_app, push_transport
 from tests.staff.conftest import FAST_HASHER, GENEROUS, PASSWORD, Browser
+
+# The dispatch fixtures, shared with tests/delivery.
+__all__ = ["dispatcher", "fake_push", "push_app", "push_transport"]
 
 CAMPAIGNER = "campaigner@example.test"
 
@@ -35,52 +31,6 @@ CAMPAIGNER = "campaigner@example.test"
 def settings(database_url: str, tmp_path: Path) -> Settings:
     # Several sign-ins per test from one test-client address.
     return make_settings(database_url, str(tmp_path / "instance"), staff=GENEROUS)
-
-
-@pytest.fixture
-def fake_push() -> Iterator[FakePushService]:
-    with fake_push_service() as service:
-        yield service
-
-
-@pytest.fixture
-def push_transport(fake_push) -> Iterator[HttpsPushTransport]:
-    # VAPID tokens are checked by the fake against real time, so the signer keeps the
-    # system clock; the engine itself runs on the test's clock.
-    signer = VapidSigner(VAPID_PRIVATE, "mailto:ops@example.test", public_key=VAPID_PUBLIC)
-    transport = HttpsPushTransport(
-        signer, ca_bundle=fake_push.ca_bundle, concurrency=8, timeout=2.0
-    )
-    yield transport
-    transport.close()
-
-
-@pytest.fixture
-def push_app(settings, clock, fake_push, push_transport, catalogue_ready):
-    """The portal with the fake push service allowed and its CA trusted, sending through
-    ``push_transport``."""
-    host = urlsplit(fake_push.origin).netloc
-    app = create_app(
-        settings.with_overrides(
-            push_allowed_hosts=(*settings.push_allowed_hosts, host),
-            push_ca_bundle=str(fake_push.ca_bundle),
-        ),
-        clock=clock,
-        transport_factory=lambda portal: push_transport,
-    )
-    app.config["TESTING"] = True
-    yield app
-    app.extensions["portal.db"].engine.dispose()
-
-
-@pytest.fixture
-def dispatcher(push_app) -> Dispatcher:
-    """The app's own dispatcher (the one its dispatch job runs), in smaller batches and
-    without jitter."""
-    engine = dispatcher_for(push_app)
-    engine.settings = replace(engine.settings, batch_size=50)
-    engine.rand = lambda: 0.0
-    return engine
 
 
 @pytest.fixture

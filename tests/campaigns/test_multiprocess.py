@@ -27,10 +27,11 @@ import sqlalchemy as sa
 from flask import Flask
 
 from portal.campaigns import services as campaigns
-from portal.campaigns.models import Campaign, Delivery
+from portal.campaigns.models import Campaign
 from portal.campaigns.services import CampaignDraft
 from portal.config import Settings
 from portal.db import db, uuid7
+from portal.delivery.models import Delivery
 from portal.operations.models import JobRun
 from portal.seams import current_portal
 from portal.subscriptions.models import PushSubscription, Subscriber, SubscriptionState

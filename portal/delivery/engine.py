@@ -30,14 +30,7 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 
 from portal.campaigns import metrics
-from portal.campaigns.models import (
-    Campaign,
-    CampaignStatus,
-    CircuitState,
-    Delivery,
-    DeliveryStatus,
-    Unsendable,
-)
+from portal.campaigns.models import Campaign, CampaignStatus, CircuitState
 from portal.campaigns.services import (
     PayloadTemplate,
     live_subscription_query,
@@ -48,6 +41,7 @@ from portal.consent import log as consent_log
 from portal.consent.models import EventKind, Source
 from portal.consent.recipients import recipient_query
 from portal.db import affected_rows, db, is_postgres
+from portal.delivery.models import Delivery, DeliveryStatus, Unsendable
 from portal.push.encryption import InvalidSubscriptionKeys, PayloadTooLarge
 from portal.push.transport import (
     BatchInterrupted,

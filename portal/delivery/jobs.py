@@ -8,7 +8,7 @@ from weakref import WeakKeyDictionary
 
 from flask import Flask
 
-from portal.campaigns.engine import Dispatcher, EngineSettings
+from portal.delivery.engine import Dispatcher, EngineSettings
 from portal.jobreport import JobReport, Progress
 from portal.seams import Portal, current_portal
 
