@@ -18,13 +18,13 @@ from sqlalchemy.exc import IntegrityError
 from portal.campaigns import presentation, services
 from portal.campaigns.actions import CANCELLED, LAUNCHED, PAUSED, RESUMED, TEST_SENT
 from portal.campaigns.forms import (
+    FIELD_ORDER,
     SCHEDULE_CHOICES,
     URGENCY_CHOICES,
     CampaignForm,
     CancelForm,
     TestSendForm,
     check,
-    error_list,
     time_zones,
 )
 from portal.campaigns.models import Campaign
@@ -35,6 +35,7 @@ from portal.consent.recipients import audience_breakdown
 from portal.db import db, uuid7
 from portal.errors import ApiError
 from portal.identity import device_from_cookie, subscriber_from_cookie
+from portal.inputs import error_list
 from portal.origins import campaign_link_origins, public_origin
 from portal.seams import current_portal
 from portal.staff import audit
@@ -108,7 +109,7 @@ def _form_page(form: CampaignForm, *, status: int = 200, previewed: bool = False
     return render_template(
         "staff/campaigns/new.html",
         form=form,
-        errors=error_list(form),
+        errors=error_list(form, order=FIELD_ORDER),
         topics=form.topic_choices(db.session),
         zones=[(zone, zone) for zone in time_zones()],
         schedule_choices=SCHEDULE_CHOICES,

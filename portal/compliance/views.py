@@ -17,6 +17,7 @@ from portal.compliance.services import REASON_LABELS, LookupKind
 from portal.compliance.signing import SigningKey, SigningKeyMissing
 from portal.consent import catalogue
 from portal.db import db
+from portal.inputs import error_list
 from portal.retention.views import RECEIPT_FLASH, receipt_token
 from portal.seams import current_portal
 from portal.staff.access import (
@@ -26,7 +27,6 @@ from portal.staff.access import (
     staff_required,
 )
 from portal.staff.blueprint import bp
-from portal.staff.catalogue_forms import form_errors
 from portal.staff.forms import ConfirmForm
 from portal.staff.models import Role
 from portal.subscriptions.models import Subscriber
@@ -104,7 +104,7 @@ def compliance_lookup() -> Any:
     return render_template(
         "staff/compliance/lookup.html",
         form=form,
-        errors=form_errors(form),
+        errors=error_list(form),
         keep_value=keep,
         not_found=not_found,
     ), status
@@ -160,7 +160,7 @@ def compliance_erase(subscriber_id: uuid.UUID) -> Any:
         "staff/compliance/erase.html",
         subscriber=subscriber,
         form=form,
-        errors=form_errors(form),
+        errors=error_list(form),
     ), status
 
 
@@ -228,7 +228,7 @@ def compliance_export() -> Any:
     return render_template(
         "staff/compliance/export.html",
         form=form,
-        errors=form_errors(form) + problems,
+        errors=error_list(form) + problems,
         key=key,
     ), status
 

@@ -62,6 +62,7 @@ from portal.subscriptions.lifecycle import (
     may_retry,
 )
 from portal.subscriptions.models import (
+    LIVE_STATES,
     EndReason,
     PushService,
     PushSubscription,
@@ -425,7 +426,7 @@ class Dispatcher:
                     skipped.append((item.delivery_id, _skip_reason(sub)))
                     continue
                 known = carried.get(item.subscription_id)
-                if known is not None and known.state not in _LIVE:
+                if known is not None and known.state not in LIVE_STATES:
                     # Revoked or gone stale by the previous batch's answers, not yet written.
                     skipped.append((item.delivery_id, f"subscription_{known.state.value}"))
                     continue
@@ -704,9 +705,6 @@ class Dispatcher:
         log.warning("push service %s slowed down until %s: %s", service, until.isoformat(), reason)
 
 
-_LIVE = (SubscriptionState.PENDING, SubscriptionState.ACTIVE)
-
-
 def _among(
     session: Session, column: sa.ColumnElement[Any], values: Iterable[Any]
 ) -> sa.ColumnElement[bool]:
@@ -924,6 +922,6 @@ def _skip_reason(sub: Any) -> str:
         return "subscription_gone"
     if sub.deleted_at is not None:
         return "subscription_ended"
-    if sub.state not in ("pending", "active"):
+    if sub.state not in LIVE_STATES:
         return f"subscription_{sub.state}"
     return "consent_withdrawn"

@@ -28,7 +28,13 @@ from portal.db import affected_rows, is_postgres
 from portal.jobreport import JobReport, Progress
 from portal.retention.models import RetentionCounter
 from portal.subscriptions.batches import subscription_batches
-from portal.subscriptions.models import EndReason, PushSubscription, Subscriber, SubscriptionState
+from portal.subscriptions.models import (
+    LIVE_STATES,
+    EndReason,
+    PushSubscription,
+    Subscriber,
+    SubscriptionState,
+)
 
 _t = cast(sa.Table, PushSubscription.__table__)
 # Batches that append consent events hold the chain lock, which every subscribe, consent
@@ -69,7 +75,7 @@ def sweep(
     report = JobReport("sweep")
     quiet_since = now - dt.timedelta(days=retention.stale_after_days)
     stale_since = now - dt.timedelta(days=retention.expire_stale_after_days)
-    live = _t.c.state.in_(["pending", "active"]) & _t.c.deleted_at.is_(None)
+    live = _t.c.state.in_([s.value for s in LIVE_STATES]) & _t.c.deleted_at.is_(None)
 
     # 1. No sign of life (neither seen by the page nor reached by a send) → stale.
     quiet = (

@@ -10,6 +10,7 @@ from portal.consent import catalogue as consent_catalogue
 from portal.consent.catalogue import text_digest
 from portal.db import db
 from portal.errors import ApiError
+from portal.inputs import error_list
 from portal.seams import current_portal
 from portal.staff import catalogue
 from portal.staff.access import (
@@ -19,7 +20,7 @@ from portal.staff.access import (
     staff_required,
 )
 from portal.staff.blueprint import bp
-from portal.staff.catalogue_forms import PolicyForm, TopicEditForm, TopicForm, form_errors
+from portal.staff.catalogue_forms import PolicyForm, TopicEditForm, TopicForm
 from portal.staff.forms import ConfirmForm
 from portal.staff.models import Role
 
@@ -107,7 +108,7 @@ def topic_new() -> Any:
                 return redirect(url_for("staff.topics"), 303)
     categories = sorted({t.category for t in consent_catalogue.all_topics(db.session)})
     return render_template(
-        "staff/admin/topic_new.html", form=form, errors=form_errors(form), categories=categories
+        "staff/admin/topic_new.html", form=form, errors=error_list(form), categories=categories
     ), status
 
 
@@ -145,7 +146,7 @@ def topic_edit(slug: str) -> Any:
 
 def _edit_page(topic: Topic, form: TopicEditForm, status: int) -> Any:
     return render_template(
-        "staff/admin/topic_edit.html", topic=topic, form=form, errors=form_errors(form)
+        "staff/admin/topic_edit.html", topic=topic, form=form, errors=error_list(form)
     ), status
 
 
@@ -244,7 +245,7 @@ def policy_new() -> Any:
     return render_template(
         "staff/admin/policy_new.html",
         form=form,
-        errors=form_errors(form),
+        errors=error_list(form),
         current=current,
         preview=preview,
         diff=(

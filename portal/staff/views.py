@@ -20,7 +20,7 @@ from flask import (
 from werkzeug.wrappers import Response
 
 from portal.db import db
-from portal.inputs import query_form
+from portal.inputs import error_list, query_form
 from portal.seams import current_portal
 from portal.staff import audit, services
 from portal.staff.access import (
@@ -35,13 +35,13 @@ from portal.staff.access import (
 )
 from portal.staff.blueprint import bp, clear_cookie, policy, set_cookie
 from portal.staff.forms import (
+    FIELD_ANCHORS,
     AuditFilterForm,
     ConfirmForm,
     CreateStaffForm,
     PasswordForm,
     RolesForm,
     SignInForm,
-    error_list,
 )
 from portal.staff.models import Role
 from portal.staff.passwords import Passwords
@@ -105,7 +105,10 @@ def login() -> Any:
     response = current_app.make_response(
         (
             render_template(
-                "staff/login.html", form=form, errors=error_list(form), next_path=next_path
+                "staff/login.html",
+                form=form,
+                errors=error_list(form, anchors=FIELD_ANCHORS),
+                next_path=next_path,
             ),
             status,
         )
@@ -171,7 +174,12 @@ def password() -> Any:
                 flash("Your password has been changed. Your other browsers are signed out.")
                 return redirect(url_for("staff.dashboard"), 303)
     response = current_app.make_response(
-        (render_template("staff/password.html", form=form, errors=error_list(form)), status)
+        (
+            render_template(
+                "staff/password.html", form=form, errors=error_list(form, anchors=FIELD_ANCHORS)
+            ),
+            status,
+        )
     )
     if status == 429:
         response.headers["Retry-After"] = "60"
@@ -213,7 +221,7 @@ def staff_list() -> Any:
     return render_template(
         "staff/admin/staff_list.html",
         form=form,
-        errors=error_list(form),
+        errors=error_list(form, anchors=FIELD_ANCHORS),
         staff=services.list_staff(db.session),
         now=current_portal().clock.now(),
     ), status
@@ -226,7 +234,7 @@ def _detail(user_id: uuid.UUID, roles_form: RolesForm | None = None, status: int
         "staff/admin/staff_detail.html",
         user=user,
         form=form,
-        errors=error_list(form),
+        errors=error_list(form, anchors=FIELD_ANCHORS),
         confirm=ConfirmForm(),
         is_self=user.id == _signed_in().id,
         now=current_portal().clock.now(),
@@ -337,7 +345,7 @@ def audit_trail() -> Any:
     return render_template(
         "staff/admin/audit.html",
         form=form,
-        errors=error_list(form),
+        errors=error_list(form, anchors=FIELD_ANCHORS),
         page=page,
         filters=filters,
         labels=audit.action_labels(),
