@@ -38,9 +38,9 @@ from portal.campaigns.services import (
 )
 from portal.config import b64url_decode
 from portal.consent import log as consent_log
-from portal.consent.models import EventKind, Source
+from portal.consent.models import EventKind
 from portal.consent.recipients import recipient_query
-from portal.db import affected_rows, db, is_postgres
+from portal.db import db, is_postgres
 from portal.delivery.models import Delivery, DeliveryStatus, Unsendable
 from portal.push.encryption import InvalidSubscriptionKeys, PayloadTooLarge
 from portal.push.transport import (
@@ -70,6 +70,7 @@ from portal.subscriptions.models import (
     subscription_state_type,
 )
 from portal.subscriptions.sealing import KeyRing, SealBroken, UnknownKeyVersion
+from portal.subscriptions.services import Ending, end_subscriptions
 
 log = logging.getLogger("portal.dispatch")
 audit = logging.getLogger("portal.audit")
@@ -663,34 +664,19 @@ class Dispatcher:
         state_before: SubscriptionState,
         now: dt.datetime,
     ) -> None:
-        changed = affected_rows(
+        end_subscriptions(
             session,
-            sa.update(_s)
-            .where(_s.c.id == item.subscription_id, _s.c.state != SubscriptionState.REVOKED.value)
-            .values(
-                state=SubscriptionState.REVOKED.value,
-                revoked_at=now,
-                ended_at=now,
-                end_reason=EndReason.REVOKED_BY_PUSH_SERVICE.value,
-                last_status_code=410,
-                last_failure_at=now,
+            [Ending(item.subscription_id, sub.subscriber_id, state_before.value)],
+            state=SubscriptionState.REVOKED,
+            reason=EndReason.REVOKED_BY_PUSH_SERVICE,
+            from_states=[s for s in SubscriptionState if s is not SubscriptionState.REVOKED],
+            now=now,
+            event=EventKind.REVOKED_BY_PUSH_SERVICE,
+            context=consent_log.Context(
+                screen="dispatch", extra={"delivery": str(item.delivery_id)}
             ),
+            values={"last_status_code": 410, "last_failure_at": now},
         )
-        if changed and sub.subscriber_id is not None:
-            consent_log.append(
-                session,
-                kind=EventKind.REVOKED_BY_PUSH_SERVICE,
-                subscriber_id=sub.subscriber_id,
-                subscription_id=item.subscription_id,
-                previous_state=state_before.value,
-                new_state=SubscriptionState.REVOKED.value,
-                source=Source.SYSTEM.value,
-                actor="system",
-                recorded_at=now,
-                context=consent_log.Context(
-                    screen="dispatch", extra={"delivery": str(item.delivery_id)}
-                ),
-            )
 
     def _open_circuit(
         self, session: Session, service: str, now: dt.datetime, until: dt.datetime, reason: str

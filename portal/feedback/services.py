@@ -33,7 +33,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from portal import metrics
 from portal.config import Settings
 from portal.consent import log
-from portal.consent.models import EventKind, Source
+from portal.consent.models import EventKind
 from portal.db import is_postgres, uuid7
 from portal.delivery.models import Delivery
 from portal.errors import ApiError, ValidationError
@@ -41,7 +41,7 @@ from portal.feedback import signature
 from portal.feedback.models import DigestResult, FeedbackApplied, FeedbackDigest, Outcome
 from portal.seams import current_portal
 from portal.subscriptions.models import EndReason, PushSubscription, SubscriptionState
-from portal.subscriptions.services import end_subscription
+from portal.subscriptions.services import end_subscriptions, ending
 
 if TYPE_CHECKING:
     from flask import Flask
@@ -311,25 +311,18 @@ def revoke_subscription(
     event: CleanupEvent,
 ) -> None:
     """Revoke a subscription its push provider reported invalid, and log it."""
-    previous = sub.state
-    end_subscription(
-        sub, state=SubscriptionState.REVOKED, reason=EndReason.REVOKED_BY_FEEDBACK, now=now
-    )
-    if sub.subscriber_id is None:
-        return
     extra = {"organization": organization, "provider": event.provider, "reason": INVALID_TARGET}
     if event.delivery_id is not None:
         extra["delivery"] = event.delivery_id
-    log.append(
+    end_subscriptions(
         session,
-        kind=EventKind.REVOKED_BY_FEEDBACK,
-        subscriber_id=sub.subscriber_id,
-        subscription_id=sub.id,
-        previous_state=previous.value,
-        new_state=SubscriptionState.REVOKED.value,
-        source=Source.SYSTEM.value,
-        actor="system",
-        recorded_at=now,
+        [ending(sub)],
+        state=SubscriptionState.REVOKED,
+        reason=EndReason.REVOKED_BY_FEEDBACK,
+        # The caller checked it had not ended (_outcome): how it ended stays the truth.
+        from_states=(SubscriptionState.PENDING, SubscriptionState.ACTIVE, SubscriptionState.STALE),
+        now=now,
+        event=EventKind.REVOKED_BY_FEEDBACK,
         context=log.Context(screen="delivery-feedback", extra=extra),
     )
 
