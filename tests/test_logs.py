@@ -24,6 +24,7 @@ from tests.campaigns.conftest import (  # noqa: F401 - fixtures shared with the 
     fake_push,
     form_data,
     push_app,
+    push_transport,
     settings,
     sign_in,
 )

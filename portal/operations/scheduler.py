@@ -123,6 +123,7 @@ def run_recorded(
 ) -> JobReport | None:
     """Run a job under its lock and record the run. None when it did not run (another
     process holds the lock, or it is not due yet)."""
+    jobs.find(name)  # KeyError for a job not in the table, before anything is written
     clock = current_portal(app).clock
     with job_lock(app, name) as acquired:
         if not acquired:
