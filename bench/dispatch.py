@@ -88,12 +88,15 @@ from sqlalchemy.engine import URL, make_url  # noqa: E402
 
 from bench.contract import Figure, write  # noqa: E402
 from portal import create_app  # noqa: E402
-from portal.campaigns.models import Campaign, Delivery  # noqa: E402
+from portal.campaigns.models import Campaign  # noqa: E402
 from portal.campaigns.services import CampaignDraft, create_campaign, payload  # noqa: E402
 from portal.config import Settings, generate_vapid_keys, normalise_database_url  # noqa: E402
 from portal.db import create_engine, db  # noqa: E402
+from portal.delivery.jobs import close_dispatcher  # noqa: E402
+from portal.delivery.models import Delivery  # noqa: E402
 from portal.jobs import run_job  # noqa: E402
 from portal.migrate import upgrade  # noqa: E402
+from portal.seams import current_portal  # noqa: E402
 from portal.subscriptions.models import PushSubscription  # noqa: E402
 from portal.subscriptions.sealing import KeyRing  # noqa: E402
 from tests.factories import BrowserSubscription, SubscriptionFactory  # noqa: E402
@@ -456,7 +459,7 @@ def run_campaign(app: Any, topic: str, *, deadline: float | None = None) -> Camp
 
 
 def launch(app: Any, topic: str) -> uuid.UUID:
-    clock = app.extensions["portal"].clock
+    clock = current_portal(app).clock
     with db.begin(app) as session:
         return create_campaign(
             session, CampaignDraft(**{**DRAFT.__dict__, "topic": topic}),
@@ -522,9 +525,7 @@ def engine_child() -> None:
         finished = time.monotonic()
         cpu = time.process_time() - cpu0
         app.extensions["portal.db"].engine.dispose()
-        dispatcher = app.extensions.get("portal.dispatcher")
-        if dispatcher is not None:
-            dispatcher.transport.close()
+        close_dispatcher(app)
     print(json.dumps({
         "pid": os.getpid(), "finished": finished, "cpu_seconds": cpu, "runs": runs,
         "claimed": claimed, "answered": answered, "status": status,
@@ -779,9 +780,7 @@ def throughput(args: argparse.Namespace) -> tuple[list[Way], dict[str, Any]]:
                 ways.append(c1)
                 notes["service_totals"] = after
                 app.extensions["portal.db"].engine.dispose()
-                dispatcher = app.extensions.get("portal.dispatcher")
-                if dispatcher is not None:
-                    dispatcher.transport.close()
+                close_dispatcher(app)
         finally:
             drop_database(args.admin_url, args.database)
             print(f"dropped {args.database}", flush=True)

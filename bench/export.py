@@ -46,6 +46,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.contract import Figure, add_arguments, write  # noqa: E402
 from portal.config import Settings, normalise_database_url  # noqa: E402
+from portal.seams import current_portal  # noqa: E402
 
 ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/test"
 EMAIL, PASSWORD = "bench-officer@example.test", "a long bench passphrase"
@@ -97,8 +98,8 @@ def seed(url: str, events: int, instance: Path) -> None:
             password=PASSWORD,
             roles=[Role.COMPLIANCE],
             actor=None,
-            passwords=app.extensions["portal.staff.passwords"],
-            clock=app.extensions["portal"].clock,
+            passwords=current_portal(app).passwords,
+            now=current_portal(app).clock.now(),
             via="bench",
         )
     started = time.perf_counter()

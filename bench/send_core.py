@@ -14,7 +14,7 @@ message a browser could not read is not counted.
        the VAPID header signed once and reused: the kindest way to run pywebpush.
   (b2) pywebpush.webpush(..., requests_session=session) per message: shared connections
        but a VAPID signature per message, as webpush() does.
-  (c)  portal.dispatch: encrypt() + the cached VapidSigner + HttpsPushTransport with
+  (c)  portal.push: encrypt() + the cached VapidSigner + HttpsPushTransport with
        --concurrency transfers in flight, in send_batch() calls of --batch requests that
        are encrypted lazily as slots free up, as the dispatch engine will call it.
 
@@ -48,8 +48,8 @@ import requests  # noqa: E402
 from pywebpush import Vapid, WebPusher, webpush  # noqa: E402
 
 from portal.config import b64url_decode, generate_vapid_keys  # noqa: E402
-from portal.dispatch.transport import HttpsPushTransport, PushRequest  # noqa: E402
-from portal.dispatch.vapid import VapidSigner  # noqa: E402
+from portal.push.transport import HttpsPushTransport, PushRequest  # noqa: E402
+from portal.push.vapid import VapidSigner  # noqa: E402
 from tests.factories import SubscriptionFactory  # noqa: E402
 from tests.fakepush import FakePushProcess  # noqa: E402
 

@@ -5,18 +5,19 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from flask import Flask, Response, g, request
 from flask_wtf.csrf import CSRFProtect
 
-from portal import accesslog, inputs, ratelimit, security
+from portal import accesslog, inputs, logconfig, ratelimit, security
 from portal.accesslog import loggable_path
 from portal.clock import Clock, SystemClock
 from portal.config import Settings
 from portal.db import db
+from portal.seams import EXTENSION, Portal, TransportFactory
+from portal.staff.passwords import Passwords
 from portal.subscriptions.sealing import KeyRing
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,13 +33,7 @@ class _Flask(Flask):
         )
 
 
-@dataclass
-class Portal:
-    """The seams services reach through the app: settings, clock, key provider."""
-
-    settings: Settings
-    clock: Clock
-    keys: KeyRing
+__all__ = ["Portal", "create_app"]
 
 
 def create_app(
@@ -46,7 +41,11 @@ def create_app(
     *,
     clock: Clock | None = None,
     keys: KeyRing | None = None,
+    passwords: Passwords | None = None,
+    transport_factory: TransportFactory | None = None,
 ) -> Flask:
+    """The application. Each keyword replaces one seam (see :mod:`portal.seams`); left
+    out, it is built from the settings (themselves read from the environment)."""
     app = _Flask(
         __name__,
         instance_path=os.environ.get("PORTAL_INSTANCE_PATH") or str(ROOT / "instance"),
@@ -64,18 +63,21 @@ def create_app(
         WTF_CSRF_TIME_LIMIT=None if not settings.is_production else 8 * 3600,
         TEMPLATES_AUTO_RELOAD=not settings.is_production,
     )
-    app.extensions["portal.settings"] = settings
-    app.extensions["portal"] = Portal(
+    if transport_factory is None:
+        from portal.delivery.jobs import https_transport
+
+        transport_factory = https_transport
+    app.extensions[EXTENSION] = Portal(
         settings=settings,
         clock=clock or SystemClock(),
         keys=keys or KeyRing(settings.auth_keys, settings.auth_key_version),
+        passwords=passwords or Passwords(),
+        transport_factory=transport_factory,
     )
 
     accesslog.install()  # the development server's request log
-    from portal.logconfig import configure as configure_logging
-
-    configure_logging(production=settings.is_production)  # JSON lines in production
-    db.init_app(app)
+    logconfig.configure(production=settings.is_production)  # JSON lines in production
+    db.init_app(app, settings)
     csrf.init_app(app)
     security.init_app(app)
     inputs.init_app(app)
@@ -83,6 +85,9 @@ def create_app(
     _register_blueprints(app)
     _instrument(app)
 
+    from portal.jobs import check_table
+
+    check_table()  # a job the scheduler could not run refuses the start
     if settings.scheduler:
         from portal.operations.scheduler import install
 
@@ -101,16 +106,20 @@ def create_app(
 def _register_blueprints(app: Flask) -> None:
     from portal import api, cli, health, metrics, openapi, pages
     from portal.campaigns import cli as campaign_cli
-    from portal.campaigns import views as _campaign_views  # noqa: F401 - its staff pages
+    from portal.campaigns import views as campaign_pages
     from portal.compliance import cli as compliance_cli
+    from portal.compliance import views as compliance_pages
     from portal.consent import cli as consent_cli
     from portal.consent import views as consent_views
     from portal.delivery import receipts
-    from portal.feedback import ops as _feedback_ops  # noqa: F401 - its staff pages
+    from portal.feedback import ops as feedback_pages
     from portal.feedback import views as feedback_views
-    from portal.operations import views as _operations_views  # noqa: F401 - its staff pages
+    from portal.operations import views as operations_pages
     from portal.retention import views as erasure_views
-    from portal.staff import views as staff_views
+    from portal.staff import blueprint as staff_console
+    from portal.staff import catalogue_views as catalogue_pages
+    from portal.staff import views as staff_pages
+    from portal.staff.access import register_page
     from portal.subscriptions import views as subscription_views
 
     api.register_error_handlers(app)
@@ -121,7 +130,23 @@ def _register_blueprints(app: Flask) -> None:
     app.register_blueprint(erasure_views.bp)
     app.register_blueprint(subscription_views.bp)
     app.register_blueprint(consent_views.api)
-    staff_views.register(app)
+    # The staff console: one blueprint (its sign-in check, headers and CSRF page) that
+    # these modules hang their pages on as they are imported above. The dashboard lists
+    # their pages in this order.
+    staff_page_modules = (
+        staff_pages,
+        campaign_pages,
+        feedback_pages,
+        operations_pages,
+        compliance_pages,
+        catalogue_pages,
+    )
+    for module in staff_page_modules:
+        if module.bp is not staff_console.bp:
+            raise RuntimeError(f"{module.__name__} does not hang on the staff blueprint")
+        for page in getattr(module, "PAGES", ()):
+            register_page(page)
+    app.register_blueprint(staff_console.bp)
     app.register_blueprint(feedback_views.bp)
     app.register_blueprint(receipts.bp)
     app.register_blueprint(openapi.bp)

@@ -14,6 +14,7 @@ from portal.accesslog import loggable_path
 from portal.db import DATABASE_UNAVAILABLE, db
 from portal.errors import ApiError
 from portal.origins import canonical_origin, public_origin
+from portal.seams import current_portal
 
 log = logging.getLogger("portal")
 RETRY_AFTER_SECONDS = 30
@@ -29,7 +30,7 @@ def json_body() -> dict[str, Any]:
     """The request's JSON object, or an :class:`ApiError` saying precisely what is wrong."""
     if request.mimetype != "application/json":
         raise ApiError("unsupported_media_type", "send the body as application/json", status=415)
-    request.max_content_length = current_app.extensions["portal.settings"].api_max_body_bytes
+    request.max_content_length = current_portal().settings.api_max_body_bytes
     raw = request.get_data(cache=True)  # 413 past the limit, raised by Werkzeug
     try:
         data = json.loads(raw, parse_constant=_refuse_constant)

@@ -13,16 +13,14 @@ import json
 import os
 import re
 import secrets
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
-
-from portal.origins import canonical_origin
 
 DEFAULT_PUSH_HOSTS = (
     "fcm.googleapis.com",
@@ -37,6 +35,9 @@ _PLACEHOLDER_SECRETS = frozenset(
 )
 _MIN_SECRET_KEY_LENGTH = 32
 _SECRETS_FILE = "portal-secrets.json"
+
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 class ConfigError(Exception):
@@ -74,47 +75,192 @@ def generate_signing_key() -> str:
 
 
 @dataclass(frozen=True)
+class _Reading:
+    """What the parsers read from: the environment, whether this is production, and the
+    development secrets generated into the instance folder (none in production)."""
+
+    environ: Mapping[str, str]
+    production: bool
+    generated: Mapping[str, str]
+    instance_path: str
+
+    def text(self, name: str) -> str:
+        return self.environ.get(name, "")
+
+    def secret(self, name: str, default: str = "") -> str:
+        """The variable, or its generated development value when unset or empty."""
+        value = self.environ.get(name)
+        if value is None or value == "":
+            return self.generated.get(name, default)
+        return value
+
+
+# A parser turns one variable into its setting's value: (what to read, the variable's
+# name, the field's declared default) -> value. It raises ConfigError naming the variable.
+Parser = Callable[[_Reading, str, Any], Any]
+
+
+@dataclass(frozen=True)
+class Variable:
+    """The environment variable a setting comes from, and how it is read."""
+
+    name: str
+    parse: Parser
+
+
+def setting(name: str, parse: Parser, default: Any = MISSING, *, factory: Any = MISSING) -> Any:
+    """A settings field read from the environment variable ``name`` by ``parse``."""
+    metadata = {"env": Variable(name, parse)}
+    if factory is not MISSING:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def _whole(reading: _Reading, name: str, default: int) -> int:
+    return _int(reading.environ, name, default)
+
+
+def _positive_whole(reading: _Reading, name: str, default: int) -> int:
+    return _positive(reading.environ, name, default)
+
+
+def _whole_or_default(reading: _Reading, name: str, default: int) -> int:
+    # Zero means "the default" for batch sizes and intervals.
+    return _int(reading.environ, name, default) or default
+
+
+def _number(reading: _Reading, name: str, default: float) -> float:
+    return _float(reading.environ, name, default)
+
+
+def _milliseconds(reading: _Reading, name: str, default: float) -> float:
+    """A variable in whole milliseconds, for a setting in seconds."""
+    return _int(reading.environ, name, round(default * 1000)) / 1000
+
+
+def _lease(reading: _Reading, name: str, default: float) -> float:
+    # A zero lease would let every process take every other's claims: duplicates.
+    seconds = _float(reading.environ, name, default)
+    if seconds <= 0:
+        raise ConfigError(f"{name} must be more than 0")
+    return seconds
+
+
+def _on_off(reading: _Reading, name: str, default: bool) -> bool:
+    return _flag(reading.environ, name, default=default)
+
+
+def _on_in_development(reading: _Reading, name: str, default: bool) -> bool:
+    """A switch that is on unless told otherwise in development, off in production."""
+    return _flag(reading.environ, name, default=not reading.production)
+
+
+def _text_or_default(reading: _Reading, name: str, default: str) -> str:
+    return reading.text(name).strip() or default
+
+
+def _text_or_none(reading: _Reading, name: str, default: None) -> str | None:
+    return reading.text(name).strip() or None
+
+
+def _verbatim_or_none(reading: _Reading, name: str, default: None) -> str | None:
+    return reading.text(name) or None
+
+
+def _secret(reading: _Reading, name: str, default: str) -> str:
+    return reading.secret(name)
+
+
+def _secret_list(reading: _Reading, name: str, default: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(s.strip() for s in reading.secret(name).split(",") if s.strip())
+
+
+def _vapid_subject(reading: _Reading, name: str, default: str) -> str:
+    return reading.secret(name, "" if reading.production else "mailto:admin@localhost")
+
+
+def _portal_env(reading: _Reading, name: str, default: str) -> str:
+    return "production" if reading.production else "development"
+
+
+def _database_url(reading: _Reading, name: str, default: str) -> str:
+    url = reading.environ.get(name) or (
+        f"sqlite:///{Path(reading.instance_path).resolve() / 'portal.sqlite3'}"
+    )
+    return normalise_database_url(url)
+
+
+def _public_url_setting(reading: _Reading, name: str, default: None) -> str | None:
+    return _public_url(reading.text(name), production=reading.production)
+
+
+def _link_origins_setting(reading: _Reading, name: str, default: tuple[str, ...]) -> tuple:
+    return _link_origins(reading.text(name))
+
+
+def _hosts(reading: _Reading, name: str, default: tuple[str, ...]) -> tuple[str, ...]:
+    hosts = tuple(h.strip().lower() for h in reading.text(name).split(",") if h.strip())
+    return hosts or default
+
+
+def _key_version(reading: _Reading, name: str, default: int) -> int:
+    text = reading.secret(name, str(default))
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"{name} must be a whole number, not {text!r}") from None
+
+
+def _auth_keys_setting(reading: _Reading, name: str, default: Any) -> dict[int, bytes]:
+    return _auth_keys(reading.environ, reading.generated)
+
+
+# The data keys are numbered: SUBSCRIPTION_AUTH_KEY_V1, SUBSCRIPTION_AUTH_KEY_V2, ...
+AUTH_KEY_VARIABLES = "SUBSCRIPTION_AUTH_KEY_V<n>"
+
+
+@dataclass(frozen=True)
 class RetrySettings:
-    max_attempts: int = 5
-    initial_delay: float = 1.0
-    max_delay: float = 64.0
-    backoff_factor: float = 2.0
-    jitter: float = 0.3
+    max_attempts: int = setting("RETRY_MAX_ATTEMPTS", _whole, 5)
+    initial_delay: float = setting("RETRY_INITIAL_DELAY_SECONDS", _number, 1.0)
+    max_delay: float = setting("RETRY_MAX_DELAY_SECONDS", _number, 64.0)
+    backoff_factor: float = setting("RETRY_BACKOFF_FACTOR", _number, 2.0)
+    jitter: float = setting("RETRY_JITTER", _number, 0.3)
 
 
 @dataclass(frozen=True)
 class RetentionSettings:
     """How long subscriptions live without a sign of life, and what is kept after."""
 
-    stale_after_days: int = 30
-    expire_stale_after_days: int = 30
-    tombstone_grace_days: int = 7
-    audit_window_months: int = 13
-    batch_size: int = 1000
+    stale_after_days: int = setting("STALE_AFTER_DAYS", _whole, 30)
+    expire_stale_after_days: int = setting("EXPIRE_STALE_AFTER_DAYS", _whole, 30)
+    tombstone_grace_days: int = setting("TOMBSTONE_GRACE_DAYS", _whole, 7)
+    audit_window_months: int = setting("AUDIT_WINDOW_MONTHS", _whole, 13)
+    batch_size: int = setting("SWEEP_BATCH_SIZE", _whole_or_default, 1000)
 
 
 @dataclass(frozen=True)
 class ScheduleSettings:
-    """Intervals of the embedded scheduler's jobs, in seconds."""
+    """Intervals of the embedded scheduler's jobs, in seconds (zero: the default)."""
 
-    dispatch: int = 5
-    sweep: int = 3600
-    tombstone: int = 3600
-    purge: int = 86400
-    reseal: int = 86400
-    verify_log: int = 86400
-    rate_limit_prune: int = 600
+    dispatch: int = setting("DISPATCH_TICK_SECONDS", _whole_or_default, 5)
+    sweep: int = setting("SWEEP_INTERVAL_SECONDS", _whole_or_default, 3600)
+    tombstone: int = setting("TOMBSTONE_INTERVAL_SECONDS", _whole_or_default, 3600)
+    purge: int = setting("PURGE_INTERVAL_SECONDS", _whole_or_default, 86400)
+    reseal: int = setting("RESEAL_INTERVAL_SECONDS", _whole_or_default, 86400)
+    verify_log: int = setting("VERIFY_LOG_INTERVAL_SECONDS", _whole_or_default, 86400)
+    rate_limit_prune: int = setting("RATE_LIMIT_PRUNE_INTERVAL_SECONDS", _whole_or_default, 600)
 
 
 @dataclass(frozen=True)
 class StaffAuthSettings:
     """Staff sign-in: account lockout, per-address throttle, session lifetimes."""
 
-    lockout_attempts: int = 5
-    lockout_minutes: int = 15
-    attempts_per_minute: int = 10
-    session_idle_minutes: int = 30
-    session_max_hours: int = 12
+    lockout_attempts: int = setting("STAFF_LOCKOUT_ATTEMPTS", _positive_whole, 5)
+    lockout_minutes: int = setting("STAFF_LOCKOUT_MINUTES", _positive_whole, 15)
+    attempts_per_minute: int = setting("STAFF_LOGIN_ATTEMPTS_PER_MINUTE", _positive_whole, 10)
+    session_idle_minutes: int = setting("STAFF_SESSION_IDLE_MINUTES", _positive_whole, 30)
+    session_max_hours: int = setting("STAFF_SESSION_MAX_HOURS", _positive_whole, 12)
 
 
 @dataclass(frozen=True)
@@ -122,9 +268,9 @@ class RateLimitSettings:
     """Requests to the JSON API per fixed window: per client address and endpoint, and
     per push subscription endpoint. Zero turns that limit off (load tests)."""
 
-    window_seconds: int = 60
-    per_address: int = 300
-    per_endpoint: int = 60
+    window_seconds: int = setting("RATE_LIMIT_WINDOW_SECONDS", _positive_whole, 60)
+    per_address: int = setting("RATE_LIMIT_PER_ADDRESS", _whole, 300)
+    per_endpoint: int = setting("RATE_LIMIT_PER_ENDPOINT", _whole, 60)
 
     @property
     def enabled(self) -> bool:
@@ -133,56 +279,70 @@ class RateLimitSettings:
 
 @dataclass(frozen=True)
 class Settings:
-    env: str = "development"
-    instance_path: str = "instance"
-    public_url: str | None = None
-    database_url: str = ""
-    database_connect_timeout: int = 5
-    secret_key: str = ""
-    vapid_private_key: str = ""
-    vapid_public_key: str = ""
-    vapid_subject: str = ""
-    auth_keys: Mapping[int, bytes] = field(default_factory=dict)
-    auth_key_version: int = 1
-    push_allowed_hosts: tuple[str, ...] = DEFAULT_PUSH_HOSTS
-    push_ca_bundle: str | None = None
-    scheduler: bool = True
-    feedback_secrets: tuple[str, ...] = ()
-    feedback_signature_header: str = "X-CN1-Signature"
-    feedback_max_age_seconds: int = 300
-    feedback_organization: str | None = None
-    feedback_max_body_bytes: int = 1024 * 1024
-    feedback_test_url: str | None = None
+    """Every setting, each field naming the environment variable it is read from."""
+
+    env: str = setting("PORTAL_ENV", _portal_env, "development")
+    instance_path: str = "instance"  # where create_app puts the instance folder
+    database_url: str = setting("DATABASE_URL", _database_url, "")
+    database_connect_timeout: int = setting("DATABASE_CONNECT_TIMEOUT_SECONDS", _positive_whole, 5)
+    secret_key: str = setting("SECRET_KEY", _secret, "")
+    vapid_private_key: str = setting("VAPID_PRIVATE_KEY", _secret, "")
+    vapid_public_key: str = setting("VAPID_PUBLIC_KEY", _secret, "")
+    vapid_subject: str = setting("VAPID_SUBJECT", _vapid_subject, "")
+    auth_key_version: int = setting("SUBSCRIPTION_AUTH_KEY_VERSION", _key_version, 1)
+    auth_keys: Mapping[int, bytes] = setting(AUTH_KEY_VARIABLES, _auth_keys_setting, factory=dict)
+    public_url: str | None = setting("PUBLIC_URL", _public_url_setting, None)
+    push_allowed_hosts: tuple[str, ...] = setting("PUSH_ALLOWED_HOSTS", _hosts, DEFAULT_PUSH_HOSTS)
+    push_ca_bundle: str | None = setting("PUSH_CA_BUNDLE", _verbatim_or_none, None)
+    scheduler: bool = setting("PORTAL_SCHEDULER", _on_off, True)
+    feedback_secrets: tuple[str, ...] = setting("FEEDBACK_SECRETS", _secret_list, ())
+    feedback_signature_header: str = setting(
+        "FEEDBACK_SIGNATURE_HEADER", _text_or_default, "X-CN1-Signature"
+    )
+    feedback_max_age_seconds: int = setting("FEEDBACK_MAX_AGE_SECONDS", _whole, 300)
+    feedback_organization: str | None = setting("FEEDBACK_ORGANIZATION", _text_or_none, None)
+    feedback_max_body_bytes: int = setting("FEEDBACK_MAX_BODY_BYTES", _whole, 1024 * 1024)
+    feedback_test_url: str | None = setting("FEEDBACK_TEST_URL", _text_or_none, None)
     # Other sites campaign links and icons may point to (the public origin always may).
-    campaign_link_origins: tuple[str, ...] = ()
+    campaign_link_origins: tuple[str, ...] = setting(
+        "CAMPAIGN_LINK_ORIGINS", _link_origins_setting, ()
+    )
     # When set, /metrics answers only "Authorization: Bearer <this>".
-    metrics_token: str | None = None
-    export_signing_key: str = ""
-    endpoint_max_length: int = 4096
-    api_max_body_bytes: int = 16 * 1024
-    max_body_bytes: int = 1024 * 1024
-    trusted_proxies: int = 0
+    metrics_token: str | None = setting("METRICS_TOKEN", _text_or_none, None)
+    export_signing_key: str = setting("EXPORT_SIGNING_KEY", _secret, "")
+    endpoint_max_length: int = setting("PUSH_ENDPOINT_MAX_LENGTH", _whole, 4096)
+    api_max_body_bytes: int = setting("API_MAX_BODY_BYTES", _whole, 16 * 1024)
+    max_body_bytes: int = setting("MAX_BODY_BYTES", _positive_whole, 1024 * 1024)
+    trusted_proxies: int = setting("TRUSTED_PROXIES", _whole, 0)
     rate_limit: RateLimitSettings = field(default_factory=RateLimitSettings)
-    last_seen_throttle_seconds: int = 3600
-    failures_before_stale: int = 3
+    last_seen_throttle_seconds: int = setting("LAST_SEEN_THROTTLE_SECONDS", _whole, 3600)
+    failures_before_stale: int = setting("PUSH_FAILURES_BEFORE_STALE", _whole, 3)
     retry: RetrySettings = field(default_factory=RetrySettings)
     # How long a claimed delivery belongs to its process unless renewed (the sender
     # renews it while sending); past it (the process died) another may send it again.
-    dispatch_lease_seconds: float = 60.0
-    reseal_batch_size: int = 500
+    dispatch_lease_seconds: float = setting("DISPATCH_LEASE_SECONDS", _lease, 60.0)
+    reseal_batch_size: int = setting("RESEAL_BATCH_SIZE", _whole, 500)
     # The hash backfill rewrites a live table: it pauses between chunks and stops when a
     # replica falls behind (seed 000 §9), so it can run during the day.
-    backfill_pause_seconds: float = 0.075
-    backfill_max_replication_lag_seconds: float = 10.0
+    backfill_pause_seconds: float = setting("BACKFILL_PAUSE_MS", _milliseconds, 0.075)
+    backfill_max_replication_lag_seconds: float = setting(
+        "BACKFILL_MAX_REPLICATION_LAG_SECONDS", _number, 10.0
+    )
     staff: StaffAuthSettings = field(default_factory=StaffAuthSettings)
-    auto_migrate: bool = False
-    identity_assertion_secrets: tuple[str, ...] = ()
-    preference_link_max_age: int = 30 * 24 * 3600
+    auto_migrate: bool = setting("PORTAL_AUTO_MIGRATE", _on_in_development, False)
+    identity_assertion_secrets: tuple[str, ...] = setting(
+        "IDENTITY_ASSERTION_SECRETS", _secret_list, ()
+    )
+    preference_link_max_age: int = setting(
+        "PREFERENCE_LINK_MAX_AGE_SECONDS", _whole, 30 * 24 * 3600
+    )
     # How far a decision's client time (the API's decidedAt) may lie from the server
     # clock, before or after.
-    decided_at_max_skew_seconds: int = 24 * 3600
-    region_header: str | None = None
-    seed_demo_data: bool = False
+    decided_at_max_skew_seconds: int = setting(
+        "DECIDED_AT_MAX_SKEW_SECONDS", _positive_whole, 24 * 3600
+    )
+    region_header: str | None = setting("REGION_HEADER", _verbatim_or_none, None)
+    seed_demo_data: bool = setting("PORTAL_DEMO_DATA", _on_in_development, False)
     retention: RetentionSettings = field(default_factory=RetentionSettings)
     schedule: ScheduleSettings = field(default_factory=ScheduleSettings)
 
@@ -199,145 +359,127 @@ class Settings:
         if env not in {"development", "production"}:
             raise ConfigError(f"PORTAL_ENV must be 'development' or 'production', not {env!r}")
         production = env == "production"
-        generated: dict[str, str] = {} if production else _dev_secrets(instance_path)
-
-        def get(name: str, default: str = "") -> str:
-            value = environ.get(name)
-            if value is None or value == "":
-                return generated.get(name, default)
-            return value
-
-        secret_key = get("SECRET_KEY")
-        vapid_private = get("VAPID_PRIVATE_KEY")
-        vapid_public = get("VAPID_PUBLIC_KEY")
-        vapid_subject = get("VAPID_SUBJECT", "" if production else "mailto:admin@localhost")
-        version_text = get("SUBSCRIPTION_AUTH_KEY_VERSION", "1")
-        try:
-            key_version = int(version_text)
-        except ValueError:
-            raise ConfigError(
-                f"SUBSCRIPTION_AUTH_KEY_VERSION must be a whole number, not {version_text!r}"
-            ) from None
-        auth_keys = _auth_keys(environ, generated)
-        export_key = get("EXPORT_SIGNING_KEY")
-        feedback_secrets = tuple(s.strip() for s in get("FEEDBACK_SECRETS").split(",") if s.strip())
-        public_url = _public_url(environ.get("PUBLIC_URL", ""), production=production)
-        metrics_token = environ.get("METRICS_TOKEN", "").strip() or None
-
-        if production:
-            _require_secret("SECRET_KEY", secret_key)
-            _require_secret("VAPID_PRIVATE_KEY", vapid_private)
-            _require_secret("VAPID_PUBLIC_KEY", vapid_public)
-            _require_secret("VAPID_SUBJECT", vapid_subject)
-            _require_secret(f"SUBSCRIPTION_AUTH_KEY_V{key_version}", auth_keys.get(key_version))
-            for version, key in sorted(auth_keys.items()):
-                _require_data_key(f"SUBSCRIPTION_AUTH_KEY_V{version}", key)
-            # Optional (unset disables the receiver), but never a well-known value.
-            for secret in feedback_secrets:
-                _require_secret("FEEDBACK_SECRETS", secret)
-            if metrics_token is not None:
-                _require_secret("METRICS_TOKEN", metrics_token)
-        if key_version not in auth_keys:
-            raise ConfigError(
-                f"SUBSCRIPTION_AUTH_KEY_V{key_version} is missing: "
-                f"SUBSCRIPTION_AUTH_KEY_VERSION is {key_version}"
-            )
-        if vapid_subject and not re.match(r"^(mailto:[^@\s]+@[^@\s]+|https://\S+)$", vapid_subject):
-            raise ConfigError("VAPID_SUBJECT must be a mailto: address or an https: URL")
-        _check_vapid_pair(vapid_private, vapid_public)
-        _check_signing_key(export_key)
-
-        database_url = environ.get("DATABASE_URL") or (
-            f"sqlite:///{Path(instance_path).resolve() / 'portal.sqlite3'}"
-        )
-        hosts_text = environ.get("PUSH_ALLOWED_HOSTS", "")
-        hosts = tuple(h.strip().lower() for h in hosts_text.split(",") if h.strip())
-        return cls(
-            env=env,
+        reading = _Reading(
+            environ,
+            production=production,
+            generated={} if production else _dev_secrets(instance_path),
             instance_path=instance_path,
-            public_url=public_url,
-            database_url=normalise_database_url(database_url),
-            database_connect_timeout=_positive(environ, "DATABASE_CONNECT_TIMEOUT_SECONDS", 5),
-            secret_key=secret_key,
-            vapid_private_key=vapid_private,
-            vapid_public_key=vapid_public,
-            vapid_subject=vapid_subject,
-            auth_keys=auth_keys,
-            auth_key_version=key_version,
-            push_allowed_hosts=hosts or DEFAULT_PUSH_HOSTS,
-            push_ca_bundle=environ.get("PUSH_CA_BUNDLE") or None,
-            scheduler=_flag(environ, "PORTAL_SCHEDULER", default=True),
-            feedback_secrets=feedback_secrets,
-            feedback_signature_header=(
-                environ.get("FEEDBACK_SIGNATURE_HEADER", "").strip() or "X-CN1-Signature"
-            ),
-            feedback_max_age_seconds=_int(environ, "FEEDBACK_MAX_AGE_SECONDS", 300),
-            feedback_organization=environ.get("FEEDBACK_ORGANIZATION", "").strip() or None,
-            feedback_max_body_bytes=_int(environ, "FEEDBACK_MAX_BODY_BYTES", 1024 * 1024),
-            feedback_test_url=environ.get("FEEDBACK_TEST_URL", "").strip() or None,
-            campaign_link_origins=_link_origins(environ.get("CAMPAIGN_LINK_ORIGINS", "")),
-            metrics_token=metrics_token,
-            export_signing_key=export_key,
-            endpoint_max_length=_int(environ, "PUSH_ENDPOINT_MAX_LENGTH", 4096),
-            api_max_body_bytes=_int(environ, "API_MAX_BODY_BYTES", 16 * 1024),
-            max_body_bytes=_positive(environ, "MAX_BODY_BYTES", 1024 * 1024),
-            trusted_proxies=_int(environ, "TRUSTED_PROXIES", 0),
-            rate_limit=RateLimitSettings(
-                window_seconds=_positive(environ, "RATE_LIMIT_WINDOW_SECONDS", 60),
-                per_address=_int(environ, "RATE_LIMIT_PER_ADDRESS", 300),
-                per_endpoint=_int(environ, "RATE_LIMIT_PER_ENDPOINT", 60),
-            ),
-            last_seen_throttle_seconds=_int(environ, "LAST_SEEN_THROTTLE_SECONDS", 3600),
-            failures_before_stale=_int(environ, "PUSH_FAILURES_BEFORE_STALE", 3),
-            retry=RetrySettings(
-                max_attempts=_int(environ, "RETRY_MAX_ATTEMPTS", 5),
-                initial_delay=_float(environ, "RETRY_INITIAL_DELAY_SECONDS", 1.0),
-                max_delay=_float(environ, "RETRY_MAX_DELAY_SECONDS", 64.0),
-                backoff_factor=_float(environ, "RETRY_BACKOFF_FACTOR", 2.0),
-                jitter=_float(environ, "RETRY_JITTER", 0.3),
-            ),
-            dispatch_lease_seconds=_lease(environ),
-            reseal_batch_size=_int(environ, "RESEAL_BATCH_SIZE", 500),
-            backfill_pause_seconds=_int(environ, "BACKFILL_PAUSE_MS", 75) / 1000,
-            backfill_max_replication_lag_seconds=_float(
-                environ, "BACKFILL_MAX_REPLICATION_LAG_SECONDS", 10.0
-            ),
-            staff=StaffAuthSettings(
-                lockout_attempts=_positive(environ, "STAFF_LOCKOUT_ATTEMPTS", 5),
-                lockout_minutes=_positive(environ, "STAFF_LOCKOUT_MINUTES", 15),
-                attempts_per_minute=_positive(environ, "STAFF_LOGIN_ATTEMPTS_PER_MINUTE", 10),
-                session_idle_minutes=_positive(environ, "STAFF_SESSION_IDLE_MINUTES", 30),
-                session_max_hours=_positive(environ, "STAFF_SESSION_MAX_HOURS", 12),
-            ),
-            auto_migrate=_flag(environ, "PORTAL_AUTO_MIGRATE", default=not production),
-            identity_assertion_secrets=tuple(
-                s.strip() for s in get("IDENTITY_ASSERTION_SECRETS").split(",") if s.strip()
-            ),
-            preference_link_max_age=_int(
-                environ, "PREFERENCE_LINK_MAX_AGE_SECONDS", 30 * 24 * 3600
-            ),
-            decided_at_max_skew_seconds=_positive(
-                environ, "DECIDED_AT_MAX_SKEW_SECONDS", 24 * 3600
-            ),
-            region_header=environ.get("REGION_HEADER") or None,
-            seed_demo_data=_flag(environ, "PORTAL_DEMO_DATA", default=not production),
-            retention=RetentionSettings(
-                stale_after_days=_int(environ, "STALE_AFTER_DAYS", 30),
-                expire_stale_after_days=_int(environ, "EXPIRE_STALE_AFTER_DAYS", 30),
-                tombstone_grace_days=_int(environ, "TOMBSTONE_GRACE_DAYS", 7),
-                audit_window_months=_int(environ, "AUDIT_WINDOW_MONTHS", 13),
-                batch_size=_int(environ, "SWEEP_BATCH_SIZE", 1000) or 1000,
-            ),
-            schedule=ScheduleSettings(
-                dispatch=_int(environ, "DISPATCH_TICK_SECONDS", 5) or 5,
-                sweep=_int(environ, "SWEEP_INTERVAL_SECONDS", 3600) or 3600,
-                tombstone=_int(environ, "TOMBSTONE_INTERVAL_SECONDS", 3600) or 3600,
-                purge=_int(environ, "PURGE_INTERVAL_SECONDS", 86400) or 86400,
-                reseal=_int(environ, "RESEAL_INTERVAL_SECONDS", 86400) or 86400,
-                verify_log=_int(environ, "VERIFY_LOG_INTERVAL_SECONDS", 86400) or 86400,
-                rate_limit_prune=_int(environ, "RATE_LIMIT_PRUNE_INTERVAL_SECONDS", 600) or 600,
-            ),
         )
+        # The settings the refusals look at come first, so that with several mistakes
+        # the first one reported is the same as it always was.
+        values = _read(cls, reading, lambda name: name in _CHECKED)
+        _check(values, production=production)
+        values |= _read(cls, reading, lambda name: name not in _CHECKED)
+        return cls(**values, instance_path=instance_path)
+
+
+def _read(cls: type[Any], reading: _Reading, only: Callable[[str], bool]) -> dict[str, Any]:
+    """The fields of the settings dataclass ``cls`` that ``only`` accepts, each read by
+    its parser; a field holding settings of its own (``retry``, ``staff``...) is built
+    the same way."""
+    values = {}
+    for item in fields(cls):
+        if not only(item.name):
+            continue
+        variable = item.metadata.get("env")
+        if variable is not None:
+            default = item.default
+            if item.default_factory is not MISSING:
+                default = item.default_factory()
+            values[item.name] = variable.parse(reading, variable.name, default)
+        elif item.default_factory is not MISSING and is_dataclass(item.default_factory):
+            nested = cast(type[Any], item.default_factory)
+            values[item.name] = nested(**_read(nested, reading, lambda name: True))
+    return values
+
+
+def environment_variables() -> frozenset[str]:
+    """The name of every environment variable the settings read (the numbered data keys
+    as ``SUBSCRIPTION_AUTH_KEY_V<n>``)."""
+    names: set[str] = set()
+
+    def collect(cls: type[Any]) -> None:
+        for item in fields(cls):
+            if (variable := item.metadata.get("env")) is not None:
+                names.add(variable.name)
+            elif item.default_factory is not MISSING and is_dataclass(item.default_factory):
+                collect(cast(type[Any], item.default_factory))
+
+    collect(Settings)
+    return frozenset(names)
+
+
+# What _check looks at, read before every other setting.
+_CHECKED = frozenset(
+    {
+        "secret_key",
+        "vapid_private_key",
+        "vapid_public_key",
+        "vapid_subject",
+        "auth_key_version",
+        "auth_keys",
+        "public_url",
+        "feedback_secrets",
+        "metrics_token",
+        "export_signing_key",
+    }
+)
+
+
+def _check(values: Mapping[str, Any], *, production: bool) -> None:
+    """The refusals that look at more than one setting: production's secrets, the data
+    key in use, the VAPID pair and subject, the export signing key."""
+    version: int = values["auth_key_version"]
+    auth_keys: Mapping[int, bytes] = values["auth_keys"]
+    if production:
+        _require_secret("SECRET_KEY", values["secret_key"])
+        _require_secret("VAPID_PRIVATE_KEY", values["vapid_private_key"])
+        _require_secret("VAPID_PUBLIC_KEY", values["vapid_public_key"])
+        _require_secret("VAPID_SUBJECT", values["vapid_subject"])
+        _require_secret(f"SUBSCRIPTION_AUTH_KEY_V{version}", auth_keys.get(version))
+        for number, key in sorted(auth_keys.items()):
+            _require_data_key(f"SUBSCRIPTION_AUTH_KEY_V{number}", key)
+        # Optional (unset disables the receiver), but never a well-known value.
+        for secret in values["feedback_secrets"]:
+            _require_secret("FEEDBACK_SECRETS", secret)
+        if values["metrics_token"] is not None:
+            _require_secret("METRICS_TOKEN", values["metrics_token"])
+    if version not in auth_keys:
+        raise ConfigError(
+            f"SUBSCRIPTION_AUTH_KEY_V{version} is missing: "
+            f"SUBSCRIPTION_AUTH_KEY_VERSION is {version}"
+        )
+    subject = values["vapid_subject"]
+    if subject and not re.match(r"^(mailto:[^@\s]+@[^@\s]+|https://\S+)$", subject):
+        raise ConfigError("VAPID_SUBJECT must be a mailto: address or an https: URL")
+    _check_vapid_pair(values["vapid_private_key"], values["vapid_public_key"])
+    _check_signing_key(values["export_signing_key"])
+
+
+def canonical_origin(text: str) -> str | None:
+    """``scheme://host[:port]`` as a browser serialises it (lower case, punycode, the
+    default port dropped), or None when ``text`` is not an http(s) URL with a host —
+    ``null`` included. Path, query and fragment are ignored; credentials are refused."""
+    try:
+        parts = urlsplit(text.strip())
+        port = parts.port
+    except ValueError:  # an unclosed IPv6 bracket, a port out of range
+        return None
+    scheme = parts.scheme.lower()
+    if scheme not in _DEFAULT_PORTS or not parts.hostname or "@" in parts.netloc:
+        return None
+    host = parts.hostname.rstrip(".")
+    if not host:
+        return None
+    try:
+        host = host.encode("idna").decode("ascii")
+    except UnicodeError:
+        return None
+    if ":" in host:  # IPv6
+        host = f"[{host}]"
+    if port is None or port == _DEFAULT_PORTS[scheme]:
+        return f"{scheme}://{host}"
+    return f"{scheme}://{host}:{port}"
 
 
 def normalise_database_url(url: str) -> str:
@@ -519,14 +661,6 @@ def _positive(environ: Mapping[str, str], name: str, default: int) -> int:
     if number == 0:
         raise ConfigError(f"{name} must be at least 1")
     return number
-
-
-def _lease(environ: Mapping[str, str]) -> float:
-    # A zero lease would let every process take every other's claims: duplicates.
-    seconds = _float(environ, "DISPATCH_LEASE_SECONDS", 60.0)
-    if seconds <= 0:
-        raise ConfigError("DISPATCH_LEASE_SECONDS must be more than 0")
-    return seconds
 
 
 def _float(environ: Mapping[str, str], name: str, default: float) -> float:

@@ -22,6 +22,8 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
+from portal.config import Settings
+
 log = logging.getLogger("portal")
 
 # What a database that is down, restarting or unreachable raises (SQLAlchemy wraps the
@@ -234,12 +236,7 @@ class Database:
     beside a web app) never share an engine by accident.
     """
 
-    def __init__(self, app: Flask | None = None) -> None:
-        if app is not None:
-            self.init_app(app)
-
-    def init_app(self, app: Flask) -> None:
-        settings = app.extensions["portal.settings"]
+    def init_app(self, app: Flask, settings: Settings) -> None:
         engine = create_engine(
             settings.database_url, connect_timeout=settings.database_connect_timeout
         )

@@ -19,7 +19,7 @@ Three doors use it:
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from flask import Flask, abort, current_app, request
@@ -130,6 +130,26 @@ def check_request() -> None:
     for name, values in request.args.lists():
         if text_problem(name) or any(text_problem(v) for v in values):
             abort(400)
+
+
+def error_list(
+    form: FlaskForm,
+    extra: Sequence[tuple[str, str]] = (),
+    *,
+    order: Sequence[str] | None = None,
+    anchors: Mapping[str, str] | None = None,
+) -> list[tuple[str, str]]:
+    """(anchor, message) pairs for a page's error summary: each field's first error, in
+    the order the fields appear on the page (``order``, by field name, when it is not
+    the form's own), then ``extra``. The anchor is the element the summary links to: a
+    field's ``anchor`` when it has one, else ``anchors[id]``, else its id."""
+    fields = list(form) if order is None else [getattr(form, n) for n in order if hasattr(form, n)]
+    errors = [
+        (getattr(field, "anchor", None) or (anchors or {}).get(field.id, field.id), field.errors[0])
+        for field in fields
+        if field.errors and field.name != "csrf_token"
+    ]
+    return errors + list(extra)
 
 
 def init_app(app: Flask) -> None:

@@ -1,74 +1,124 @@
-"""Background jobs by name: what the scheduler runs and ``portal run-job NAME`` runs once."""
+"""Every background job in one table: what the scheduler runs, how often, whether one
+process at a time, and what ``portal run-job NAME`` finds.
+
+The job functions live with their packages and import nothing from here; this module
+imports them. The table is checked when the application is created: a scheduled job
+must name its interval among the ``ScheduleSettings`` fields.
+"""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Protocol
+from dataclasses import dataclass, fields
 
 from flask import Flask
 
+from portal.compliance.jobs import verify_log
+from portal.config import ScheduleSettings, Settings
+from portal.delivery.jobs import dispatch_job
+from portal.jobreport import JobFunction, JobReport, NoProgress, Progress
+from portal.ratelimit import prune_job
+from portal.retention.jobs import purge_job, sweep_job, tombstone_job
+from portal.subscriptions.jobs import (
+    CANONICALISE_JOB,
+    backfill_hash_job,
+    canonicalise_job,
+    reseal_job,
+)
 
-class Progress(Protocol):
-    def start(self, total: int) -> None: ...
-    def advance(self, count: int) -> None: ...
+__all__ = ["JOBS", "Job", "JobReport", "JobTableError", "NoProgress", "Progress", "run_job"]
 
 
-class NoProgress:
-    def start(self, total: int) -> None:
-        pass
-
-    def advance(self, count: int) -> None:
-        pass
+class JobTableError(RuntimeError):
+    """The table of jobs is wrong (a job without its interval, a name twice)."""
 
 
-@dataclass
-class JobReport:
+@dataclass(frozen=True)
+class Job:
     name: str
-    processed: int = 0
-    changed: int = 0
-    problems: list[str] = field(default_factory=list)
-    seconds: float = 0.0
+    function: JobFunction
+    # The ScheduleSettings field holding its interval in seconds; None for a job that
+    # is never scheduled (``by_hand``).
+    interval: str | None
+    # One process at a time across all of them, under a lock and only when due; a job
+    # that is not (dispatch) runs in every process, its work claimed row by row.
+    singleton: bool = True
+    # A one-off backfill: run with ``portal run-job`` after a release, never scheduled
+    # and not offered on the jobs page.
+    by_hand: bool = False
 
-    def summary(self) -> str:
-        text = f"{self.name}: {self.processed} rows looked at, {self.changed} changed"
-        if self.problems:
-            text += f", {len(self.problems)} problems"
-        return text + f" in {self.seconds:.2f} s"
-
-
-JobFunction = Callable[[Flask, Progress], JobReport]
-JOBS: dict[str, JobFunction] = {}
-
-
-def job(name: str) -> Callable[[JobFunction], JobFunction]:
-    def register(function: JobFunction) -> JobFunction:
-        JOBS[name] = function
-        return function
-
-    return register
+    def interval_seconds(self, settings: Settings) -> float:
+        if self.interval is None:
+            raise JobTableError(f"job {self.name!r} is run by hand only: it has no interval")
+        return float(getattr(settings.schedule, self.interval))
 
 
-def _load() -> None:
-    """Import every module that registers jobs."""
-    import portal.campaigns.jobs
-    import portal.compliance.jobs
-    import portal.ratelimit
-    import portal.retention.jobs
-    import portal.subscriptions.jobs  # noqa: F401
+JOBS: tuple[Job, ...] = (
+    Job("dispatch", dispatch_job, interval="dispatch", singleton=False),
+    Job("sweep", sweep_job, interval="sweep"),
+    Job("tombstone", tombstone_job, interval="tombstone"),
+    Job("purge", purge_job, interval="purge"),
+    Job("reseal", reseal_job, interval="reseal"),
+    Job("verify-log", verify_log, interval="verify_log"),
+    Job("rate-limit-prune", prune_job, interval="rate_limit_prune"),
+    Job("backfill-hash", backfill_hash_job, interval=None, by_hand=True),
+    Job(CANONICALISE_JOB, canonicalise_job, interval=None, by_hand=True),
+)
 
 
-def run_job(app: Flask, name: str, progress: Progress | None = None) -> JobReport:
-    _load()
-    if name not in JOBS:
-        raise KeyError(name)
-    started = time.perf_counter()
-    report = JOBS[name](app, progress or NoProgress())
-    report.seconds = time.perf_counter() - started
-    return report
+def check_table(jobs: tuple[Job, ...] | None = None) -> None:
+    """Refuse a table a scheduler could not run: a scheduled job without an interval
+    (or naming a setting that does not exist), a by-hand job with one, a name twice."""
+    jobs = JOBS if jobs is None else jobs
+    intervals = {item.name for item in fields(ScheduleSettings)}
+    seen: set[str] = set()
+    for entry in jobs:
+        if entry.name in seen:
+            raise JobTableError(f"job {entry.name!r} is in the table of jobs twice")
+        seen.add(entry.name)
+        if entry.by_hand:
+            if entry.interval is not None:
+                raise JobTableError(
+                    f"job {entry.name!r} is run by hand only but names an interval "
+                    f"({entry.interval!r}): drop one or the other"
+                )
+            continue
+        if entry.interval is None:
+            raise JobTableError(
+                f"job {entry.name!r} has no interval: name the ScheduleSettings field "
+                "that holds it, or mark the job by_hand"
+            )
+        if entry.interval not in intervals:
+            raise JobTableError(
+                f"job {entry.name!r} names the interval {entry.interval!r}, which is not a "
+                f"ScheduleSettings field (those are: {', '.join(sorted(intervals))})"
+            )
+
+
+def find(name: str) -> Job:
+    """The job called ``name``; KeyError when there is none."""
+    for entry in JOBS:
+        if entry.name == name:
+            return entry
+    raise KeyError(name)
 
 
 def job_names() -> list[str]:
-    _load()
-    return sorted(JOBS)
+    return sorted(entry.name for entry in JOBS)
+
+
+def scheduled_jobs() -> list[Job]:
+    return [entry for entry in JOBS if not entry.by_hand]
+
+
+def singleton_jobs() -> tuple[str, ...]:
+    """The scheduled jobs that run in one process at a time."""
+    return tuple(entry.name for entry in scheduled_jobs() if entry.singleton)
+
+
+def run_job(app: Flask, name: str, progress: Progress | None = None) -> JobReport:
+    entry = find(name)
+    started = time.perf_counter()
+    report = entry.function(app, progress or NoProgress())
+    report.seconds = time.perf_counter() - started
+    return report

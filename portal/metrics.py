@@ -11,7 +11,7 @@ from __future__ import annotations
 import hmac
 import os
 
-from flask import Blueprint, Response, current_app, request
+from flask import Blueprint, Response, request
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     REGISTRY,
@@ -21,6 +21,8 @@ from prometheus_client import (
     generate_latest,
     multiprocess,
 )
+
+from portal.seams import current_portal
 
 subscription_upserts = Counter(
     "push_subscription_upserts_total",
@@ -76,7 +78,7 @@ def _authorised(expected: str) -> bool:
 
 @bp.get("/metrics")
 def metrics() -> Response:
-    token = current_app.extensions["portal.settings"].metrics_token
+    token = current_portal().settings.metrics_token
     if token and not _authorised(token):
         return Response(
             "A bearer token is required to read the metrics.\n",

@@ -1,8 +1,8 @@
 """Every model, imported in one place so the metadata is complete (Alembic, tests)."""
 
-from portal.campaigns.models import Campaign, CircuitState, Delivery
+from portal.campaigns.models import Campaign, CircuitState
 from portal.consent.models import ConsentEvent, PolicyVersion, Topic, TopicPreference
-from portal.delivery.models import DeliveryReceipt
+from portal.delivery.models import Delivery, DeliveryReceipt
 from portal.feedback.models import FeedbackApplied, FeedbackDigest
 from portal.operations.models import JobRun, JobState
 from portal.ratelimit import RateLimitCounter

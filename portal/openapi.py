@@ -11,12 +11,13 @@ from __future__ import annotations
 from enum import EnumType
 from typing import Any
 
-from flask import Blueprint, Response, current_app, jsonify
+from flask import Blueprint, Response, jsonify
 
 from portal.consent.models import PreferenceState
 from portal.consent.preferences import Reason
 from portal.consent.sources import ROUTE_SOURCES
 from portal.delivery.models import ReceiptEvent
+from portal.seams import current_portal
 from portal.subscriptions.models import SubscriptionState
 
 bp = Blueprint("openapi", __name__, url_prefix="/api")
@@ -613,4 +614,4 @@ def build(settings: Any) -> dict[str, Any]:
 
 @bp.get("/openapi.json")
 def document() -> Response:
-    return jsonify(build(current_app.extensions["portal.settings"]))
+    return jsonify(build(current_portal().settings))

@@ -11,43 +11,26 @@ and outside a request the development server's default address does.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 
-from flask import current_app, has_request_context, request
+from flask import has_request_context, request
+
+from portal.config import canonical_origin
+from portal.seams import current_portal
+
+__all__ = [
+    "DEVELOPMENT_ORIGIN",
+    "LinkOrigins",
+    "campaign_link_origins",
+    "canonical_origin",  # parsed with the settings; the rest of the portal asks here
+    "public_origin",
+]
 
 DEVELOPMENT_ORIGIN = "http://127.0.0.1:5000"
-_DEFAULT_PORTS = {"http": 80, "https": 443}
-
-
-def canonical_origin(text: str) -> str | None:
-    """``scheme://host[:port]`` as a browser serialises it (lower case, punycode, the
-    default port dropped), or None when ``text`` is not an http(s) URL with a host —
-    ``null`` included. Path, query and fragment are ignored; credentials are refused."""
-    try:
-        parts = urlsplit(text.strip())
-        port = parts.port
-    except ValueError:  # an unclosed IPv6 bracket, a port out of range
-        return None
-    scheme = parts.scheme.lower()
-    if scheme not in _DEFAULT_PORTS or not parts.hostname or "@" in parts.netloc:
-        return None
-    host = parts.hostname.rstrip(".")
-    if not host:
-        return None
-    try:
-        host = host.encode("idna").decode("ascii")
-    except UnicodeError:
-        return None
-    if ":" in host:  # IPv6
-        host = f"[{host}]"
-    if port is None or port == _DEFAULT_PORTS[scheme]:
-        return f"{scheme}://{host}"
-    return f"{scheme}://{host}:{port}"
 
 
 def public_origin() -> str:
     """The origin people reach the portal at."""
-    configured: str | None = current_app.extensions["portal.settings"].public_url
+    configured: str | None = current_portal().settings.public_url
     if configured:
         return configured
     if has_request_context():
@@ -76,5 +59,5 @@ class LinkOrigins:
 def campaign_link_origins() -> LinkOrigins:
     """Where a campaign's link (and icon) may lead: this site, and the sites named in
     ``CAMPAIGN_LINK_ORIGINS``. The form and the command line both ask here."""
-    others: tuple[str, ...] = current_app.extensions["portal.settings"].campaign_link_origins
+    others: tuple[str, ...] = current_portal().settings.campaign_link_origins
     return LinkOrigins(public_origin(), others)

@@ -9,13 +9,14 @@ from flask import Blueprint, Response, current_app, render_template, request
 
 from portal.consent import catalogue
 from portal.db import db
+from portal.seams import current_portal
 
 bp = Blueprint("pages", __name__)
 
 
 @bp.get("/")
 def index() -> str:
-    settings = current_app.extensions["portal.settings"]
+    settings = current_portal().settings
     session = db.session
     topics = catalogue.active_topics(session)
     return render_template(
@@ -46,7 +47,7 @@ def service_worker_source(link_origins: tuple[str, ...]) -> str:
 def service_worker() -> Response:
     # Served from the root so its scope can be "/"; never cached long, so an update
     # (of the script, or of the sites it may open) reaches browsers on their next visit.
-    settings = current_app.extensions["portal.settings"]
+    settings = current_portal().settings
     response = Response(service_worker_source(settings.campaign_link_origins))
     response.add_etag()
     response.make_conditional(request)

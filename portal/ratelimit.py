@@ -26,7 +26,8 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from portal.db import Base, UTCDateTime, db
 from portal.errors import ApiError
-from portal.jobs import JobReport, Progress, job
+from portal.jobreport import JobReport, Progress
+from portal.seams import current_portal
 from portal.subscriptions.validation import endpoint_hash
 
 log = logging.getLogger("portal.ratelimit")
@@ -122,7 +123,7 @@ def prune(engine: Engine, *, now: dt.datetime, window_seconds: int) -> int:
 def _check(kind: Kind, value: bytes, limit: int) -> None:
     if limit <= 0:
         return
-    portal = current_app.extensions["portal"]
+    portal = current_portal()
     settings = portal.settings.rate_limit
     key = counter_key(
         current_app.config["SECRET_KEY"].encode(), kind, request.endpoint or request.path, value
@@ -153,14 +154,14 @@ def _check(kind: Kind, value: bytes, limit: int) -> None:
 
 def limit_endpoint(endpoint: str) -> None:
     """Count a request naming this push subscription endpoint (429 past the limit)."""
-    limit = current_app.extensions["portal"].settings.rate_limit.per_endpoint
+    limit = current_portal().settings.rate_limit.per_endpoint
     _check(Kind.ENDPOINT, endpoint_hash(endpoint), limit)
 
 
 def _limit_address() -> None:
     if request.endpoint is None or not request.path.startswith("/api/"):
         return
-    limit = current_app.extensions["portal"].settings.rate_limit.per_address
+    limit = current_portal().settings.rate_limit.per_address
     _check(Kind.ADDRESS, (request.remote_addr or "unknown").encode(), limit)
 
 
@@ -169,9 +170,8 @@ def init_app(app: Flask) -> None:
     app.before_request(_limit_address)
 
 
-@job("rate-limit-prune")
-def _prune_job(app: Flask, progress: Progress) -> JobReport:
-    portal = app.extensions["portal"]
+def prune_job(app: Flask, progress: Progress) -> JobReport:
+    portal = current_portal(app)
     deleted = prune(
         app.extensions["portal.db"].engine,
         now=portal.clock.now(),

@@ -17,6 +17,8 @@ from __future__ import annotations
 from flask import Flask, Response, request
 from werkzeug.middleware.proxy_fix import ProxyFix
 
+from portal.seams import current_portal
+
 CONTENT_SECURITY_POLICY = "; ".join(
     (
         "default-src 'self'",
@@ -86,7 +88,7 @@ def is_private(path: str) -> bool:
 
 
 def init_app(app: Flask) -> None:
-    settings = app.extensions["portal.settings"]
+    settings = current_portal(app).settings
     headers = security_headers(production=settings.is_production)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     if settings.trusted_proxies:

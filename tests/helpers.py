@@ -52,9 +52,10 @@ def record_delivery(
     """One of our deliveries to a subscription, as the sender records it (a campaign on
     the first topic, made when there is none); returns its ``deliveryId``. A test that
     chose the id (a push it sends itself) names it."""
-    from portal.campaigns.models import Campaign, Delivery
+    from portal.campaigns.models import Campaign
     from portal.consent import catalogue
     from portal.consent.models import Topic
+    from portal.delivery.models import Delivery
 
     topic_id = session.execute(sa.select(Topic.id).order_by(Topic.id).limit(1)).scalar()
     if topic_id is None:

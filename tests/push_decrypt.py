@@ -1,6 +1,6 @@
 """The browser's half of RFC 8291: open an ``aes128gcm`` push message body.
 
-Written separately from ``portal.dispatch.encryption`` on purpose: a shared mistake in
+Written separately from ``portal.push.encryption`` on purpose: a shared mistake in
 the key derivation would let a round trip pass, an independent reading of the RFC does
 not. Handles any number of records (RFC 8188 §2), as browsers do, so bodies from other
 encoders (``http_ece``) open too.

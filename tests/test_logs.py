@@ -18,11 +18,13 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
 from portal.config import b64url_decode
+from portal.seams import current_portal
 from tests.campaigns.conftest import (  # noqa: F401 - fixtures shared with the campaign tests
     dispatcher,
     fake_push,
     form_data,
     push_app,
+    push_transport,
     settings,
     sign_in,
 )
@@ -60,7 +62,7 @@ def _pem_and_der(key: ec.EllipticCurvePrivateKey | ed25519.Ed25519PrivateKey) ->
 
 
 def _secrets(app, people) -> dict[str, set[str]]:
-    config = app.extensions["portal.settings"]
+    config = current_portal(app).settings
     vapid_raw = b64url_decode(VAPID_PRIVATE)
     vapid_key = ec.derive_private_key(int.from_bytes(vapid_raw, "big"), ec.SECP256R1())
     export_raw = b64url_decode(EXPORT_SIGNING_KEY)

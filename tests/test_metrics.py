@@ -6,14 +6,14 @@ import logging
 
 import pytest
 
+from portal.seams import current_portal
+
 TOKEN = "scrape-token-7b1e0c2d9a4f"
 
 
 @pytest.fixture
 def guarded(app):
-    app.extensions["portal"].settings = app.extensions["portal.settings"] = app.extensions[
-        "portal.settings"
-    ].with_overrides(metrics_token=TOKEN)
+    current_portal(app).settings = current_portal(app).settings.with_overrides(metrics_token=TOKEN)
     return app
 
 

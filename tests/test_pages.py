@@ -6,6 +6,7 @@ import re
 
 import pytest
 
+from portal.seams import current_portal
 from tests.conftest import VAPID_PUBLIC
 
 
@@ -24,9 +25,9 @@ def test_the_service_worker_knows_the_sites_campaigns_may_link_to(app, client):
     first = client.get("/sw.js")
     default = first.get_data(as_text=True)
     assert "\nvar LINK_ORIGINS = [];\n" in default  # this site only
-    app.extensions["portal"].settings = app.extensions["portal.settings"] = app.extensions[
-        "portal.settings"
-    ].with_overrides(campaign_link_origins=("https://shop.example", "https://cdn.example"))
+    current_portal(app).settings = current_portal(app).settings.with_overrides(
+        campaign_link_origins=("https://shop.example", "https://cdn.example")
+    )
     served = client.get("/sw.js")
     text = served.get_data(as_text=True)
     assert '\nvar LINK_ORIGINS = ["https://shop.example", "https://cdn.example"];\n' in text

@@ -12,6 +12,7 @@ from flask import Flask
 from portal import create_app
 from portal.api import ERROR_PAGES, error_page
 from portal.clock import FrozenClock
+from portal.seams import current_portal
 from portal.security import CONTENT_SECURITY_POLICY, HSTS, security_headers
 from portal.staff.models import Role
 from tests.conftest import make_settings
@@ -52,7 +53,7 @@ def staff_browser(app: Flask) -> Browser:
     from portal.staff.passwords import Passwords
 
     passwords = Passwords(FAST_HASHER)
-    app.extensions["portal.staff.passwords"] = passwords
+    current_portal(app).passwords = passwords
     with app.app_context(), db.begin() as session:
         services.create_staff(
             session,
@@ -61,7 +62,7 @@ def staff_browser(app: Flask) -> Browser:
             roles=tuple(Role),
             actor=None,
             passwords=passwords,
-            clock=app.extensions["portal"].clock,
+            now=current_portal(app).clock.now(),
             via="test",
         )
     person = Browser(app.test_client())
@@ -211,7 +212,7 @@ def production(database_url: str, tmp_path: Path, clock: FrozenClock):
 
 
 def _shows_nothing_inside(text: str, app: Flask) -> None:
-    settings = app.extensions["portal.settings"]
+    settings = current_portal(app).settings
     for forbidden in (
         "Traceback",
         "RuntimeError",

@@ -6,7 +6,6 @@ import datetime as dt
 import sys
 
 import click
-from flask import current_app
 from flask.cli import AppGroup
 
 from portal.campaigns import services
@@ -18,6 +17,7 @@ from portal.consent.recipients import audience_breakdown
 from portal.db import db
 from portal.errors import ApiError, ValidationError
 from portal.origins import campaign_link_origins
+from portal.seams import current_portal
 from portal.staff import audit
 
 campaign_cli = AppGroup("campaign", help="Campaigns: create and launch, list.")
@@ -25,7 +25,7 @@ CREATED_BY = "command line"
 
 
 def _now() -> dt.datetime:
-    return current_app.extensions["portal"].clock.now()
+    return current_portal().clock.now()
 
 
 def _fail(problems: list[ApiError]) -> None:

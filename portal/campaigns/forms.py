@@ -234,12 +234,3 @@ def check(form: CampaignForm, session: Session, *, now: dt.datetime) -> Campaign
     if any(field.errors for field in form):
         return None
     return draft
-
-
-def error_list(form: CampaignForm) -> list[tuple[str, str]]:
-    """(field id, message) in page order, for the error summary."""
-    return [
-        (name, getattr(form, name).errors[0])
-        for name in FIELD_ORDER
-        if hasattr(form, name) and getattr(form, name).errors
-    ]

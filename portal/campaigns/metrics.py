@@ -8,8 +8,8 @@ from collections.abc import Iterable
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from portal.campaigns.models import Unsendable
-from portal.dispatch.transport import PushResponse
+from portal.delivery.models import Unsendable
+from portal.push.transport import PushResponse
 
 PROVIDERS = frozenset({"fcm", "autopush", "apple", "wns", "other"})
 

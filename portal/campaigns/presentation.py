@@ -11,8 +11,9 @@ import http
 from collections import defaultdict
 from dataclasses import dataclass
 
-from portal.campaigns.models import CampaignStatus, CircuitState, DeliveryStatus
+from portal.campaigns.models import CampaignStatus, CircuitState
 from portal.consent.preferences import Reason
+from portal.delivery.models import DeliveryStatus
 
 STATUS_LABELS = {
     CampaignStatus.SCHEDULED.value: "Scheduled",

@@ -19,17 +19,12 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from portal.campaigns.models import (
-    Campaign,
-    CampaignStatus,
-    CircuitState,
-    Delivery,
-    DeliveryStatus,
-)
+from portal.campaigns.models import Campaign, CampaignStatus, CircuitState
 from portal.consent.catalogue import topic_by_slug
 from portal.consent.models import Topic
 from portal.consent.recipients import recipient_query
 from portal.db import affected_rows, is_postgres, uuid7
+from portal.delivery.models import Delivery, DeliveryStatus
 from portal.errors import Conflict, ValidationError
 from portal.inputs import text_problem
 from portal.origins import LinkOrigins, canonical_origin

@@ -12,19 +12,19 @@ import uuid
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from flask import current_app, flash, jsonify, redirect, render_template, request, url_for
+from flask import flash, jsonify, redirect, render_template, request, url_for
 from sqlalchemy.exc import IntegrityError
 
 from portal.campaigns import presentation, services
 from portal.campaigns.actions import CANCELLED, LAUNCHED, PAUSED, RESUMED, TEST_SENT
 from portal.campaigns.forms import (
+    FIELD_ORDER,
     SCHEDULE_CHOICES,
     URGENCY_CHOICES,
     CampaignForm,
     CancelForm,
     TestSendForm,
     check,
-    error_list,
     time_zones,
 )
 from portal.campaigns.models import Campaign
@@ -35,36 +35,34 @@ from portal.consent.recipients import audience_breakdown
 from portal.db import db, uuid7
 from portal.errors import ApiError
 from portal.identity import device_from_cookie, subscriber_from_cookie
+from portal.inputs import error_list
 from portal.origins import campaign_link_origins, public_origin
+from portal.seams import current_portal
 from portal.staff import audit
-from portal.staff.access import StaffPage, current_staff, register_page, staff_required
+from portal.staff.access import StaffPage, current_staff, staff_required
+from portal.staff.blueprint import bp
 from portal.staff.forms import ConfirmForm
 from portal.staff.models import Role
-from portal.staff.views import bp
 from portal.useragent import family
 
 if TYPE_CHECKING:
-    from portal import Portal
     from portal.staff.services import SignedIn
 
-register_page(
+# Its pages on the staff dashboard (create_app lists them, in its order).
+PAGES = (
     StaffPage(
         "staff.campaign_list",
         "Campaigns",
         "Create, test, launch and follow campaigns; pause, resume or cancel them.",
-    )
+    ),
 )
 
 _CONTROLS = {"pause": PAUSED, "resume": RESUMED, "cancel": CANCELLED}
 _DONE = {"pause": "paused", "resume": "resumed", "cancel": "cancelled"}
 
 
-def _portal() -> Portal:
-    return current_app.extensions["portal"]
-
-
 def _now() -> dt.datetime:
-    return _portal().clock.now()
+    return current_portal().clock.now()
 
 
 def _signed_in() -> SignedIn:
@@ -111,7 +109,7 @@ def _form_page(form: CampaignForm, *, status: int = 200, previewed: bool = False
     return render_template(
         "staff/campaigns/new.html",
         form=form,
-        errors=error_list(form),
+        errors=error_list(form, order=FIELD_ORDER),
         topics=form.topic_choices(db.session),
         zones=[(zone, zone) for zone in time_zones()],
         schedule_choices=SCHEDULE_CHOICES,
@@ -158,7 +156,7 @@ def _review_page(
         this_device=device_from_cookie(request),
         family=family,
         test_campaign=test_campaign,
-        dispatch_every=_portal().settings.schedule.dispatch,
+        dispatch_every=current_portal().settings.schedule.dispatch,
     )
 
 

@@ -14,7 +14,6 @@ import uuid
 from pathlib import Path
 
 import click
-from flask import current_app
 from flask.cli import AppGroup, with_appcontext
 
 from portal.compliance import services
@@ -22,6 +21,7 @@ from portal.compliance.export import DATA_FILES, ExportError, ExportFilter, writ
 from portal.compliance.signing import SigningKey, SigningKeyMissing, parse_public_key
 from portal.compliance.verify import BundleError, verify_bundle
 from portal.db import db
+from portal.seams import current_portal
 from portal.staff.audit import Anonymous
 
 
@@ -66,7 +66,7 @@ def export_command(
     subscriber: uuid.UUID | None,
 ) -> None:
     """Export consent history as a signed bundle in OUT."""
-    portal = current_app.extensions["portal"]
+    portal = current_portal()
     try:
         key = SigningKey.from_setting(portal.settings.export_signing_key)
     except SigningKeyMissing as missing:

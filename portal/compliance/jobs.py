@@ -11,10 +11,9 @@ import sqlalchemy as sa
 from flask import Flask
 
 from portal.consent.log import verify_chain
-from portal.jobs import JobReport, Progress, job
+from portal.jobreport import JobReport, Progress
 
 
-@job("verify-log")
 def verify_log(app: Flask, progress: Progress) -> JobReport:
     engine = app.extensions["portal.db"].engine
     with engine.connect() as connection:

@@ -19,13 +19,14 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from portal.campaigns.models import Campaign, Delivery
+from portal.campaigns.models import Campaign
 from portal.compliance.export import ExportFilter, ExportPlan, plan_export
 from portal.consent import catalogue
 from portal.consent.log import Context
 from portal.consent.models import ConsentEvent, EventKind, Source, Topic
 from portal.consent.preferences import Reason, TopicView, topic_views
 from portal.db import is_postgres
+from portal.delivery.models import Delivery
 from portal.operations.models import JobRun, JobState
 from portal.retention.services import ErasureReceipt, erase_subscriber
 from portal.staff import audit

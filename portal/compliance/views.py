@@ -7,7 +7,7 @@ import datetime as dt
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from flask import Response, current_app, flash, redirect, render_template, request, url_for
+from flask import Response, flash, redirect, render_template, request, url_for
 
 from portal.compliance import services
 from portal.compliance.charts import weekly_chart
@@ -17,26 +17,26 @@ from portal.compliance.services import REASON_LABELS, LookupKind
 from portal.compliance.signing import SigningKey, SigningKeyMissing
 from portal.consent import catalogue
 from portal.db import db
+from portal.inputs import error_list
 from portal.retention.views import RECEIPT_FLASH, receipt_token
+from portal.seams import current_portal
 from portal.staff.access import (
     StaffPage,
     current_staff,
     not_found_page,
-    register_page,
     staff_required,
 )
-from portal.staff.catalogue_forms import form_errors
+from portal.staff.blueprint import bp
 from portal.staff.forms import ConfirmForm
 from portal.staff.models import Role
-from portal.staff.views import bp
 from portal.subscriptions.models import Subscriber
 
 if TYPE_CHECKING:
-    from portal import Portal
     from portal.staff.services import SignedIn
 
 
-for _page in (
+# Its pages on the staff dashboard (create_app lists them, in its order).
+PAGES = (
     StaffPage(
         "staff.compliance_dashboard",
         "Compliance dashboard",
@@ -57,12 +57,7 @@ for _page in (
         "Export signing key",
         "The public key that checks the signature of every export bundle.",
     ),
-):
-    register_page(_page)
-
-
-def _portal() -> Portal:
-    return current_app.extensions["portal"]
+)
 
 
 def _staff() -> SignedIn:
@@ -109,7 +104,7 @@ def compliance_lookup() -> Any:
     return render_template(
         "staff/compliance/lookup.html",
         form=form,
-        errors=form_errors(form),
+        errors=error_list(form),
         keep_value=keep,
         not_found=not_found,
     ), status
@@ -146,7 +141,7 @@ def compliance_erase(subscriber_id: uuid.UUID) -> Any:
                 db.session,
                 subscriber_id,
                 actor=_staff(),
-                now=_portal().clock.now(),
+                now=current_portal().clock.now(),
                 reference=form.reference.data or None,
             )
             db.session.commit()
@@ -165,7 +160,7 @@ def compliance_erase(subscriber_id: uuid.UUID) -> Any:
         "staff/compliance/erase.html",
         subscriber=subscriber,
         form=form,
-        errors=form_errors(form),
+        errors=error_list(form),
     ), status
 
 
@@ -174,7 +169,7 @@ def compliance_erase(subscriber_id: uuid.UUID) -> Any:
 
 def _signing_key() -> SigningKey | None:
     try:
-        return SigningKey.from_setting(_portal().settings.export_signing_key)
+        return SigningKey.from_setting(current_portal().settings.export_signing_key)
     except SigningKeyMissing:
         return None
 
@@ -188,7 +183,7 @@ def compliance_export() -> Any:
     status = 200
     problems: list[tuple[str, str]] = []
     if request.method == "GET":
-        today = _portal().clock.now().date()
+        today = current_portal().clock.now().date()
         form.date_from.data = (today - dt.timedelta(days=30)).isoformat()
         form.date_to.data = today.isoformat()
         form.data_format.data = "csv"
@@ -221,7 +216,7 @@ def compliance_export() -> Any:
                         plan,
                         data_format,
                         exporter=_exporter(staff),
-                        created_at=_portal().clock.now(),
+                        created_at=current_portal().clock.now(),
                         key=key,
                     ),
                     mimetype="application/zip",
@@ -233,7 +228,7 @@ def compliance_export() -> Any:
     return render_template(
         "staff/compliance/export.html",
         form=form,
-        errors=form_errors(form) + problems,
+        errors=error_list(form) + problems,
         key=key,
     ), status
 
@@ -254,7 +249,7 @@ def signing_key() -> Any:
 @staff_required(Role.COMPLIANCE)
 def compliance_dashboard() -> Any:
     session = db.session
-    now = _portal().clock.now()
+    now = current_portal().clock.now()
     weeks = services.weekly_decisions(session, now)
     return render_template(
         "staff/compliance/dashboard.html",
@@ -272,7 +267,9 @@ def compliance_dashboard() -> Any:
 @staff_required(Role.COMPLIANCE)
 def compliance_verify_log() -> Any:
     """Ask for a full check of the chain now; the scheduler runs it in the background."""
-    requested = services.request_verification(db.session, actor=_staff(), now=_portal().clock.now())
+    requested = services.request_verification(
+        db.session, actor=_staff(), now=current_portal().clock.now()
+    )
     db.session.commit()
     flash(
         "Check requested: the scheduler starts it within half a minute. "

@@ -6,7 +6,6 @@ import sys
 from pathlib import Path
 
 import click
-from flask import current_app
 from flask.cli import AppGroup
 
 from portal.cli import ClickProgress
@@ -15,13 +14,14 @@ from portal.consent import catalogue
 from portal.consent.log import verify_chain
 from portal.db import db
 from portal.errors import ApiError
+from portal.seams import current_portal
 
 topic_cli = AppGroup("topic", help="The topic catalogue.")
 policy_cli = AppGroup("policy", help="Policy versions (immutable once published).")
 
 
 def _now():  # noqa: ANN202
-    return current_app.extensions["portal"].clock.now()
+    return current_portal().clock.now()
 
 
 def _fail(error: ApiError) -> None:

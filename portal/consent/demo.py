@@ -6,6 +6,7 @@ from flask import Flask
 
 from portal.consent import catalogue
 from portal.db import db
+from portal.seams import current_portal
 
 # One line per paragraph: pages wrap the text themselves and keep the line breaks given.
 POLICY = "\n".join(
@@ -64,7 +65,7 @@ def seed(app: Flask) -> None:
     with db.begin(app) as session:
         if catalogue.all_topics(session) or catalogue.current_policy(session):
             return
-        now = app.extensions["portal"].clock.now()
+        now = current_portal(app).clock.now()
         catalogue.publish_policy(session, version="2026-01", text=POLICY, now=now)
         for slug, category, label, description, transactional, default in TOPICS:
             catalogue.add_topic(

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from portal.consent.models import Topic, TopicPreference
 from portal.consent.preferences import RESTRICTED_REGIONS, Reason
-from portal.subscriptions.models import PushSubscription, Subscriber
+from portal.subscriptions.models import LIVE_STATES, PushSubscription, Subscriber
 
 _s = cast(sa.Table, PushSubscription.__table__)
 _sub = cast(sa.Table, Subscriber.__table__)
@@ -75,7 +75,7 @@ def recipient_query(topic_id: int) -> sa.Select[tuple]:
             _p, sa.and_(_p.c.subscriber_id == _s.c.subscriber_id, _p.c.topic_id == _topic.c.id)
         )
         .where(
-            _s.c.state.in_(["pending", "active"]),
+            _s.c.state.in_([s.value for s in LIVE_STATES]),
             _s.c.deleted_at.is_(None),
             sa.or_(_p.c.state == "opt_in", default_allows),
         )

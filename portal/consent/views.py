@@ -5,13 +5,12 @@ from __future__ import annotations
 import datetime as dt
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from flask import (
     Blueprint,
     Response,
     abort,
-    current_app,
     flash,
     get_flashed_messages,
     jsonify,
@@ -48,25 +47,19 @@ from portal.identity import (
     verify_assertion,
 )
 from portal.ratelimit import limit_endpoint
+from portal.seams import current_portal
 from portal.subscriptions import services as subscription_services
 from portal.subscriptions.models import PushSubscription, Subscriber
 from portal.subscriptions.possession import proof_from
 from portal.subscriptions.validation import require_object, require_string
 from portal.useragent import family
 
-if TYPE_CHECKING:
-    from portal import Portal
-
 bp = Blueprint("preferences", __name__)
 api = Blueprint("consent_api", __name__, url_prefix="/api/push")
 
 
-def _portal() -> Portal:
-    return current_app.extensions["portal"]
-
-
 def _secure() -> bool:
-    return request.is_secure or _portal().settings.is_production
+    return request.is_secure or current_portal().settings.is_production
 
 
 def _context(screen: str) -> Context:
@@ -201,7 +194,7 @@ def centre() -> Any:
 
 
 def _identify(token: str | None, assertion: str | None) -> Any:
-    settings = _portal().settings
+    settings = current_portal().settings
     session = db.session
     try:
         if not token:
@@ -285,7 +278,7 @@ def link_account_confirmed() -> Any:
         session,
         claims,
         browser_subscriber_id=subscriber_from_cookie(request),
-        now=_portal().clock.now(),
+        now=current_portal().clock.now(),
         context=_context("account-link"),
     )
     session.commit()
@@ -326,7 +319,7 @@ def save() -> Any:
         for v in topic_views(session, subscriber, catalogue.current(session).topics, rows)
         if v.topic.slug in visible
     ]
-    now = _portal().clock.now()
+    now = current_portal().clock.now()
     changes = apply_decisions(
         session,
         subscriber.id,
@@ -354,7 +347,7 @@ def marketing_off() -> Any:
         return _render(None, status=403)
     session = db.session
     current = _current_policy()
-    now = _portal().clock.now()
+    now = current_portal().clock.now()
     apply_decisions(
         session,
         subscriber.id,
@@ -377,7 +370,7 @@ def _stop(sub: PushSubscription, message: str) -> Any:
     session = db.session
     subscription_services.unsubscribe(
         session,
-        clock=_portal().clock,
+        now=current_portal().clock.now(),
         subscription_id=sub.id,
         source=Source.PREFERENCE_CENTRE.value,
         context=_context("preference-centre:stop-device"),
@@ -474,7 +467,7 @@ def _duration(span: dt.timedelta) -> str:
 def api_preferences() -> Response:
     body = json_body()
     session = db.session
-    portal = _portal()
+    portal = current_portal()
     now = portal.clock.now()
     endpoint = require_string(body.get("endpoint"), "endpoint")
     limit_endpoint(endpoint)

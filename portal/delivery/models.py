@@ -1,14 +1,91 @@
-"""Display receipts reported by the service worker."""
+"""Deliveries (one campaign to one subscription, and how its sending went) and the
+display receipts the service worker reports for them."""
 
 from __future__ import annotations
 
 import datetime as dt
 import enum
+import uuid
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Mapped, mapped_column
 
 from portal.db import Base, UTCDateTime
+
+
+class DeliveryStatus(enum.StrEnum):
+    QUEUED = "queued"
+    SENDING = "sending"
+    ACCEPTED = "accepted"
+    FAILED = "failed"
+    REVOKED = "revoked"
+    SKIPPED = "skipped"
+
+
+class Unsendable(enum.StrEnum):
+    """Why one delivery could not be built or sent: its ``reason``. Only that delivery
+    ends (SPEC §7); the rest of its batch, the job and the campaign go on."""
+
+    # Skipped, as the subscription's fault is not known: the sealed auth secret or the
+    # public key cannot be opened or used (a data key missing from this process...).
+    UNREADABLE_KEYS = "unreadable_keys"
+    # Failed:
+    INVALID_ENDPOINT = "invalid_endpoint"  # the stored endpoint is no push endpoint
+    PAYLOAD_TOO_LARGE = "payload_too_large"
+    INVALID_REQUEST = "invalid_request"  # TTL, urgency or topic no push service takes
+    SEND_ERROR = "send_error"  # anything else raised for this one delivery
+
+
+FINAL_DELIVERY_STATES = (
+    DeliveryStatus.ACCEPTED,
+    DeliveryStatus.FAILED,
+    DeliveryStatus.REVOKED,
+    DeliveryStatus.SKIPPED,
+)
+
+
+class Delivery(Base):
+    __tablename__ = "delivery"
+
+    id: Mapped[int] = mapped_column(
+        sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
+    campaign_id: Mapped[uuid.UUID] = mapped_column(
+        sa.Uuid, sa.ForeignKey("campaign.id"), nullable=False
+    )
+    # No foreign key: subscriptions are purged after the audit window; deliveries stay.
+    subscription_id: Mapped[uuid.UUID] = mapped_column(sa.Uuid, nullable=False)
+    push_service: Mapped[str] = mapped_column(sa.String(16), nullable=False)
+    status: Mapped[str] = mapped_column(sa.String(10), nullable=False)
+    attempts: Mapped[int] = mapped_column(sa.SmallInteger, nullable=False, default=0)
+    next_attempt_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, nullable=False)
+    lease_expires_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    last_status_code: Mapped[int | None] = mapped_column(sa.SmallInteger)
+    reason: Mapped[str | None] = mapped_column(sa.String(64))
+    # The proof of consent per send: why this subscription may get this campaign.
+    consent_reason: Mapped[str] = mapped_column(sa.String(32), nullable=False)
+    consent_event_seq: Mapped[int | None] = mapped_column(sa.BigInteger)
+    updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, nullable=False)
+
+    __table_args__ = (
+        sa.UniqueConstraint(
+            "campaign_id", "subscription_id", name="uq_delivery_campaign_subscription"
+        ),
+        sa.CheckConstraint(
+            "status IN ('queued', 'sending', 'accepted', 'failed', 'revoked', 'skipped')",
+            name="status",
+        ),
+        # The claim query: a campaign's due work.
+        sa.Index("ix_delivery_claim", "campaign_id", "status", "next_attempt_at"),
+        sa.Index("ix_delivery_subscription_id", "subscription_id"),
+        # The compliance look-up: deliveries a person's consent events allowed.
+        sa.Index(
+            "ix_delivery_consent_event_seq",
+            "consent_event_seq",
+            postgresql_where=sa.text("consent_event_seq IS NOT NULL"),
+            sqlite_where=sa.text("consent_event_seq IS NOT NULL"),
+        ),
+    )
 
 
 class ReceiptEvent(enum.StrEnum):

@@ -15,23 +15,23 @@ delivery sent elsewhere get the same refusal.
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
-from flask import Blueprint, Response, current_app, jsonify, request
+from flask import Blueprint, Response, jsonify, request
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from portal.api import check_same_origin, json_body
-from portal.campaigns.models import Delivery
-from portal.clock import Clock
 from portal.db import db, is_postgres
-from portal.delivery.models import DeliveryReceipt, ReceiptEvent
+from portal.delivery.models import Delivery, DeliveryReceipt, ReceiptEvent
 from portal.errors import ApiError, ValidationError
 from portal.identity import device_from_cookie
 from portal.ratelimit import limit_endpoint
+from portal.seams import current_portal
 from portal.subscriptions.models import PushSubscription
 from portal.subscriptions.possession import Proof, holds, proof_from
 from portal.subscriptions.sealing import KeyRing
@@ -112,12 +112,12 @@ def sent_to_caller(session: Session, delivery_id: str, proof: Proof, *, keys: Ke
     )
 
 
-def record(session: Session, receipt: Receipt, *, clock: Clock) -> bool:
+def record(session: Session, receipt: Receipt, *, now: dt.datetime) -> bool:
     """Store the fact once; True when it is new. A repeated report changes nothing."""
     insert = (postgresql.insert if is_postgres(session) else sqlite.insert)(DeliveryReceipt).values(
         delivery_id=receipt.delivery_id,
         event=receipt.event.value,
-        at=clock.now(),
+        at=now,
         endpoint_hash=endpoint_hash(receipt.endpoint) if receipt.endpoint else None,
     )
     statement = insert.on_conflict_do_nothing(
@@ -139,18 +139,18 @@ def receipts_for(session: Session, delivery_id: str) -> list[DeliveryReceipt]:
 @bp.post("/receipt")
 def receipt() -> tuple[Response, int]:
     body = json_body()  # content type and size limits, like every JSON endpoint
-    settings = current_app.extensions["portal.settings"]
+    settings = current_portal().settings
     parsed = parse_receipt(body, endpoint_max_length=settings.endpoint_max_length)
     proof = proof_from(device_from_cookie(request), body.get("auth"), "auth")
     if parsed.endpoint is not None:
         limit_endpoint(parsed.endpoint)
-    portal = current_app.extensions["portal"]
+    portal = current_portal()
     session = db.session
     # The check and the write share one transaction: one commit per receipt, none for
     # a refusal.
     if not sent_to_caller(session, parsed.delivery_id, proof, keys=portal.keys):
         raise NotYourDelivery()
-    created = record(session, parsed, clock=portal.clock)
+    created = record(session, parsed, now=portal.clock.now())
     session.commit()
     return jsonify(
         {"deliveryId": parsed.delivery_id, "event": parsed.event.value, "recorded": created}

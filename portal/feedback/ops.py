@@ -13,11 +13,12 @@ from werkzeug.wrappers import Response
 
 from portal.db import db
 from portal.feedback import services
+from portal.seams import current_portal
 from portal.staff import audit
-from portal.staff.access import StaffPage, current_staff, register_page, staff_required
+from portal.staff.access import StaffPage, current_staff, staff_required
+from portal.staff.blueprint import bp
 from portal.staff.forms import ConfirmForm
 from portal.staff.models import Role
-from portal.staff.views import bp
 
 if TYPE_CHECKING:
     from portal.config import Settings
@@ -26,19 +27,20 @@ TEST_SENT = "feedback.test_sent"
 RECENT = 50
 
 audit.register_action(TEST_SENT, "Feedback test digest sent")
-register_page(
+# Its pages on the staff dashboard (create_app lists them, in its order).
+PAGES = (
     StaffPage(
         "staff.feedback_ops",
         "Delivery feedback",
         "Digests the push provider sent, what they removed, and a signed test digest.",
-    )
+    ),
 )
 
 
 @bp.get("/ops/feedback")
 @staff_required(Role.ADMIN)
 def feedback_ops() -> str:
-    settings: Settings = current_app.extensions["portal.settings"]
+    settings: Settings = current_portal().settings
     return render_template(
         "staff/ops/feedback.html",
         settings=settings,

@@ -31,17 +31,17 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from portal import metrics
-from portal.campaigns.models import Delivery
-from portal.clock import Clock
 from portal.config import Settings
 from portal.consent import log
-from portal.consent.models import EventKind, Source
+from portal.consent.models import EventKind
 from portal.db import is_postgres, uuid7
+from portal.delivery.models import Delivery
 from portal.errors import ApiError, ValidationError
 from portal.feedback import signature
 from portal.feedback.models import DigestResult, FeedbackApplied, FeedbackDigest, Outcome
+from portal.seams import current_portal
 from portal.subscriptions.models import EndReason, PushSubscription, SubscriptionState
-from portal.subscriptions.services import end_subscription
+from portal.subscriptions.services import end_subscriptions, ending
 
 if TYPE_CHECKING:
     from flask import Flask
@@ -311,25 +311,18 @@ def revoke_subscription(
     event: CleanupEvent,
 ) -> None:
     """Revoke a subscription its push provider reported invalid, and log it."""
-    previous = sub.state
-    end_subscription(
-        sub, state=SubscriptionState.REVOKED, reason=EndReason.REVOKED_BY_FEEDBACK, now=now
-    )
-    if sub.subscriber_id is None:
-        return
     extra = {"organization": organization, "provider": event.provider, "reason": INVALID_TARGET}
     if event.delivery_id is not None:
         extra["delivery"] = event.delivery_id
-    log.append(
+    end_subscriptions(
         session,
-        kind=EventKind.REVOKED_BY_FEEDBACK,
-        subscriber_id=sub.subscriber_id,
-        subscription_id=sub.id,
-        previous_state=previous.value,
-        new_state=SubscriptionState.REVOKED.value,
-        source=Source.SYSTEM.value,
-        actor="system",
-        recorded_at=now,
+        [ending(sub)],
+        state=SubscriptionState.REVOKED,
+        reason=EndReason.REVOKED_BY_FEEDBACK,
+        # The caller checked it had not ended (_outcome): how it ended stays the truth.
+        from_states=(SubscriptionState.PENDING, SubscriptionState.ACTIVE, SubscriptionState.STALE),
+        now=now,
+        event=EventKind.REVOKED_BY_FEEDBACK,
         context=log.Context(screen="delivery-feedback", extra=extra),
     )
 
@@ -467,7 +460,7 @@ def receive(
     header: str | None,
     *,
     settings: Settings,
-    clock: Clock,
+    now: dt.datetime,
     sessions: sessionmaker[Session],
 ) -> Receipt:
     """Verify, validate, apply and commit one digest; the answer says which step refused.
@@ -476,7 +469,6 @@ def receive(
     no one without the secret can add rows. Signed digests that are refused are
     recorded with their reason, for the operations page.
     """
-    now = clock.now()
     try:
         if not settings.feedback_secrets:
             raise signature.SignatureError(
@@ -625,9 +617,9 @@ def send_test_digest(app: Flask) -> tuple[int, dict[str, Any]]:
     status 0 when no HTTP answer came back. Call it outside an open database
     transaction: on SQLite the receiver needs the write lock.
     """
-    settings: Settings = app.extensions["portal.settings"]
-    clock: Clock = app.extensions["portal"].clock
-    now = clock.now()
+    portal = current_portal(app)
+    settings = portal.settings
+    now = portal.clock.now()
     raw = build_test_digest(settings, now)
     headers = {"Content-Type": "application/json"}
     if settings.feedback_secrets:

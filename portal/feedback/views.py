@@ -6,26 +6,21 @@ do not apply (the HMAC signature authenticates it instead); the body-size limit 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from flask import Blueprint, Response, current_app, jsonify, request
+from flask import Blueprint, Response, jsonify, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from portal.api import RETRY_AFTER_SECONDS
 from portal.db import db
 from portal.feedback import services
-
-if TYPE_CHECKING:
-    from portal import Portal
-    from portal.config import Settings
+from portal.seams import current_portal
 
 bp = Blueprint("feedback_api", __name__, url_prefix="/api/push")
 
 
 @bp.post("/feedback")
 def receive() -> tuple[Response, int]:
-    settings: Settings = current_app.extensions["portal.settings"]
-    portal: Portal = current_app.extensions["portal"]
+    portal = current_portal()
+    settings = portal.settings
     request.max_content_length = settings.feedback_max_body_bytes
     try:
         # The raw bytes, exactly as signed: never parsed before the signature checks out.
@@ -37,7 +32,7 @@ def receive() -> tuple[Response, int]:
         raw,
         request.headers.get(settings.feedback_signature_header),
         settings=settings,
-        clock=portal.clock,
+        now=portal.clock.now(),
         sessions=db.session_factory(),
     )
     response = jsonify(receipt.body)

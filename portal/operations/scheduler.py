@@ -30,9 +30,11 @@ from apscheduler.triggers.interval import IntervalTrigger
 from flask import Flask
 from sqlalchemy.dialects import postgresql, sqlite
 
+from portal import jobs
 from portal.db import db
-from portal.jobs import JobReport, NoProgress, Progress, job_names, run_job
+from portal.jobreport import JobReport, NoProgress, Progress
 from portal.operations.models import JobRun, JobState
+from portal.seams import current_portal
 
 log = logging.getLogger("portal.scheduler")
 _JOB_LOCK_SPACE = 0x6A6F62  # "job": the first key of the two-key advisory lock
@@ -45,7 +47,8 @@ class JobBusy(RuntimeError):
 
 
 def interval_of(app: Flask, name: str) -> float:
-    return float(getattr(app.extensions["portal.settings"].schedule, name.replace("-", "_"), 3600))
+    """The job's interval in seconds, from the setting its table entry names."""
+    return jobs.find(name).interval_seconds(current_portal(app).settings)
 
 
 @contextlib.contextmanager
@@ -89,6 +92,8 @@ def _due(app: Flask, name: str, now: dt.datetime) -> bool:
 
 
 def _mark(app: Flask, name: str, *, started: dt.datetime, finished: dt.datetime | None) -> None:
+    if jobs.find(name).by_hand:
+        return  # never scheduled: no next run to keep (its runs are in job_run)
     values = {
         "name": name,
         "last_started_at": started,
@@ -118,7 +123,8 @@ def run_recorded(
 ) -> JobReport | None:
     """Run a job under its lock and record the run. None when it did not run (another
     process holds the lock, or it is not due yet)."""
-    clock = app.extensions["portal"].clock
+    jobs.find(name)  # KeyError for a job not in the table, before anything is written
+    clock = current_portal(app).clock
     with job_lock(app, name) as acquired:
         if not acquired:
             if only_if_due:
@@ -145,7 +151,7 @@ def run_recorded(
         report: JobReport | None = None
         error: str | None = None
         try:
-            report = run_job(app, name, progress or NoProgress())
+            report = jobs.run_job(app, name, progress or NoProgress())
         except Exception as problem:
             error = "".join(traceback.format_exception_only(problem)).strip()[:2000]
             log.exception("job %s failed", name)
@@ -173,7 +179,7 @@ def run_recorded(
 
 def record_run(app: Flask, report: JobReport, *, trigger: str) -> None:
     """Record a run that happened outside :func:`run_recorded` (the dispatch ticks)."""
-    now = app.extensions["portal"].clock.now()
+    now = current_portal(app).clock.now()
     with db.begin(app) as session:
         session.execute(
             sa.insert(_run).values(
@@ -189,7 +195,7 @@ def record_run(app: Flask, report: JobReport, *, trigger: str) -> None:
         )
 
 
-SINGLETON_JOBS = ("sweep", "tombstone", "purge", "reseal", "verify-log", "rate-limit-prune")
+SINGLETON_JOBS = jobs.singleton_jobs()
 
 
 class PortalScheduler:
@@ -207,10 +213,10 @@ class PortalScheduler:
         if self.stop.is_set():
             return
         try:
-            if name == "dispatch":
-                # Not a singleton: every process sends, claiming batches with SKIP LOCKED.
-                # A run is recorded only when it did something, not every few seconds.
-                report = run_job(self.app, name)
+            if not jobs.find(name).singleton:
+                # Every process runs it (dispatch: each sends, claiming batches with SKIP
+                # LOCKED). A run is recorded only when it did something, not every tick.
+                report = jobs.run_job(self.app, name)
                 if report.processed:
                     record_run(self.app, report, trigger="scheduler")
                 return
@@ -229,12 +235,11 @@ class PortalScheduler:
         with self._lock:
             if self.started:
                 return
-            available = set(job_names())
-            for name in (*SINGLETON_JOBS, "dispatch"):
-                if name not in available:
-                    continue
+            jobs.check_table()
+            for entry in jobs.scheduled_jobs():
+                name = entry.name
                 # Tick often; the shared next_run_at decides whether anything runs.
-                every = min(interval_of(self.app, name), 30.0)
+                every = min(entry.interval_seconds(current_portal(self.app).settings), 30.0)
                 self.scheduler.add_job(
                     self._tick,
                     IntervalTrigger(seconds=every),

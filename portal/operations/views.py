@@ -11,26 +11,26 @@ from flask import current_app, flash, redirect, render_template, url_for
 from werkzeug.wrappers import Response
 
 from portal.db import db
-from portal.jobs import job_names
+from portal.jobs import job_names, scheduled_jobs
 from portal.operations.models import JobRun, JobState
 from portal.operations.scheduler import JobBusy, run_recorded
 from portal.staff import audit
-from portal.staff.access import StaffPage, current_staff, register_page, staff_required
+from portal.staff.access import StaffPage, current_staff, staff_required
+from portal.staff.blueprint import bp
 from portal.staff.forms import ConfirmForm
 from portal.staff.models import Role
-from portal.staff.views import bp
-from portal.subscriptions.jobs import COMMAND_LINE_ONLY
 
 RAN_BY_HAND = "operations.job_run"
 RECENT = 100
 
 audit.register_action(RAN_BY_HAND, "Background job run by hand")
-register_page(
+# Its pages on the staff dashboard (create_app lists them, in its order).
+PAGES = (
     StaffPage(
         "staff.jobs_ops",
         "Background jobs",
         "When each job runs next, what its recent runs did, and running one now.",
-    )
+    ),
 )
 
 
@@ -43,7 +43,7 @@ def jobs_ops() -> str:
     scheduler = current_app.extensions.get("portal.scheduler")
     return render_template(
         "staff/ops/jobs.html",
-        names=[n for n in job_names() if n not in COMMAND_LINE_ONLY],
+        names=sorted(entry.name for entry in scheduled_jobs()),
         states=states,
         runs=runs,
         form=ConfirmForm(),

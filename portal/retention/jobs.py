@@ -1,15 +1,16 @@
-"""The lifecycle jobs, by name."""
+"""The lifecycle jobs (the table in portal.jobs names and schedules them)."""
 
 from __future__ import annotations
 
 from flask import Flask
 
-from portal.jobs import JobReport, Progress, job
+from portal.jobreport import JobReport, Progress
 from portal.retention.services import purge, sweep, tombstone
+from portal.seams import current_portal
 
 
 def _args(app: Flask) -> dict:
-    portal = app.extensions["portal"]
+    portal = current_portal(app)
     return {
         "now": portal.clock.now(),
         "retention": portal.settings.retention,
@@ -17,16 +18,13 @@ def _args(app: Flask) -> dict:
     }
 
 
-@job("sweep")
-def _sweep(app: Flask, progress: Progress) -> JobReport:
+def sweep_job(app: Flask, progress: Progress) -> JobReport:
     return sweep(app, progress=progress, **_args(app))
 
 
-@job("tombstone")
-def _tombstone(app: Flask, progress: Progress) -> JobReport:
+def tombstone_job(app: Flask, progress: Progress) -> JobReport:
     return tombstone(app, progress=progress, **_args(app))
 
 
-@job("purge")
-def _purge(app: Flask, progress: Progress) -> JobReport:
+def purge_job(app: Flask, progress: Progress) -> JobReport:
     return purge(app, progress=progress, **_args(app))

@@ -25,10 +25,17 @@ from portal.config import RetentionSettings
 from portal.consent import log
 from portal.consent.models import EventKind, Source, TopicPreference
 from portal.db import affected_rows, is_postgres
-from portal.jobs import JobReport, Progress
+from portal.jobreport import JobReport, Progress
 from portal.retention.models import RetentionCounter
 from portal.subscriptions.batches import subscription_batches
-from portal.subscriptions.models import EndReason, PushSubscription, Subscriber, SubscriptionState
+from portal.subscriptions.models import (
+    LIVE_STATES,
+    EndReason,
+    PushSubscription,
+    Subscriber,
+    SubscriptionState,
+)
+from portal.subscriptions.services import Ending, end_subscriptions
 
 _t = cast(sa.Table, PushSubscription.__table__)
 # Batches that append consent events hold the chain lock, which every subscribe, consent
@@ -69,7 +76,7 @@ def sweep(
     report = JobReport("sweep")
     quiet_since = now - dt.timedelta(days=retention.stale_after_days)
     stale_since = now - dt.timedelta(days=retention.expire_stale_after_days)
-    live = _t.c.state.in_(["pending", "active"]) & _t.c.deleted_at.is_(None)
+    live = _t.c.state.in_([s.value for s in LIVE_STATES]) & _t.c.deleted_at.is_(None)
 
     # 1. No sign of life (neither seen by the page nor reached by a send) → stale.
     quiet = (
@@ -109,36 +116,16 @@ def sweep(
     def to_expired(session: Session, rows: Sequence[sa.Row[Any]]) -> int:
         # One UPDATE and one bulk append per batch. The candidate query locked these rows
         # (or, on SQLite, the whole database), so the states it read are still theirs.
-        states = {r.id: r for r in rows}
-        ended = session.execute(
-            sa.update(_t)
-            .where(_t.c.id.in_(list(states)), _t.c.state.in_(["pending", "active", "stale"]))
-            .values(
-                state=SubscriptionState.EXPIRED.value,
-                end_reason=EndReason.EXPIRED.value,
-                ended_at=now,
-            )
-            .returning(_t.c.id)
-        ).all()
-        ended_ids = {r.id for r in ended}
-        log.append_many(
+        ended = end_subscriptions(
             session,
-            [
-                log.NewEvent(
-                    kind=EventKind.EXPIRED,
-                    subscriber_id=row.subscriber_id,
-                    subscription_id=row.id,
-                    previous_state=row.state,
-                    new_state=SubscriptionState.EXPIRED.value,
-                    source=Source.SYSTEM.value,
-                    actor="system",
-                    recorded_at=now,
-                    context=log.Context(screen="sweep"),
-                )
-                # In id order, as the rows were claimed, so the log's order is stable.
-                for row in rows
-                if row.id in ended_ids and row.subscriber_id is not None
-            ],
+            # In id order, as the rows were claimed, so the log's order is stable.
+            [Ending(row.id, row.subscriber_id, row.state) for row in rows],
+            state=SubscriptionState.EXPIRED,
+            reason=EndReason.EXPIRED,
+            from_states=(*LIVE_STATES, SubscriptionState.STALE),
+            now=now,
+            event=EventKind.EXPIRED,
+            context=log.Context(screen="sweep"),
         )
         return len(ended)
 

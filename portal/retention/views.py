@@ -14,6 +14,7 @@ from portal.consent.views import _current_subscriber, forget_link_visit
 from portal.db import db
 from portal.identity import SUBSCRIBER_COOKIE, subscriber_from_cookie
 from portal.retention.services import ErasureReceipt, erase_subscriber
+from portal.seams import current_portal
 from portal.useragent import family
 
 bp = Blueprint("erasure", __name__)
@@ -63,7 +64,7 @@ def erase() -> Any:
     receipt = erase_subscriber(
         session,
         subscriber.id,
-        now=current_app.extensions["portal"].clock.now(),
+        now=current_portal().clock.now(),
         source=Source.PREFERENCE_CENTRE.value,
         context=Context(
             screen="preference-centre:erase", client=family(request.headers.get("User-Agent"))

@@ -116,7 +116,8 @@ STAFF_PAGES: list[StaffPage] = [
 
 
 def register_page(page: StaffPage) -> None:
-    """Other packages list their staff pages here (campaigns, compliance look-up …)."""
+    """List a page on the dashboard. create_app registers each staff page module's
+    ``PAGES`` here, in the order of its list."""
     if all(existing.endpoint != page.endpoint for existing in STAFF_PAGES):
         STAFF_PAGES.append(page)
 

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import sqlalchemy as sa
-from flask import current_app, has_app_context
+from flask import has_app_context
 from sqlalchemy.orm import Session
 
+from portal.seams import current_portal
 from portal.staff.models import StaffAudit
 
 
@@ -113,7 +114,7 @@ def _check_detail(detail: Any, path: str = "detail") -> None:
 
 def _now() -> dt.datetime:
     if has_app_context():
-        return current_app.extensions["portal"].clock.now()
+        return current_portal().clock.now()
     return dt.datetime.now(dt.UTC)
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask_wtf import FlaskForm
 from wtforms import Field, StringField, TextAreaField
 from wtforms.validators import (
     DataRequired,
@@ -135,12 +134,3 @@ class PolicyForm(CheckedForm):
     def validate_text(self, field: Field) -> None:
         if not (field.data or "").strip():
             raise ValidationError("Enter the notice text")
-
-
-def form_errors(form: FlaskForm) -> list[tuple[str, str]]:
-    """(anchor, message) pairs in field order for the error summary."""
-    return [
-        (getattr(field, "anchor", field.id), field.errors[0])
-        for field in form
-        if field.errors and field.name != "csrf_token"
-    ]

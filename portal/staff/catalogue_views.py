@@ -4,24 +4,25 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from flask import current_app, flash, redirect, render_template, request, url_for
+from flask import flash, redirect, render_template, request, url_for
 
 from portal.consent import catalogue as consent_catalogue
 from portal.consent.catalogue import text_digest
 from portal.db import db
 from portal.errors import ApiError
+from portal.inputs import error_list
+from portal.seams import current_portal
 from portal.staff import catalogue
 from portal.staff.access import (
     StaffPage,
     current_staff,
     not_found_page,
-    register_page,
     staff_required,
 )
-from portal.staff.catalogue_forms import PolicyForm, TopicEditForm, TopicForm, form_errors
+from portal.staff.blueprint import bp
+from portal.staff.catalogue_forms import PolicyForm, TopicEditForm, TopicForm
 from portal.staff.forms import ConfirmForm
 from portal.staff.models import Role
-from portal.staff.views import bp
 
 if TYPE_CHECKING:
     import datetime as dt
@@ -31,24 +32,23 @@ if TYPE_CHECKING:
     from portal.consent.models import Topic
 
 
-register_page(
+# Its pages on the staff dashboard (create_app lists them, in its order).
+PAGES = (
     StaffPage(
         "staff.topics",
         "Topics",
         "The topic catalogue: add topics, change their wording, retire them.",
-    )
-)
-register_page(
+    ),
     StaffPage(
         "staff.policies",
         "Policy versions",
         "The notice texts people agree to: read any version, publish a new one.",
-    )
+    ),
 )
 
 
 def _now() -> dt.datetime:
-    return current_app.extensions["portal"].clock.now()
+    return current_portal().clock.now()
 
 
 def _refuse(form: FlaskForm, error: ApiError) -> None:
@@ -108,7 +108,7 @@ def topic_new() -> Any:
                 return redirect(url_for("staff.topics"), 303)
     categories = sorted({t.category for t in consent_catalogue.all_topics(db.session)})
     return render_template(
-        "staff/admin/topic_new.html", form=form, errors=form_errors(form), categories=categories
+        "staff/admin/topic_new.html", form=form, errors=error_list(form), categories=categories
     ), status
 
 
@@ -146,7 +146,7 @@ def topic_edit(slug: str) -> Any:
 
 def _edit_page(topic: Topic, form: TopicEditForm, status: int) -> Any:
     return render_template(
-        "staff/admin/topic_edit.html", topic=topic, form=form, errors=form_errors(form)
+        "staff/admin/topic_edit.html", topic=topic, form=form, errors=error_list(form)
     ), status
 
 
@@ -245,7 +245,7 @@ def policy_new() -> Any:
     return render_template(
         "staff/admin/policy_new.html",
         form=form,
-        errors=form_errors(form),
+        errors=error_list(form),
         current=current,
         preview=preview,
         diff=(

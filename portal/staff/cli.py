@@ -9,6 +9,7 @@ from flask import current_app
 from flask.cli import AppGroup, with_appcontext
 
 from portal.db import db
+from portal.seams import current_portal
 from portal.staff.models import Role
 from portal.staff.passwords import Passwords, password_problem
 from portal.staff.services import StaffError, create_staff
@@ -50,7 +51,7 @@ def _password_from_prompt() -> str:
 def create_staff_command(email: str, roles: tuple[str, ...], password_stdin: bool) -> None:
     """Create a staff user with the given roles."""
     password = _password_from_stdin() if password_stdin else _password_from_prompt()
-    passwords: Passwords = current_app.extensions["portal.staff.passwords"]
+    passwords: Passwords = current_portal(current_app).passwords
     try:
         with db.begin() as session:
             user = create_staff(
@@ -60,7 +61,7 @@ def create_staff_command(email: str, roles: tuple[str, ...], password_stdin: boo
                 roles=[Role(r) for r in roles],
                 actor=None,
                 passwords=passwords,
-                clock=current_app.extensions["portal"].clock,
+                now=current_portal().clock.now(),
                 via="cli",
             )
             created = (user.email, sorted(r.value for r in user.roles))

@@ -180,16 +180,5 @@ class AuditFilterForm(DateRangeChecks, CheckedForm):
 
 
 # Where each field's error links to: the first checkbox of a group, else the field.
-_ANCHORS = {"roles": "roles-admin"}
-
-
-def error_list(
-    form: FlaskForm, extra: list[tuple[str, str]] | None = None
-) -> list[tuple[str, str]]:
-    """(field id, message) pairs in the order the fields appear, for the error summary."""
-    errors = [
-        (_ANCHORS.get(field.id, field.id), field.errors[0])
-        for field in form
-        if field.errors and field.name != "csrf_token"
-    ]
-    return errors + (extra or [])
+# Where the error summary links for a field whose first input is not its id.
+FIELD_ANCHORS = {"roles": "roles-admin"}

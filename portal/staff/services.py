@@ -1,7 +1,7 @@
 """Staff rules: accounts and roles, sign-in with lockout and throttling, sessions.
 
-Plain functions over a session, like the other packages' services: they take the clock
-and the policy, validate their own inputs, write the audit trail, and commit nothing —
+Plain functions over a session, like the other packages' services: they take the time
+(``now``) and the policy, validate their own inputs, write the audit trail, and commit nothing —
 the caller owns the transaction.
 """
 
@@ -23,7 +23,6 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from portal.clock import Clock
 from portal.config import StaffAuthSettings
 from portal.db import UTCDateTime, is_postgres
 from portal.inputs import text_problem
@@ -170,7 +169,7 @@ def create_staff(
     roles: Iterable[Role],
     actor: SignedIn | None,
     passwords: Passwords,
-    clock: Clock,
+    now: dt.datetime,
     via: str = "console",
 ) -> StaffUser:
     """Add a member of staff. ``actor`` is None on the command line."""
@@ -186,7 +185,6 @@ def create_staff(
         raise StaffError(problem, "password")
     if find_by_email(session, email) is not None:
         raise StaffError("A staff user with this email address already exists", "email")
-    now = clock.now()
     user = StaffUser(email=email, password_hash=passwords.hash(password), created_at=now)
     user.set_roles(role_set)
     session.add(user)
@@ -208,7 +206,7 @@ def set_roles(
     roles: Iterable[Role],
     *,
     actor: SignedIn,
-    clock: Clock,
+    now: dt.datetime,
 ) -> bool:
     """Replace a staff user's roles; False when nothing changed."""
     user = get_staff(session, staff_id)
@@ -228,31 +226,34 @@ def set_roles(
         Action.ROLES_CHANGED,
         staff_target(user.email),
         {"from": sorted(old), "to": sorted(new)},
-        at=clock.now(),
+        at=now,
     )
     return True
 
 
-def disable_staff(session: Session, staff_id: uuid.UUID, *, actor: SignedIn, clock: Clock) -> bool:
+def disable_staff(
+    session: Session, staff_id: uuid.UUID, *, actor: SignedIn, now: dt.datetime
+) -> bool:
     """Disable an account and end its sessions at once; False if it was disabled."""
     user = get_staff(session, staff_id)
     if user.id == actor.id:
         raise StaffError("You cannot disable your own account")
     if user.disabled_at is not None:
         return False
-    now = clock.now()
     user.disabled_at = now
     session.execute(sa.delete(StaffSession).where(StaffSession.staff_user_id == user.id))
     audit.record(session, actor, Action.DISABLED, staff_target(user.email), at=now)
     return True
 
 
-def enable_staff(session: Session, staff_id: uuid.UUID, *, actor: SignedIn, clock: Clock) -> bool:
+def enable_staff(
+    session: Session, staff_id: uuid.UUID, *, actor: SignedIn, now: dt.datetime
+) -> bool:
     user = get_staff(session, staff_id)
     if user.disabled_at is None:
         return False
     user.disabled_at = None
-    audit.record(session, actor, Action.ENABLED, staff_target(user.email), at=clock.now())
+    audit.record(session, actor, Action.ENABLED, staff_target(user.email), at=now)
     return True
 
 
@@ -264,7 +265,7 @@ def change_password(
     new: str,
     passwords: Passwords,
     policy: StaffPolicy,
-    clock: Clock,
+    now: dt.datetime,
 ) -> None:
     """Change one's own password; every other session of the account ends.
 
@@ -274,7 +275,6 @@ def change_password(
     passwords without limit."""
     user = get_staff(session, actor.id)
     session.refresh(user, with_for_update=True)  # serialise attempts on one account
-    now = clock.now()
     state = LockState(user.failed_logins, user.locked_until)
     target = staff_target(user.email)
     if state.is_locked(now):
@@ -302,7 +302,7 @@ def change_password(
             StaffSession.staff_user_id == user.id, StaffSession.id != actor.session_id
         )
     )
-    audit.record(session, actor, Action.PASSWORD_CHANGED, staff_target(user.email), at=clock.now())
+    audit.record(session, actor, Action.PASSWORD_CHANGED, staff_target(user.email), at=now)
 
 
 # -- sign-in ------------------------------------------------------------------------------
@@ -384,12 +384,11 @@ def sign_in(
     old_token: str | None,
     passwords: Passwords,
     policy: StaffPolicy,
-    clock: Clock,
+    now: dt.datetime,
     pepper: bytes,
 ) -> SignInResult:
     """Check the credentials under the lockout and throttle rules; on success, start a
     new session (the browser's previous one, if any, is deleted)."""
-    now = clock.now()
     email = normalise_email(email)
 
     attempts, started = _count_address_attempt(
@@ -503,13 +502,12 @@ def _unknown_email(
 
 
 def authenticate(
-    session: Session, token: str | None, *, policy: StaffPolicy, clock: Clock
+    session: Session, token: str | None, *, policy: StaffPolicy, now: dt.datetime
 ) -> SignedIn | None:
     """The member of staff a session cookie belongs to, or None (and an expired session
     is deleted). Each use moves the idle deadline on."""
     if not token or len(token) > 128:
         return None
-    now = clock.now()
     row = session.execute(
         sa.select(StaffSession, StaffUser)
         .join(StaffUser, StaffUser.id == StaffSession.staff_user_id)
@@ -529,11 +527,9 @@ def authenticate(
     return SignedIn(id=user.id, email=user.email, roles=user.roles, session_id=staff_session.id)
 
 
-def sign_out(session: Session, signed_in: SignedIn, *, clock: Clock) -> None:
+def sign_out(session: Session, signed_in: SignedIn, *, now: dt.datetime) -> None:
     session.execute(sa.delete(StaffSession).where(StaffSession.id == signed_in.session_id))
-    audit.record(
-        session, signed_in, Action.SIGNED_OUT, staff_target(signed_in.email), at=clock.now()
-    )
+    audit.record(session, signed_in, Action.SIGNED_OUT, staff_target(signed_in.email), at=now)
 
 
 def purge_expired(session: Session, *, now: dt.datetime, idle: dt.timedelta) -> None:

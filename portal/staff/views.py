@@ -5,11 +5,9 @@ from __future__ import annotations
 import datetime as dt
 import re
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from flask import (
-    Blueprint,
-    Flask,
     current_app,
     flash,
     g,
@@ -19,11 +17,11 @@ from flask import (
     session,
     url_for,
 )
-from flask_wtf.csrf import CSRFError
 from werkzeug.wrappers import Response
 
 from portal.db import db
-from portal.inputs import query_form
+from portal.inputs import error_list, query_form
+from portal.seams import current_portal
 from portal.staff import audit, services
 from portal.staff.access import (
     ROLE_DESCRIPTIONS,
@@ -35,114 +33,31 @@ from portal.staff.access import (
     safe_next,
     staff_required,
 )
+from portal.staff.blueprint import bp, clear_cookie, policy, set_cookie
 from portal.staff.forms import (
+    FIELD_ANCHORS,
     AuditFilterForm,
     ConfirmForm,
     CreateStaffForm,
     PasswordForm,
     RolesForm,
     SignInForm,
-    error_list,
 )
 from portal.staff.models import Role
 from portal.staff.passwords import Passwords
-from portal.staff.services import Outcome, SignedIn, StaffError, StaffPolicy
+from portal.staff.services import Outcome, SignedIn, StaffError
 
-if TYPE_CHECKING:
-    from portal import Portal
-    from portal.config import Settings
-
-bp = Blueprint("staff", __name__, url_prefix="/staff")
-
-PASSWORDS_EXTENSION = "portal.staff.passwords"
-_UNPROTECTED = {"staff.login"}
 _DIGITS = re.compile(r"[0-9]{1,18}")
 
 
-def register(app: Flask) -> None:
-    """Attach the staff console to the application."""
-    app.extensions.setdefault(PASSWORDS_EXTENSION, Passwords())
-    # Pages of other modules hang on this blueprint (its sign-in check, headers and
-    # CSRF page apply to them); importing them adds their routes before registration.
-    from portal.compliance import views as _compliance_views  # noqa: F401
-    from portal.staff import catalogue_views as _catalogue_views  # noqa: F401
-
-    app.register_blueprint(bp)
-
-
-def _portal() -> Portal:
-    return current_app.extensions["portal"]
-
-
-def _settings() -> Settings:
-    return current_app.extensions["portal.settings"]
-
-
-def _policy() -> StaffPolicy:
-    return StaffPolicy.from_settings(_settings().staff)
-
-
 def passwords() -> Passwords:
-    return current_app.extensions[PASSWORDS_EXTENSION]
+    return current_portal().passwords
 
 
 def _signed_in() -> SignedIn:
     staff = current_staff()
     assert staff is not None  # staff_required ran first
     return staff
-
-
-@bp.before_request
-def _load_signed_in() -> Response | None:
-    g.staff = None
-    token = request.cookies.get(STAFF_COOKIE)
-    if token:
-        g.staff = services.authenticate(db.session, token, policy=_policy(), clock=_portal().clock)
-        db.session.commit()
-        g.drop_staff_cookie = g.staff is None
-    # A safety net under the decorator: a staff view that forgot @staff_required is
-    # refused outright rather than served to anyone.
-    endpoint = request.endpoint or ""
-    view = current_app.view_functions.get(endpoint)
-    if view is not None and endpoint not in _UNPROTECTED and not hasattr(view, "staff_roles"):
-        return Response("This staff page has no access rule.", 500)
-    return None
-
-
-@bp.after_request
-def _headers(response: Response) -> Response:
-    # Staff pages show personal data and carry CSRF tokens: never cache them.
-    response.headers["Cache-Control"] = "no-store"
-    if g.get("drop_staff_cookie"):
-        _clear_cookie(response)
-    return response
-
-
-@bp.errorhandler(CSRFError)
-def _csrf_error(error: CSRFError) -> tuple[str, int]:
-    return render_template("staff/csrf_error.html", reason=error.description), 400
-
-
-def _set_cookie(response: Response, token: str) -> None:
-    response.set_cookie(
-        STAFF_COOKIE,
-        token,
-        max_age=int(_policy().session_max.total_seconds()),
-        path="/staff",
-        secure=request.is_secure or _settings().is_production,
-        httponly=True,
-        samesite="Lax",
-    )
-
-
-def _clear_cookie(response: Response) -> None:
-    response.delete_cookie(
-        STAFF_COOKIE,
-        path="/staff",
-        secure=request.is_secure or _settings().is_production,
-        httponly=True,
-        samesite="Lax",
-    )
 
 
 def _refusal(result: services.SignInResult) -> tuple[str, int]:
@@ -164,7 +79,7 @@ def login() -> Any:
     if request.method == "POST":
         status = 422
         if form.validate():
-            portal = _portal()
+            portal = current_portal()
             result = services.sign_in(
                 db.session,
                 email=form.email.data,
@@ -172,8 +87,8 @@ def login() -> Any:
                 client_address=request.remote_addr,
                 old_token=request.cookies.get(STAFF_COOKIE),
                 passwords=passwords(),
-                policy=_policy(),
-                clock=portal.clock,
+                policy=policy(),
+                now=portal.clock.now(),
                 pepper=current_app.config["SECRET_KEY"].encode(),
             )
             db.session.commit()
@@ -183,14 +98,17 @@ def login() -> Any:
                 g.pop("csrf_token", None)
                 g.drop_staff_cookie = False
                 response = redirect(next_path or url_for("staff.dashboard"), 303)
-                _set_cookie(response, result.token)
+                set_cookie(response, result.token)
                 return response
             message, status = _refusal(result)
             form.email.errors = [message]
     response = current_app.make_response(
         (
             render_template(
-                "staff/login.html", form=form, errors=error_list(form), next_path=next_path
+                "staff/login.html",
+                form=form,
+                errors=error_list(form, anchors=FIELD_ANCHORS),
+                next_path=next_path,
             ),
             status,
         )
@@ -203,11 +121,11 @@ def login() -> Any:
 @bp.post("/logout")
 @staff_required()
 def logout() -> Response:
-    services.sign_out(db.session, _signed_in(), clock=_portal().clock)
+    services.sign_out(db.session, _signed_in(), now=current_portal().clock.now())
     db.session.commit()
     flash("You have signed out.")
     response = redirect(url_for("staff.login"), 303)
-    _clear_cookie(response)
+    clear_cookie(response)
     return response
 
 
@@ -240,8 +158,8 @@ def password() -> Any:
                     current=form.current_password.data,
                     new=form.new_password.data,
                     passwords=passwords(),
-                    policy=_policy(),
-                    clock=_portal().clock,
+                    policy=policy(),
+                    now=current_portal().clock.now(),
                 )
             except services.RecordedRefusal as error:
                 db.session.commit()  # the failed attempt counts, and is audited
@@ -256,7 +174,12 @@ def password() -> Any:
                 flash("Your password has been changed. Your other browsers are signed out.")
                 return redirect(url_for("staff.dashboard"), 303)
     response = current_app.make_response(
-        (render_template("staff/password.html", form=form, errors=error_list(form)), status)
+        (
+            render_template(
+                "staff/password.html", form=form, errors=error_list(form, anchors=FIELD_ANCHORS)
+            ),
+            status,
+        )
     )
     if status == 429:
         response.headers["Retry-After"] = "60"
@@ -286,7 +209,7 @@ def staff_list() -> Any:
                     roles=services.parse_roles(form.roles.data),
                     actor=_signed_in(),
                     passwords=passwords(),
-                    clock=_portal().clock,
+                    now=current_portal().clock.now(),
                 )
             except StaffError as error:
                 db.session.rollback()
@@ -298,9 +221,9 @@ def staff_list() -> Any:
     return render_template(
         "staff/admin/staff_list.html",
         form=form,
-        errors=error_list(form),
+        errors=error_list(form, anchors=FIELD_ANCHORS),
         staff=services.list_staff(db.session),
-        now=_portal().clock.now(),
+        now=current_portal().clock.now(),
     ), status
 
 
@@ -311,10 +234,10 @@ def _detail(user_id: uuid.UUID, roles_form: RolesForm | None = None, status: int
         "staff/admin/staff_detail.html",
         user=user,
         form=form,
-        errors=error_list(form),
+        errors=error_list(form, anchors=FIELD_ANCHORS),
         confirm=ConfirmForm(),
         is_self=user.id == _signed_in().id,
-        now=_portal().clock.now(),
+        now=current_portal().clock.now(),
     ), status
 
 
@@ -339,7 +262,7 @@ def staff_roles(staff_id: uuid.UUID) -> Any:
             staff_id,
             services.parse_roles(form.roles.data),
             actor=_signed_in(),
-            clock=_portal().clock,
+            now=current_portal().clock.now(),
         )
     except services.NotFound:
         return not_found_page("staff user", "staff.staff_list", "the staff list")
@@ -356,7 +279,7 @@ def _toggle(staff_id: uuid.UUID, *, enable: bool) -> Any:
     change = services.enable_staff if enable else services.disable_staff
     try:
         user = services.get_staff(db.session, staff_id)
-        changed = change(db.session, staff_id, actor=_signed_in(), clock=_portal().clock)
+        changed = change(db.session, staff_id, actor=_signed_in(), now=current_portal().clock.now())
     except services.NotFound:
         return not_found_page("staff user", "staff.staff_list", "the staff list")
     except StaffError as error:
@@ -422,7 +345,7 @@ def audit_trail() -> Any:
     return render_template(
         "staff/admin/audit.html",
         form=form,
-        errors=error_list(form),
+        errors=error_list(form, anchors=FIELD_ANCHORS),
         page=page,
         filters=filters,
         labels=audit.action_labels(),
@@ -438,7 +361,7 @@ def _staff_context() -> dict[str, Any]:
     return {
         "staff_pages": staff_pages,
         "role_hints": {role.value: text for role, text in ROLE_DESCRIPTIONS.items()},
-        "lockout": _settings().staff,
+        "lockout": current_portal().settings.staff,
     }
 
 

@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from portal.consent import log
 from portal.db import db, is_postgres
-from portal.jobs import JobReport, Progress
+from portal.jobreport import JobReport, Progress
 from portal.subscriptions.models import PushSubscription
 
 _t = cast(sa.Table, PushSubscription.__table__)

@@ -25,7 +25,8 @@ from sqlalchemy.orm import Session
 from portal.consent import log
 from portal.consent.models import EventKind, Source
 from portal.db import affected_rows, db, is_postgres
-from portal.jobs import JobReport, Progress, job
+from portal.jobreport import JobReport, Progress
+from portal.seams import current_portal
 from portal.subscriptions.batches import subscription_batches
 from portal.subscriptions.models import EndReason, PushSubscription, Subscriber, SubscriptionState
 from portal.subscriptions.sealing import KeyRing, SealBroken, UnknownKeyVersion
@@ -231,7 +232,7 @@ def canonicalise_endpoints(
       the engine's re-check, so one campaign sends one message to the resource.
     """
     report = JobReport(CANONICALISE_JOB)
-    clock = app.extensions["portal"].clock
+    clock = current_portal(app).clock
     collisions: list[tuple[uuid.UUID, EndpointParts]] = []
 
     def rewrite(session: Session, rows: Sequence[sa.Row[Any]]) -> int:
@@ -292,8 +293,6 @@ def canonicalise_endpoints(
 
 
 CANONICALISE_JOB = "canonicalise-endpoints"
-COMMAND_LINE_ONLY = ("backfill-hash", CANONICALISE_JOB)
-"""One-off backfills: run with ``run-job`` after a release, not offered on the jobs page."""
 _ENDED_STATES = ("revoked", "expired")
 # What the kept row takes from the newest registration, and from the latest act.
 _FROM_NEWEST = (
@@ -473,9 +472,8 @@ def _rotated(
     )
 
 
-@job("reseal")
-def _reseal_job(app: Flask, progress: Progress) -> JobReport:
-    portal = app.extensions["portal"]
+def reseal_job(app: Flask, progress: Progress) -> JobReport:
+    portal = current_portal(app)
     return reseal(
         app,
         portal.keys,
@@ -485,9 +483,8 @@ def _reseal_job(app: Flask, progress: Progress) -> JobReport:
     )
 
 
-@job("backfill-hash")
-def _backfill_job(app: Flask, progress: Progress) -> JobReport:
-    portal = app.extensions["portal"]
+def backfill_hash_job(app: Flask, progress: Progress) -> JobReport:
+    portal = current_portal(app)
     settings = portal.settings
     return backfill_endpoint_hash(
         app,
@@ -498,9 +495,8 @@ def _backfill_job(app: Flask, progress: Progress) -> JobReport:
     )
 
 
-@job(CANONICALISE_JOB)
-def _canonicalise_job(app: Flask, progress: Progress) -> JobReport:
-    settings = app.extensions["portal"].settings
+def canonicalise_job(app: Flask, progress: Progress) -> JobReport:
+    settings = current_portal(app).settings
     return canonicalise_endpoints(
         app,
         batch_size=settings.reseal_batch_size,

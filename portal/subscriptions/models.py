@@ -64,7 +64,8 @@ class Subscriber(Base):
     erased_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
 
 
-_LIVE = "state IN ('pending', 'active') AND deleted_at IS NULL"
+# The partial index's predicate; its text must stay as the migration wrote it.
+_LIVE = f"state IN ({', '.join(repr(s.value) for s in LIVE_STATES)}) AND deleted_at IS NULL"
 
 
 class PushSubscription(Base):

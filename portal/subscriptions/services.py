@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import uuid
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -19,7 +20,6 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from portal.clock import Clock
 from portal.consent import log
 from portal.consent.models import EventKind, Source
 from portal.db import is_postgres, uuid7
@@ -139,7 +139,7 @@ def upsert_subscription(
     registration: Registration,
     *,
     keys: KeyRing,
-    clock: Clock,
+    now: dt.datetime,
     record_events: bool = True,
     field: str = "subscription.endpoint",
 ) -> UpsertResult:
@@ -162,7 +162,6 @@ def upsert_subscription(
     permission grant and the subscription itself as consent events.
     """
     log.lock_chain(session)
-    now = clock.now()
     digest = subscription.endpoint.hash
     existing = session.execute(
         sa.select(
@@ -337,7 +336,7 @@ def heartbeat(
     *,
     subscriber_id: uuid.UUID | None,
     keys: KeyRing,
-    clock: Clock,
+    now: dt.datetime,
     throttle: dt.timedelta,
 ) -> HeartbeatResult:
     """The page says the browser still holds this subscription.
@@ -355,7 +354,6 @@ def heartbeat(
     subscription no one can tie to consent (a tombstone after its cookies were cleared,
     one purged long after it ended).
     """
-    now = clock.now()
     sub = find_by_endpoint(session, endpoint)
     if sub is None or not holds_subscription(sub, proof, keys=keys):
         known = _live_subscriber(session, subscriber_id) is not None
@@ -384,18 +382,90 @@ def heartbeat(
     return HeartbeatResult(sub.state.value, "none", sub)
 
 
-def end_subscription(
-    sub: PushSubscription, *, state: SubscriptionState, reason: EndReason, now: dt.datetime
-) -> bool:
-    """Mark a subscription ended; returns False when it had already ended the same way."""
-    if sub.state == state and sub.end_reason == reason.value:
-        return False
-    sub.state = state
-    sub.end_reason = reason.value
-    sub.ended_at = now
-    if state == SubscriptionState.REVOKED and sub.revoked_at is None:
-        sub.revoked_at = now
-    return True
+@dataclass(frozen=True)
+class Ending:
+    """A subscription to end, with what its consent event records."""
+
+    id: uuid.UUID
+    subscriber_id: uuid.UUID | None
+    previous_state: str
+
+
+def end_subscriptions(
+    session: Session,
+    endings: Sequence[Ending],
+    *,
+    state: SubscriptionState,
+    reason: EndReason,
+    from_states: Collection[SubscriptionState],
+    now: dt.datetime,
+    event: EventKind | None,
+    source: str = Source.SYSTEM.value,
+    actor: str = "system",
+    context: log.Context | None = None,
+    undeleted_only: bool = False,
+    values: Mapping[str, Any] | None = None,
+) -> set[uuid.UUID]:
+    """End subscriptions (revoked or expired, and why) and log each in the consent log.
+
+    Only those still in one of ``from_states`` end (and, with ``undeleted_only``, not
+    tombstoned); one already ended the same way (state and reason) is left as it is.
+    One UPDATE for them all, then one ``event`` per subscription that ended and belongs
+    to a subscriber, in the order given (none when ``event`` is None: the caller records
+    what happened in its own terms). ``values`` are further columns to set. Returns the
+    ids that ended; subscriptions loaded in the session see the change.
+    """
+    if not endings:
+        return set()
+    target = PushSubscription
+    where = [
+        target.id.in_([ending.id for ending in endings]),
+        target.state.in_([s.value for s in from_states]),
+        sa.or_(
+            target.state != state.value,
+            target.end_reason.is_(None),
+            target.end_reason != reason.value,
+        ),
+    ]
+    if undeleted_only:
+        where.append(target.deleted_at.is_(None))
+    changes: dict[str, Any] = {"state": state, "end_reason": reason.value, "ended_at": now}
+    if state is SubscriptionState.REVOKED:
+        changes["revoked_at"] = sa.func.coalesce(target.revoked_at, now)
+    changes |= values or {}
+    ended = set(
+        session.execute(
+            sa.update(target)
+            .where(*where)
+            .values(**changes)
+            .returning(target.id)
+            .execution_options(synchronize_session="fetch")
+        ).scalars()
+    )
+    if event is not None:
+        log.append_many(
+            session,
+            [
+                log.NewEvent(
+                    kind=event,
+                    subscriber_id=ending.subscriber_id,
+                    subscription_id=ending.id,
+                    previous_state=ending.previous_state,
+                    new_state=state.value,
+                    source=source,
+                    actor=actor,
+                    recorded_at=now,
+                    context=context,
+                )
+                for ending in endings
+                if ending.id in ended and ending.subscriber_id is not None
+            ],
+        )
+    return ended
+
+
+def ending(sub: PushSubscription) -> Ending:
+    return Ending(sub.id, sub.subscriber_id, SubscriptionState(sub.state).value)
 
 
 @dataclass(frozen=True)
@@ -413,7 +483,7 @@ def change_endpoint(
     proof: Proof,
     *,
     keys: KeyRing,
-    clock: Clock,
+    now: dt.datetime,
 ) -> ChangeResult:
     """pushsubscriptionchange: the new endpoint takes over the old one's subscriber.
 
@@ -434,16 +504,23 @@ def change_endpoint(
         new,
         dataclasses.replace(registration, subscriber_id=carry or registration.subscriber_id),
         keys=keys,
-        clock=clock,
+        now=now,
         # A rotation is one event, not a fresh grant: the grant carries over.
         record_events=not rotating,
     )
     moved = False
     if rotating:
-        now = clock.now()
         old_state = old.state
-        moved = end_subscription(
-            old, state=SubscriptionState.REVOKED, reason=EndReason.ROTATED, now=now
+        moved = bool(
+            end_subscriptions(
+                session,
+                [ending(old)],
+                state=SubscriptionState.REVOKED,
+                reason=EndReason.ROTATED,
+                from_states=tuple(SubscriptionState),
+                now=now,
+                event=None,  # one ENDPOINT_ROTATED event, on the new subscription
+            )
         )
         if moved:
             seq = log.append(
@@ -472,7 +549,7 @@ def unsubscribe_endpoint(
     proof: Proof,
     *,
     keys: KeyRing,
-    clock: Clock,
+    now: dt.datetime,
     source: str = Source.API.value,
     context: log.Context | None = None,
 ) -> PushSubscription:
@@ -480,14 +557,14 @@ def unsubscribe_endpoint(
     :class:`NotYourSubscription` for any other endpoint, known or not."""
     log.lock_chain(session)
     sub = held_by_endpoint(session, endpoint, proof, keys=keys)
-    _unsubscribe(session, sub, clock=clock, source=source, context=context)
+    _unsubscribe(session, sub, now=now, source=source, context=context)
     return sub
 
 
 def unsubscribe(
     session: Session,
     *,
-    clock: Clock,
+    now: dt.datetime,
     subscription_id: uuid.UUID,
     source: str = Source.API.value,
     context: log.Context | None = None,
@@ -498,7 +575,7 @@ def unsubscribe(
     sub = session.get(PushSubscription, subscription_id)
     if sub is None:
         return None
-    _unsubscribe(session, sub, clock=clock, source=source, context=context)
+    _unsubscribe(session, sub, now=now, source=source, context=context)
     return sub
 
 
@@ -506,28 +583,20 @@ def _unsubscribe(
     session: Session,
     sub: PushSubscription,
     *,
-    clock: Clock,
+    now: dt.datetime,
     source: str,
     context: log.Context | None,
 ) -> None:
-    previous = sub.state
-    now = clock.now()
-    if (
-        sub.deleted_at is None
-        and end_subscription(
-            sub, state=SubscriptionState.REVOKED, reason=EndReason.UNSUBSCRIBED, now=now
-        )
-        and sub.subscriber_id is not None
-    ):
-        log.append(
-            session,
-            kind=EventKind.UNSUBSCRIBED,
-            subscriber_id=sub.subscriber_id,
-            subscription_id=sub.id,
-            previous_state=previous.value,
-            new_state=SubscriptionState.REVOKED.value,
-            source=source,
-            actor="subscriber",
-            recorded_at=now,
-            context=context,
-        )
+    end_subscriptions(
+        session,
+        [ending(sub)],
+        state=SubscriptionState.REVOKED,
+        reason=EndReason.UNSUBSCRIBED,
+        from_states=tuple(SubscriptionState),
+        undeleted_only=True,
+        now=now,
+        event=EventKind.UNSUBSCRIBED,
+        source=source,
+        actor="subscriber",
+        context=context,
+    )

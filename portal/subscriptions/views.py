@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from flask import Blueprint, Response, current_app, jsonify, request
+from flask import Blueprint, Response, jsonify, request
 
 from portal.api import check_same_origin, json_body, request_locale, request_origin
 from portal.consent import catalogue
@@ -27,6 +27,7 @@ from portal.identity import (
     subscriber_from_cookie,
 )
 from portal.ratelimit import limit_endpoint
+from portal.seams import current_portal
 from portal.subscriptions import services
 from portal.subscriptions.possession import Proof, proof_from
 from portal.subscriptions.validation import (
@@ -36,10 +37,6 @@ from portal.subscriptions.validation import (
     validate_subscription,
 )
 
-if TYPE_CHECKING:
-    from portal import Portal
-    from portal.config import Settings
-
 bp = Blueprint("subscriptions_api", __name__, url_prefix="/api/push")
 
 
@@ -48,16 +45,8 @@ def _same_origin_only() -> None:
     check_same_origin()
 
 
-def _settings() -> Settings:
-    return current_app.extensions["portal.settings"]
-
-
-def _portal() -> Portal:
-    return current_app.extensions["portal"]
-
-
 def _subscription(value: object, field: str = "subscription") -> ValidSubscription:
-    settings = _settings()
+    settings = current_portal().settings
     subscription = validate_subscription(
         value,
         allowed=HostAllowList(settings.push_allowed_hosts),
@@ -70,14 +59,14 @@ def _subscription(value: object, field: str = "subscription") -> ValidSubscripti
 
 def _endpoint(body: dict[str, Any], field: str = "endpoint") -> str:
     text = require_string(body.get(field), field)
-    if len(text) > _settings().endpoint_max_length:
+    if len(text) > current_portal().settings.endpoint_max_length:
         raise ValidationError("endpoint_too_long", f"{field} is too long", field)
     limit_endpoint(text)
     return text
 
 
 def _registration() -> services.Registration:
-    header = _settings().region_header
+    header = current_portal().settings.region_header
     return services.Registration(
         origin=request_origin(),
         user_agent=request.headers.get("User-Agent"),
@@ -89,7 +78,7 @@ def _registration() -> services.Registration:
 
 
 def _secure() -> bool:
-    return request.is_secure or _settings().is_production
+    return request.is_secure or current_portal().settings.is_production
 
 
 def _with_cookies(response: Response, result: services.UpsertResult) -> Response:
@@ -141,7 +130,7 @@ def _topic_choice(body: dict[str, Any]) -> tuple[list[Decision], str | None]:
 def vapid_public_key() -> Response:
     """The application-server key, for a service worker renewing a subscription on its
     own (pushsubscriptionchange) after the key was rotated."""
-    response = jsonify({"publicKey": _settings().vapid_public_key})
+    response = jsonify({"publicKey": current_portal().settings.vapid_public_key})
     response.headers["Cache-Control"] = "no-cache"
     return response
 
@@ -153,10 +142,10 @@ def subscribe() -> tuple[Response, int]:
     source = source_for("subscribe", body)
     decisions, version = _topic_choice(body)
     session = db.session
-    portal = _portal()
+    portal = current_portal()
     registration = dataclasses.replace(_registration(), source=source, screen=source)
     result = services.upsert_subscription(
-        session, subscription, registration, keys=portal.keys, clock=portal.clock
+        session, subscription, registration, keys=portal.keys, now=portal.clock.now()
     )
     if decisions:
         now = portal.clock.now()
@@ -189,9 +178,9 @@ def heartbeat() -> Response:
         endpoint,
         proof,
         subscriber_id=subscriber_from_cookie(request),
-        keys=_portal().keys,
-        clock=_portal().clock,
-        throttle=dt.timedelta(seconds=_settings().last_seen_throttle_seconds),
+        keys=current_portal().keys,
+        now=current_portal().clock.now(),
+        throttle=dt.timedelta(seconds=current_portal().settings.last_seen_throttle_seconds),
     )
     session.commit()
     return jsonify({"state": result.state, "action": result.action})
@@ -207,9 +196,9 @@ def change() -> tuple[Response, int]:
         _registration(), source=Source.SERVICE_WORKER.value, screen="pushsubscriptionchange"
     )
     session = db.session
-    portal = _portal()
+    portal = current_portal()
     result = services.change_endpoint(
-        session, old_endpoint, new, registration, proof, keys=portal.keys, clock=portal.clock
+        session, old_endpoint, new, registration, proof, keys=portal.keys, now=portal.clock.now()
     )
     session.commit()
     response = jsonify(
@@ -230,13 +219,13 @@ def unsubscribe() -> Response:
     proof = _proof(body)
     source = source_for("unsubscribe", body)
     session = db.session
-    portal = _portal()
+    portal = current_portal()
     sub = services.unsubscribe_endpoint(
         session,
         endpoint,
         proof,
         keys=portal.keys,
-        clock=portal.clock,
+        now=portal.clock.now(),
         source=source,
         context=_registration().context(),
     )

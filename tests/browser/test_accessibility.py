@@ -28,6 +28,7 @@ from playwright.sync_api import Page
 from sqlalchemy.orm import sessionmaker
 
 from portal.db import create_engine
+from portal.seams import current_portal
 from tests.browser.conftest import (
     PHONE,
     LiveServer,
@@ -274,8 +275,8 @@ def _staff(
                 password=STAFF_PASSWORD,
                 roles=tuple(Role(role) for role in roles) if roles else tuple(Role),
                 actor=None,
-                passwords=app.extensions["portal.staff.passwords"],
-                clock=app.extensions["portal"].clock,
+                passwords=current_portal(app).passwords,
+                now=current_portal(app).clock.now(),
                 via="test",
             )
     page = new_context().new_page()
@@ -488,8 +489,8 @@ def _staff_feedback_test(refused: bool) -> Reach:
     def reach(new_context: Callable[..., Any], server: LiveServer) -> Page:
         if refused:
             app = server.app
-            settings = app.extensions["portal.settings"].with_overrides(feedback_secrets=())
-            app.extensions["portal"].settings = app.extensions["portal.settings"] = settings
+            settings = current_portal(app).settings.with_overrides(feedback_secrets=())
+            current_portal(app).settings = settings
         page = _staff(new_context, server)
         page.goto("/staff/ops/feedback")
         page.click("form[action$='/ops/feedback/test'] button")
@@ -544,7 +545,7 @@ def _campaign_page(new_context: Callable[..., Any], server: LiveServer) -> Page:
             topic="security-alerts", title="New sign-in", body="A new device signed in."
         )
         campaign = campaigns.create_campaign(
-            session, draft, created_by="staff", now=app.extensions["portal"].clock.now()
+            session, draft, created_by="staff", now=current_portal(app).clock.now()
         )
     page = _staff(new_context, server)
     page.goto(f"/staff/campaigns/{campaign.id}")
@@ -577,8 +578,8 @@ def _colleague(server: LiveServer) -> str:
             password=STAFF_PASSWORD,
             roles=(Role.CAMPAIGNS,),
             actor=None,
-            passwords=app.extensions["portal.staff.passwords"],
-            clock=app.extensions["portal"].clock,
+            passwords=current_portal(app).passwords,
+            now=current_portal(app).clock.now(),
             via="test",
         )
         return str(user.id)

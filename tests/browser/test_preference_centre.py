@@ -12,6 +12,7 @@ from playwright.sync_api import Page, Route
 
 from portal.consent import catalogue
 from portal.identity import sign_assertion
+from portal.seams import current_portal
 from tests.browser.conftest import active_element_id, subscribe_through_api
 
 HOST_SECRET = "host-product-secret-for-the-browser"
@@ -40,9 +41,9 @@ def publish_new_policy(server, version: str = "2026-02") -> None:
 def sign_in_link(server, subject: str) -> str:
     """A host product's sign-in link to the preference centre for account ``subject``."""
     app = server.app
-    app.extensions["portal"].settings = app.extensions["portal.settings"] = app.extensions[
-        "portal.settings"
-    ].with_overrides(identity_assertion_secrets=(HOST_SECRET,))
+    current_portal(app).settings = current_portal(app).settings.with_overrides(
+        identity_assertion_secrets=(HOST_SECRET,)
+    )
     assertion = sign_assertion({"sub": subject, "exp": time.time() + 300}, HOST_SECRET)
     return f"/preferences?assertion={assertion}"
 

@@ -14,6 +14,7 @@ import sqlalchemy as sa
 from playwright.sync_api import BrowserContext, CDPSession, Page, Worker
 
 from portal.clock import SystemClock
+from portal.seams import current_portal
 from portal.subscriptions.models import PushSubscription
 from portal.subscriptions.validation import endpoint_hash
 from tests.browser.conftest import subscribe_through_api, subscribe_through_page
@@ -385,10 +386,8 @@ def test_links_and_icons_off_the_site_fall_back_to_the_site(worker_page, server)
 
 
 def test_links_and_icons_on_a_site_campaigns_may_link_to_are_kept(context, server):
-    server.app.extensions["portal"].settings = server.app.extensions["portal.settings"] = (
-        server.app.extensions["portal.settings"].with_overrides(
-            campaign_link_origins=("https://shop.example",)
-        )
+    current_portal(server.app).settings = current_portal(server.app).settings.with_overrides(
+        campaign_link_origins=("https://shop.example",)
     )
     page = context.new_page()
     page.goto("/")

@@ -8,6 +8,7 @@ import pytest
 import sqlalchemy as sa
 
 from portal.identity import DEVICE_COOKIE, SUBSCRIBER_COOKIE
+from portal.seams import current_portal
 from portal.subscriptions.validation import endpoint_hash
 from tests.browser.conftest import (
     active_element_id,
@@ -138,7 +139,7 @@ def test_subscribing_stores_the_subscription_with_its_auth_secret_sealed(
     assert row.state == "pending"
     sealed = bytes(row.auth_sealed)
     assert browser_subscription.auth not in sealed
-    keys = server.app.extensions["portal"].keys
+    keys = current_portal(server.app).keys
     assert keys.open(sealed, row.auth_key_version) == browser_subscription.auth
 
     preferences = dict(

@@ -1,29 +1,28 @@
-"""Campaign fixtures: an app that trusts the fake push service, its dispatcher, and staff
-with the campaigns role signed in to either app."""
+"""Campaign fixtures: the dispatch fixtures (tests/delivery/conftest.py) and staff with
+the campaigns role signed in to either app."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 import sqlalchemy as sa
 from flask import Flask
 
-from portal import create_app
-from portal.campaigns.engine import Dispatcher, EngineSettings
 from portal.config import Settings
 from portal.db import db
-from portal.dispatch.transport import HttpsPushTransport
-from portal.dispatch.vapid import VapidSigner
+from portal.seams import current_portal
 from portal.staff import services as staff_services
 from portal.staff.models import Role
 from portal.staff.passwords import Passwords
-from tests.conftest import VAPID_PRIVATE, VAPID_PUBLIC, make_settings
-from tests.fakepush import FakePushService, fake_push_service
+from tests.conftest import make_settings
+from tests.delivery.conftest import dispatcher, fake_push, push_app, push_transport
 from tests.staff.conftest import FAST_HASHER, GENEROUS, PASSWORD, Browser
+
+# The dispatch fixtures, shared with tests/delivery.
+__all__ = ["dispatcher", "fake_push", "push_app", "push_transport"]
 
 CAMPAIGNER = "campaigner@example.test"
 
@@ -35,51 +34,13 @@ def settings(database_url: str, tmp_path: Path) -> Settings:
 
 
 @pytest.fixture
-def fake_push() -> Iterator[FakePushService]:
-    with fake_push_service() as service:
-        yield service
-
-
-@pytest.fixture
-def push_app(settings, clock, fake_push, catalogue_ready):
-    """The portal with the fake push service allowed and its CA trusted."""
-    host = urlsplit(fake_push.origin).netloc
-    app = create_app(
-        settings.with_overrides(
-            push_allowed_hosts=(*settings.push_allowed_hosts, host),
-            push_ca_bundle=str(fake_push.ca_bundle),
-        ),
-        clock=clock,
-    )
-    app.config["TESTING"] = True
-    yield app
-    app.extensions["portal.db"].engine.dispose()
-
-
-@pytest.fixture
-def dispatcher(push_app, fake_push) -> Iterator[Dispatcher]:
-    # VAPID tokens are checked by the fake against real time, so the signer keeps the
-    # system clock; the engine itself runs on the test's clock.
-    signer = VapidSigner(VAPID_PRIVATE, "mailto:ops@example.test", public_key=VAPID_PUBLIC)
-    transport = HttpsPushTransport(
-        signer, ca_bundle=fake_push.ca_bundle, concurrency=8, timeout=2.0
-    )
-    engine = Dispatcher(
-        push_app, transport, settings=EngineSettings(batch_size=50), rand=lambda: 0.0
-    )
-    push_app.extensions["portal.dispatcher"] = engine
-    yield engine
-    transport.close()
-
-
-@pytest.fixture
 def sign_in() -> Callable[..., Browser]:
     """A member of staff (the campaigns role unless told) signed in to ``application``,
     in a browser of their own (a test client keeping its cookies)."""
 
     def make(application: Flask, email: str = CAMPAIGNER, *roles: Role) -> Browser:
         passwords = Passwords(FAST_HASHER)
-        application.extensions["portal.staff.passwords"] = passwords
+        current_portal(application).passwords = passwords
         with application.app_context(), db.begin() as session:
             staff_services.create_staff(
                 session,
@@ -88,7 +49,7 @@ def sign_in() -> Callable[..., Browser]:
                 roles=roles or (Role.CAMPAIGNS,),
                 actor=None,
                 passwords=passwords,
-                clock=application.extensions["portal"].clock,
+                now=current_portal(application).clock.now(),
                 via="test",
             )
         person = Browser(application.test_client())

@@ -10,6 +10,7 @@ import sqlalchemy as sa
 
 from portal.campaigns.models import Campaign
 from portal.db import db
+from portal.seams import current_portal
 from portal.staff.models import StaffAudit
 
 
@@ -157,10 +158,10 @@ def test_list_shows_campaigns_newest_first(catalogue_ready, clock):
 
 
 def _allow(app, *origins: str, public_url: str | None = None) -> None:
-    changed = app.extensions["portal.settings"].with_overrides(
+    changed = current_portal(app).settings.with_overrides(
         campaign_link_origins=origins, public_url=public_url
     )
-    app.extensions["portal"].settings = app.extensions["portal.settings"] = changed
+    current_portal(app).settings = changed
 
 
 def _create(app, url: str, *more: str):

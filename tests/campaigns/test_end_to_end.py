@@ -12,10 +12,11 @@ import uuid
 
 import sqlalchemy as sa
 
-from portal.campaigns.models import Campaign, Delivery
+from portal.campaigns.models import Campaign
 from portal.consent.catalogue import topic_by_slug
 from portal.consent.recipients import recipients
 from portal.db import db
+from portal.delivery.models import Delivery
 from portal.staff.models import StaffAudit
 from portal.subscriptions.models import PushSubscription
 from tests.campaigns.conftest import form_data, set_region

@@ -12,6 +12,7 @@ import sqlalchemy as sa
 from portal.campaigns.forms import LocalTimeError, local_to_utc
 from portal.campaigns.models import Campaign
 from portal.campaigns.services import MAX_PLAINTEXT
+from portal.seams import current_portal
 from tests.campaigns.conftest import form_data
 
 
@@ -129,10 +130,10 @@ def test_a_payload_right_at_the_limit_passes(campaigner):
 
 
 def allow_link_origins(app, *origins: str, public_url: str | None = None) -> None:
-    changed = app.extensions["portal.settings"].with_overrides(
+    changed = current_portal(app).settings.with_overrides(
         campaign_link_origins=origins, public_url=public_url
     )
-    app.extensions["portal"].settings = app.extensions["portal.settings"] = changed
+    current_portal(app).settings = changed
 
 
 @pytest.mark.parametrize(

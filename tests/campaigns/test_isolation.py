@@ -7,11 +7,11 @@ import uuid
 
 import sqlalchemy as sa
 
-from portal.campaigns import engine as engine_module
 from portal.campaigns import services as campaigns
 from portal.campaigns.models import Campaign
 from portal.campaigns.services import CampaignDraft
 from portal.db import db
+from portal.delivery import engine as engine_module
 from tests.fakepush import token_of
 from tests.helpers import all_rows
 

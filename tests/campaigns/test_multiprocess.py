@@ -27,11 +27,13 @@ import sqlalchemy as sa
 from flask import Flask
 
 from portal.campaigns import services as campaigns
-from portal.campaigns.models import Campaign, Delivery
+from portal.campaigns.models import Campaign
 from portal.campaigns.services import CampaignDraft
 from portal.config import Settings
 from portal.db import db, uuid7
+from portal.delivery.models import Delivery
 from portal.operations.models import JobRun
+from portal.seams import current_portal
 from portal.subscriptions.models import PushSubscription, Subscriber, SubscriptionState
 from portal.subscriptions.validation import endpoint_hash
 from tests.factories import BrowserSubscription, SubscriptionFactory
@@ -53,7 +55,7 @@ def populate(
     factory = SubscriptionFactory()
     browsers = [factory(base=push.endpoint_base) for _ in range(count)]
     push.register_many(browsers)
-    keys = app.extensions["portal"].keys
+    keys = current_portal(app).keys
     now = dt.datetime.now(dt.UTC)
     subscribers, subscriptions = [], []
     for browser in browsers:

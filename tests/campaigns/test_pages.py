@@ -10,9 +10,10 @@ import pytest
 import sqlalchemy as sa
 
 from portal.campaigns import services
-from portal.campaigns.models import Campaign, CircuitState, Delivery
+from portal.campaigns.models import Campaign, CircuitState
 from portal.campaigns.services import CampaignDraft
 from portal.db import db
+from portal.delivery.models import Delivery
 from portal.staff.models import Role, StaffAudit
 from tests.campaigns.conftest import form_data, set_region
 from tests.factories import SubscriptionFactory

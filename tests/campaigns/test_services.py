@@ -9,9 +9,10 @@ import pytest
 import sqlalchemy as sa
 
 from portal.campaigns import services
-from portal.campaigns.models import Campaign, Delivery
+from portal.campaigns.models import Campaign
 from portal.campaigns.services import CampaignDraft
 from portal.db import db
+from portal.delivery.models import Delivery
 from portal.errors import ValidationError
 from portal.subscriptions.models import PushSubscription
 from tests.factories import SubscriptionFactory

@@ -10,9 +10,10 @@ import uuid
 import pytest
 import sqlalchemy as sa
 
-from portal.campaigns.models import Campaign, Delivery
+from portal.campaigns.models import Campaign
 from portal.consent import catalogue
 from portal.db import db
+from portal.delivery.models import Delivery
 from portal.retention.services import erase_subscriber
 from portal.staff.models import Role
 from portal.subscriptions.models import Subscriber

@@ -13,6 +13,7 @@ import pytest
 import sqlalchemy as sa
 
 from portal.identity import sign_assertion
+from portal.seams import current_portal
 from tests.helpers import confirm_account_link, csrf_token
 
 SECRET = "host-product-secret"
@@ -20,9 +21,9 @@ SECRET = "host-product-secret"
 
 @pytest.fixture
 def linking(app, catalogue_ready):
-    app.extensions["portal"].settings = app.extensions["portal.settings"] = app.extensions[
-        "portal.settings"
-    ].with_overrides(identity_assertion_secrets=(SECRET,))
+    current_portal(app).settings = current_portal(app).settings.with_overrides(
+        identity_assertion_secrets=(SECRET,)
+    )
     return app
 
 

@@ -10,6 +10,7 @@ import sqlalchemy as sa
 from portal.consent import catalogue
 from portal.consent.recipients import recipients
 from portal.db import db
+from portal.seams import current_portal
 from tests.helpers import count_rows
 
 URL = "/api/push/preferences"
@@ -192,8 +193,8 @@ def test_a_decision_within_a_day_of_the_server_clock_is_accepted(client, subscri
 
 
 def test_the_allowed_skew_of_decided_at_is_a_setting(app, client, engine, subscribed):
-    settings = app.extensions["portal.settings"].with_overrides(decided_at_max_skew_seconds=3600)
-    app.extensions["portal.settings"] = app.extensions["portal"].settings = settings
+    settings = current_portal(app).settings.with_overrides(decided_at_max_skew_seconds=3600)
+    current_portal(app).settings = settings
     events = count_rows(engine, "consent_event")
     for late in ("2025-12-31T22:59:59Z", "2026-01-01T01:00:01Z"):
         response = client.post(URL, json=_body(subscribed.endpoint, decidedAt=late))

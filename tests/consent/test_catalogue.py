@@ -10,6 +10,7 @@ from portal.consent import catalogue
 from portal.consent.preferences import region_for_country
 from portal.db import db
 from portal.errors import ApiError
+from portal.seams import current_portal
 
 
 def test_development_seeds_demo_topics_and_a_policy_once(settings, clock):
@@ -65,9 +66,9 @@ def test_region_for_country(code, region):
 
 
 def test_region_header_sets_a_new_subscribers_region(app, engine, subscriptions):
-    app.extensions["portal"].settings = app.extensions["portal.settings"] = app.extensions[
-        "portal.settings"
-    ].with_overrides(region_header="CF-IPCountry")
+    current_portal(app).settings = current_portal(app).settings.with_overrides(
+        region_header="CF-IPCountry"
+    )
     app.test_client().post(
         "/api/push/subscribe",
         json={"subscription": subscriptions().to_json()},

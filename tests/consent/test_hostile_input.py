@@ -9,6 +9,7 @@ from urllib.parse import quote
 import pytest
 
 from portal.identity import InvalidLink, sign_assertion, verify_assertion
+from portal.seams import current_portal
 from tests.helpers import Unchanged
 
 SECRET = "host-product-secret"
@@ -16,9 +17,9 @@ SECRET = "host-product-secret"
 
 @pytest.fixture
 def linking_app(app, catalogue_ready):
-    app.extensions["portal"].settings = app.extensions["portal.settings"] = app.extensions[
-        "portal.settings"
-    ].with_overrides(identity_assertion_secrets=(SECRET,))
+    current_portal(app).settings = current_portal(app).settings.with_overrides(
+        identity_assertion_secrets=(SECRET,)
+    )
     return app
 
 

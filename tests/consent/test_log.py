@@ -17,6 +17,7 @@ from portal.consent.models import PreferenceState
 from portal.consent.preferences import Decision, apply_decisions
 from portal.db import db, uuid7
 from portal.identity import sign_assertion
+from portal.seams import current_portal
 from portal.subscriptions.models import Subscriber
 from tests.helpers import confirm_account_link, count_rows, csrf_token
 
@@ -234,9 +235,9 @@ def test_events_hold_no_raw_personal_data(app, engine, subscriptions, catalogue_
     """Ids, a screen and a user-agent family: never an address, an endpoint, a key, the
     user-agent string or the host product's account id."""
     secret = "host-secret"
-    app.extensions["portal"].settings = app.extensions["portal.settings"] = app.extensions[
-        "portal.settings"
-    ].with_overrides(identity_assertion_secrets=(secret,))
+    current_portal(app).settings = current_portal(app).settings.with_overrides(
+        identity_assertion_secrets=(secret,)
+    )
     agent = "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 Chrome/140.0.1.2 Safari/537.36 Trace/91c"
     headers = {"User-Agent": agent, "X-Forwarded-For": "198.51.100.23"}
     browser = app.test_client()

@@ -9,6 +9,7 @@ import pytest
 import sqlalchemy as sa
 
 from portal.identity import preference_link_token, sign_assertion
+from portal.seams import current_portal
 from tests.helpers import all_rows, confirm_account_link, count_rows, csrf_token
 
 
@@ -221,9 +222,9 @@ def test_link_token_identifies_and_expires(app, client, engine, subscribed, cloc
     assert forged.status_code == 400
     assert "This link is not valid." in forged.text
 
-    app.extensions["portal"].settings = app.extensions["portal.settings"] = app.extensions[
-        "portal.settings"
-    ].with_overrides(preference_link_max_age=0)
+    current_portal(app).settings = current_portal(app).settings.with_overrides(
+        preference_link_max_age=0
+    )
     time.sleep(1.1)
     expired = app.test_client().get(f"/preferences?token={token}")
     assert expired.status_code == 400
@@ -270,9 +271,9 @@ def test_identity_assertion_links_the_account_and_merges_device_preferences(
     app, client, engine, subscribed, clock
 ):
     secret = "host-product-secret"
-    app.extensions["portal"].settings = app.extensions["portal.settings"] = app.extensions[
-        "portal.settings"
-    ].with_overrides(identity_assertion_secrets=(secret,))
+    current_portal(app).settings = current_portal(app).settings.with_overrides(
+        identity_assertion_secrets=(secret,)
+    )
     html = client.get("/preferences").text
     client.post(
         "/preferences",

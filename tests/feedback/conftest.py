@@ -8,9 +8,10 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from portal.campaigns.models import Campaign, Delivery
+from portal.campaigns.models import Campaign
 from portal.consent import catalogue
 from portal.db import db
+from portal.delivery.models import Delivery
 from portal.feedback.signature import header_value
 from portal.subscriptions.models import PushSubscription
 from portal.subscriptions.validation import endpoint_hash

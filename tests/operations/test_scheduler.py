@@ -19,9 +19,8 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from portal import create_app
-from portal.jobs import JOBS, JobReport, job, job_names
-from portal.operations import scheduler as scheduling
+from portal import create_app, jobs
+from portal.jobs import Job, JobReport
 from portal.operations.scheduler import SINGLETON_JOBS, JobBusy, job_lock, run_recorded
 from tests.helpers import all_rows
 from tests.support import ROOT, portal_process_environ
@@ -68,16 +67,14 @@ def test_due_times_gate_scheduled_runs_and_every_run_is_recorded(app, engine, cl
     assert state["name"] == "tombstone"
 
 
-def test_a_failing_job_is_recorded_with_its_error(app, engine):
-    @job("explodes")
+def test_a_failing_job_is_recorded_with_its_error(app, engine, monkeypatch):
     def _explodes(app, progress) -> JobReport:
         raise RuntimeError("disk on fire")
 
-    try:
+    with monkeypatch.context() as patch:
+        patch.setattr(jobs, "JOBS", (*jobs.JOBS, Job("explodes", _explodes, interval="sweep")))
         with pytest.raises(RuntimeError):
             run_recorded(app, "explodes", trigger="command")
-    finally:
-        JOBS.pop("explodes")
     (run,) = all_rows(engine, "job_run")
     assert "disk on fire" in run["error"]
 
@@ -133,9 +130,9 @@ def test_shutdown_waits_for_the_batch_in_hand_and_the_job_stops_after_it(
             report.changed += 10
         return report
 
-    job_names()  # registers every real job first, so none replaces this one later
-    monkeypatch.setitem(JOBS, "sweep", batched)
-    monkeypatch.setattr(scheduling, "SINGLETON_JOBS", ("sweep",))
+    # The scheduler runs only this sweep (and dispatch, as always).
+    table = (Job("sweep", batched, interval="sweep"), jobs.find("dispatch"))
+    monkeypatch.setattr(jobs, "JOBS", table)
     app = create_app(settings.with_overrides(scheduler=True), clock=clock)
     engine = app.extensions["portal.db"].engine
     scheduler = app.extensions["portal.scheduler"]

@@ -8,6 +8,7 @@ import time
 import sqlalchemy as sa
 
 from portal.identity import sign_assertion
+from portal.seams import current_portal
 from tests.helpers import all_rows, confirm_account_link, count_rows, csrf_token
 
 UA = "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/140.0.0.0 Safari/537.36 Unique/7f3a"
@@ -31,9 +32,9 @@ def test_erasure_leaves_nothing_of_the_person_and_the_log_still_verifies(
     app, engine, subscriptions, catalogue_ready
 ):
     secret = "host-secret"
-    app.extensions["portal"].settings = app.extensions["portal.settings"] = app.extensions[
-        "portal.settings"
-    ].with_overrides(identity_assertion_secrets=(secret,))
+    current_portal(app).settings = current_portal(app).settings.with_overrides(
+        identity_assertion_secrets=(secret,)
+    )
     browser = app.test_client()
     phone, laptop = subscriptions(), subscriptions("autopush")
     devices = {}  # each subscription's device cookie, as its own browser keeps it

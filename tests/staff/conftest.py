@@ -17,6 +17,7 @@ from portal import create_app
 from portal.clock import FrozenClock
 from portal.config import Settings, StaffAuthSettings
 from portal.db import db
+from portal.seams import current_portal
 from portal.staff import services
 from portal.staff.models import Role, StaffUser
 from portal.staff.passwords import Passwords
@@ -36,7 +37,7 @@ def settings(database_url: str, tmp_path: Path) -> Settings:
 
 @pytest.fixture(autouse=True)
 def _fast_passwords(app: Flask) -> None:
-    app.extensions["portal.staff.passwords"] = Passwords(FAST_HASHER)
+    current_portal(app).passwords = Passwords(FAST_HASHER)
 
 
 @pytest.fixture
@@ -49,10 +50,11 @@ def make_app(
     def make(**overrides: Any) -> Flask:
         overrides.setdefault("staff", GENEROUS)
         application = create_app(
-            make_settings(database_url, str(tmp_path / "instance"), **overrides), clock=clock
+            make_settings(database_url, str(tmp_path / "instance"), **overrides),
+            clock=clock,
+            passwords=Passwords(FAST_HASHER),
         )
         application.config["TESTING"] = True
-        application.extensions["portal.staff.passwords"] = Passwords(FAST_HASHER)
         made.append(application)
         return application
 
@@ -76,12 +78,12 @@ def make_staff(app: Flask) -> Callable[..., StaffUser]:
                 password=password,
                 roles=roles or (Role.ADMIN,),
                 actor=None,
-                passwords=app.extensions["portal.staff.passwords"],
-                clock=app.extensions["portal"].clock,
+                passwords=current_portal(app).passwords,
+                now=current_portal(app).clock.now(),
                 via="test",
             )
             if disabled:
-                user.disabled_at = app.extensions["portal"].clock.now()
+                user.disabled_at = current_portal(app).clock.now()
         return user
 
     return make

@@ -6,7 +6,8 @@ import re
 
 import pytest
 
-from portal.jobs import JOBS, JobReport, job
+from portal import jobs
+from portal.jobs import Job, JobReport
 from portal.operations.scheduler import run_recorded
 from tests.helpers import all_rows
 
@@ -39,16 +40,16 @@ def test_an_unknown_job_changes_nothing(app, admin_browser, engine):
     assert all_rows(engine, "job_run") == []
 
 
-def test_each_run_shows_its_start_duration_rows_and_error(app, admin_browser, engine, clock):
-    @job("explodes")
+def test_each_run_shows_its_start_duration_rows_and_error(
+    app, admin_browser, engine, clock, monkeypatch
+):
     def _explodes(app, progress) -> JobReport:
         raise RuntimeError("disk on fire")
 
-    try:
+    with monkeypatch.context() as patch:
+        patch.setattr(jobs, "JOBS", (*jobs.JOBS, Job("explodes", _explodes, interval="sweep")))
         with pytest.raises(RuntimeError):
             run_recorded(app, "explodes", trigger="scheduler")
-    finally:
-        JOBS.pop("explodes")
     run_recorded(app, "tombstone", trigger="command")
 
     html = admin_browser.get("/staff/ops/jobs").text

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from argon2 import PasswordHasher
 
+from portal.seams import current_portal
 from portal.staff.passwords import Passwords, password_problem
 from tests.staff.conftest import FAST_HASHER, PASSWORD
 
@@ -30,7 +31,7 @@ def test_a_sign_in_rehashes_when_the_parameters_changed(app, engine, make_staff,
     with engine.connect() as conn:
         before = conn.execute(sa.text("SELECT password_hash FROM staff_user")).scalar_one()
     assert "t=1" in before
-    app.extensions["portal.staff.passwords"] = Passwords(
+    current_portal(app).passwords = Passwords(
         PasswordHasher(time_cost=2, memory_cost=2048, parallelism=1)
     )
     assert browser().sign_in("ann@example.test").status_code == 303
@@ -43,7 +44,7 @@ def test_a_sign_in_rehashes_when_the_parameters_changed(app, engine, make_staff,
 
 def test_a_failed_sign_in_does_not_rehash(app, engine, make_staff, browser):
     make_staff("ann@example.test")
-    app.extensions["portal.staff.passwords"] = Passwords(
+    current_portal(app).passwords = Passwords(
         PasswordHasher(time_cost=2, memory_cost=2048, parallelism=1)
     )
     browser().sign_in("ann@example.test", "the wrong password")

@@ -13,6 +13,7 @@ import pytest
 import sqlalchemy as sa
 
 from portal.config import StaffAuthSettings
+from portal.seams import current_portal
 from portal.staff.models import Role
 from portal.staff.passwords import Passwords
 from tests.helpers import all_rows, count_rows
@@ -179,7 +180,7 @@ def test_unknown_emails_are_checked_against_a_dummy_hash(app, make_staff, browse
             calls.append(stored_hash)
             return super().verify(stored_hash, password)
 
-    app.extensions["portal.staff.passwords"] = Spy(FAST_HASHER)
+    current_portal(app).passwords = Spy(FAST_HASHER)
     make_staff("ann@example.test")
     browser().sign_in("nobody@example.test", "whatever it may be")
     browser().sign_in("ann@example.test", "whatever it may be")
@@ -295,7 +296,7 @@ def test_a_disabled_account_answers_the_same_for_a_right_and_a_wrong_password(
             calls.append(stored_hash)
             return super().verify(stored_hash, password)
 
-    app.extensions["portal.staff.passwords"] = Spy(FAST_HASHER)
+    current_portal(app).passwords = Spy(FAST_HASHER)
     make_staff("gone@example.test", disabled=True)
     make_staff("here@example.test")
     wrong = browser().sign_in("gone@example.test", "wrong password here")

@@ -12,6 +12,7 @@ import sqlalchemy as sa
 
 from portal.consent.log import verify_chain
 from portal.jobs import NoProgress, run_job
+from portal.seams import current_portal
 from portal.subscriptions.models import PushSubscription
 from portal.subscriptions.validation import endpoint_hash
 
@@ -306,7 +307,7 @@ def test_the_job_takes_its_chunk_pause_and_lag_limit_from_the_settings(app, monk
 
     monkeypatch.setattr(jobs, "canonicalise_endpoints", spy)
     run_job(app, JOB)
-    settings = app.extensions["portal"].settings
+    settings = current_portal(app).settings
     assert seen["batch_size"] == settings.reseal_batch_size
     assert seen["pause_seconds"] == settings.backfill_pause_seconds
     assert seen["max_lag_seconds"] == settings.backfill_max_replication_lag_seconds

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from portal.dispatch.transport import PushRequest
 from portal.errors import ValidationError
+from portal.push.transport import PushRequest
 from portal.subscriptions.validation import (
     EndpointRefused,
     HostAllowList,

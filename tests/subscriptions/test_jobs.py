@@ -12,6 +12,7 @@ import sqlalchemy as sa
 from portal.cli import ClickProgress
 from portal.jobs import NoProgress, run_job
 from portal.operations.scheduler import run_recorded
+from portal.seams import current_portal
 from portal.subscriptions.validation import endpoint_hash
 from tests.helpers import all_rows
 
@@ -230,7 +231,7 @@ def test_the_backfill_job_takes_its_pause_and_lag_limit_from_the_settings(
         return real(app, **kwargs)
 
     monkeypatch.setattr(jobs, "backfill_endpoint_hash", spy)
-    settings = app.extensions["portal"].settings
+    settings = current_portal(app).settings
     run_job(app, "backfill-hash")
     assert seen["pause_seconds"] == settings.backfill_pause_seconds == 0.075
     assert seen["max_lag_seconds"] == settings.backfill_max_replication_lag_seconds == 10.0

@@ -104,7 +104,7 @@ def test_change_is_one_transaction(app, engine, subscriptions, monkeypatch):
     def broken(*_args, **_kwargs):
         raise RuntimeError("the process died half-way")
 
-    monkeypatch.setattr(services, "end_subscription", broken)
+    monkeypatch.setattr(services, "end_subscriptions", broken)
     new = subscriptions()
     app.config["PROPAGATE_EXCEPTIONS"] = False
     body = {"oldEndpoint": old.endpoint, "oldAuth": old.auth_b64, "subscription": new.to_json()}

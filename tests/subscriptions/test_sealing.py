@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from portal import create_app
 from portal.jobs import NoProgress, run_job
+from portal.seams import current_portal
 from portal.subscriptions.jobs import reseal
 from portal.subscriptions.sealing import KeyRing, SealBroken, UnknownKeyVersion
 from tests.helpers import StopAfterFirstBatch, all_rows
@@ -71,7 +72,7 @@ def test_rotation_old_rows_open_new_rows_use_v2_and_reseal_moves_all(
 
     app = _app(settings, clock, {1: K1, 2: K2}, 2)
     engine = app.extensions["portal.db"].engine
-    keys = app.extensions["portal"].keys
+    keys = current_portal(app).keys
     assert app.test_client().post(URL, json={"subscription": subs[4].to_json()}).status_code == 201
 
     by_endpoint = {r["endpoint"]: r for r in all_rows(engine, "push_subscription")}
@@ -104,7 +105,7 @@ def test_a_reseal_asked_to_stop_finishes_its_batch_and_the_next_run_moves_the_re
     old_app.extensions["portal.db"].engine.dispose()
     app = _app(settings, clock, {1: K1, 2: K2}, 2)
     engine = app.extensions["portal.db"].engine
-    keys = app.extensions["portal"].keys
+    keys = current_portal(app).keys
 
     progress = StopAfterFirstBatch()
     stopped = reseal(app, keys, batch_size=2, progress=progress, stop=progress.stop)
@@ -191,7 +192,7 @@ def test_reseal_goes_in_chunks_and_picks_up_after_an_interruption(settings, cloc
     old_app.extensions["portal.db"].engine.dispose()
     app = _app(settings, clock, {1: K1, 2: K2}, 2)
     engine = app.extensions["portal.db"].engine
-    keys = app.extensions["portal"].keys
+    keys = current_portal(app).keys
 
     stopped = _Recording(stop_after=1)
     with pytest.raises(_Interrupted):

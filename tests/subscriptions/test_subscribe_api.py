@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from portal.seams import current_portal
 from portal.subscriptions.validation import endpoint_hash
 from tests.factories import BrowserSubscription, SubscriptionFactory
 from tests.helpers import all_rows, count_rows
@@ -436,8 +437,8 @@ def test_unknown_api_route_answers_json_404(client):
 
 
 def test_configured_endpoint_bound_is_used(app, client, engine, subscriptions):
-    settings = app.extensions["portal.settings"]
-    app.extensions["portal.settings"] = settings.with_overrides(endpoint_max_length=100)
+    settings = current_portal(app).settings
+    current_portal(app).settings = settings.with_overrides(endpoint_max_length=100)
     sub = subscriptions()
     assert len(sub.endpoint) > 100
     response = client.post(URL, json={"subscription": sub.to_json()})

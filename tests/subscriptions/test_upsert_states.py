@@ -9,6 +9,7 @@ import pytest
 import sqlalchemy as sa
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from portal.seams import current_portal
 from tests.helpers import all_rows
 
 URL = "/api/push/subscribe"
@@ -92,7 +93,7 @@ def test_reregistration_refreshes_keys_and_last_seen(app, engine, subscriptions,
     assert after["p256dh"] == sub.p256dh != before["p256dh"]
     assert after["user_agent"] == "Firefox/140"
     assert str(after["last_seen_at"]) > str(before["last_seen_at"])
-    portal = app.extensions["portal"]
+    portal = current_portal(app)
     assert portal.keys.open(bytes(after["auth_sealed"]), after["auth_key_version"]) == sub.auth
 
 

@@ -25,16 +25,16 @@ from flask.testing import FlaskClient
 
 from portal import create_app
 from portal.campaigns import services as campaign_services
-from portal.campaigns.engine import Dispatcher, EngineSettings
 from portal.campaigns.services import CampaignDraft
 from portal.clock import FrozenClock
 from portal.config import Settings
 from portal.db import db
-from portal.dispatch.transport import PushResponse
 from portal.identity import preference_link_token, sign_assertion
 from portal.jobs import job_names
+from portal.push.transport import PushResponse
 from portal.retention.services import erase_subscriber
 from portal.retention.views import receipt_token
+from portal.seams import current_portal
 from portal.staff import services as staff_services
 from portal.staff.models import Role, StaffUser
 from portal.staff.passwords import Passwords
@@ -96,14 +96,15 @@ def settings(database_url: str, tmp_path: Path) -> Settings:
 
 @pytest.fixture
 def walk_app(settings: Settings, clock: FrozenClock) -> Iterator[Flask]:
-    app = create_app(settings, clock=clock)
+    app = create_app(
+        settings,
+        clock=clock,
+        passwords=Passwords(FAST_HASHER),
+        transport_factory=lambda portal: AcceptingTransport(),
+    )
     app.config["TESTING"] = True
     # A view that raises must answer as in production (a 500 page), not into the test.
     app.config["PROPAGATE_EXCEPTIONS"] = False
-    app.extensions["portal.staff.passwords"] = Passwords(FAST_HASHER)
-    app.extensions["portal.dispatcher"] = Dispatcher(
-        app, AcceptingTransport(), settings=EngineSettings(batch_size=50), rand=lambda: 0.0
-    )
     yield app
     app.extensions["portal.db"].engine.dispose()
 
@@ -193,8 +194,8 @@ def _staff(app: Flask, email: str, role: Role, *, disabled: bool = False) -> uui
             password=PASSWORD,
             roles=(role,),
             actor=None,
-            passwords=app.extensions["portal.staff.passwords"],
-            clock=app.extensions["portal"].clock,
+            passwords=current_portal(app).passwords,
+            now=current_portal(app).clock.now(),
             via="test",
         )
         if disabled:

@@ -10,10 +10,11 @@ import pytest
 import sqlalchemy as sa
 
 from portal.campaigns import services as campaigns
-from portal.campaigns.engine import Dispatcher, EngineSettings
-from portal.campaigns.models import Campaign, CircuitState, Delivery
+from portal.campaigns.models import Campaign, CircuitState
 from portal.campaigns.services import CampaignDraft
 from portal.db import db
+from portal.delivery.engine import Dispatcher, EngineSettings
+from portal.delivery.models import Delivery
 from portal.jobs import run_job
 from portal.subscriptions.models import PushSubscription
 from tests.fakepush import Answer

@@ -30,14 +30,7 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 
 from portal.campaigns import metrics
-from portal.campaigns.models import (
-    Campaign,
-    CampaignStatus,
-    CircuitState,
-    Delivery,
-    DeliveryStatus,
-    Unsendable,
-)
+from portal.campaigns.models import Campaign, CampaignStatus, CircuitState
 from portal.campaigns.services import (
     PayloadTemplate,
     live_subscription_query,
@@ -45,11 +38,12 @@ from portal.campaigns.services import (
 )
 from portal.config import b64url_decode
 from portal.consent import log as consent_log
-from portal.consent.models import EventKind, Source
+from portal.consent.models import EventKind
 from portal.consent.recipients import recipient_query
-from portal.db import affected_rows, db, is_postgres
-from portal.dispatch.encryption import InvalidSubscriptionKeys, PayloadTooLarge
-from portal.dispatch.transport import (
+from portal.db import db, is_postgres
+from portal.delivery.models import Delivery, DeliveryStatus, Unsendable
+from portal.push.encryption import InvalidSubscriptionKeys, PayloadTooLarge
+from portal.push.transport import (
     BatchInterrupted,
     InvalidEndpoint,
     InvalidPushRequest,
@@ -58,6 +52,7 @@ from portal.dispatch.transport import (
     PushTransport,
     Urgency,
 )
+from portal.seams import current_portal
 from portal.subscriptions.lifecycle import (
     Lifecycle,
     Outcome,
@@ -67,6 +62,7 @@ from portal.subscriptions.lifecycle import (
     may_retry,
 )
 from portal.subscriptions.models import (
+    LIVE_STATES,
     EndReason,
     PushService,
     PushSubscription,
@@ -74,6 +70,7 @@ from portal.subscriptions.models import (
     subscription_state_type,
 )
 from portal.subscriptions.sealing import KeyRing, SealBroken, UnknownKeyVersion
+from portal.subscriptions.services import Ending, end_subscriptions
 
 log = logging.getLogger("portal.dispatch")
 audit = logging.getLogger("portal.audit")
@@ -132,7 +129,7 @@ class Dispatcher:
         self.transport = transport
         self.settings = settings or EngineSettings()
         self.rand = rand
-        portal = app.extensions["portal"]
+        portal = current_portal(app)
         self.clock = portal.clock
         self.keys: KeyRing = portal.keys
         self.retry = portal.settings.retry
@@ -432,7 +429,7 @@ class Dispatcher:
                     skipped.append((item.delivery_id, _skip_reason(sub)))
                     continue
                 known = carried.get(item.subscription_id)
-                if known is not None and known.state not in _LIVE:
+                if known is not None and known.state not in LIVE_STATES:
                     # Revoked or gone stale by the previous batch's answers, not yet written.
                     skipped.append((item.delivery_id, f"subscription_{known.state.value}"))
                     continue
@@ -669,34 +666,19 @@ class Dispatcher:
         state_before: SubscriptionState,
         now: dt.datetime,
     ) -> None:
-        changed = affected_rows(
+        end_subscriptions(
             session,
-            sa.update(_s)
-            .where(_s.c.id == item.subscription_id, _s.c.state != SubscriptionState.REVOKED.value)
-            .values(
-                state=SubscriptionState.REVOKED.value,
-                revoked_at=now,
-                ended_at=now,
-                end_reason=EndReason.REVOKED_BY_PUSH_SERVICE.value,
-                last_status_code=410,
-                last_failure_at=now,
+            [Ending(item.subscription_id, sub.subscriber_id, state_before.value)],
+            state=SubscriptionState.REVOKED,
+            reason=EndReason.REVOKED_BY_PUSH_SERVICE,
+            from_states=[s for s in SubscriptionState if s is not SubscriptionState.REVOKED],
+            now=now,
+            event=EventKind.REVOKED_BY_PUSH_SERVICE,
+            context=consent_log.Context(
+                screen="dispatch", extra={"delivery": str(item.delivery_id)}
             ),
+            values={"last_status_code": 410, "last_failure_at": now},
         )
-        if changed and sub.subscriber_id is not None:
-            consent_log.append(
-                session,
-                kind=EventKind.REVOKED_BY_PUSH_SERVICE,
-                subscriber_id=sub.subscriber_id,
-                subscription_id=item.subscription_id,
-                previous_state=state_before.value,
-                new_state=SubscriptionState.REVOKED.value,
-                source=Source.SYSTEM.value,
-                actor="system",
-                recorded_at=now,
-                context=consent_log.Context(
-                    screen="dispatch", extra={"delivery": str(item.delivery_id)}
-                ),
-            )
 
     def _open_circuit(
         self, session: Session, service: str, now: dt.datetime, until: dt.datetime, reason: str
@@ -709,9 +691,6 @@ class Dispatcher:
         else:
             existing.open_until, existing.reason, existing.opened_at = until, reason, now
         log.warning("push service %s slowed down until %s: %s", service, until.isoformat(), reason)
-
-
-_LIVE = (SubscriptionState.PENDING, SubscriptionState.ACTIVE)
 
 
 def _among(
@@ -931,6 +910,6 @@ def _skip_reason(sub: Any) -> str:
         return "subscription_gone"
     if sub.deleted_at is not None:
         return "subscription_ended"
-    if sub.state not in ("pending", "active"):
+    if sub.state not in LIVE_STATES:
         return f"subscription_{sub.state}"
     return "consent_withdrawn"

@@ -29,8 +29,8 @@ import pycurl
 
 from portal.clock import Clock, SystemClock
 from portal.config import Settings
-from portal.dispatch.encryption import CONTENT_ENCODING, MAX_BODY_BYTES, encrypt
-from portal.dispatch.vapid import VapidSigner, push_service_origin
+from portal.push.encryption import CONTENT_ENCODING, MAX_BODY_BYTES, encrypt
+from portal.push.vapid import VapidSigner, push_service_origin
 from portal.subscriptions.lifecycle import PushAnswer, parse_retry_after
 from portal.subscriptions.models import PushService
 from portal.subscriptions.validation import EndpointRefused, parse_endpoint

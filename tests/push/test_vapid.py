@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 
 from portal.clock import FrozenClock
 from portal.config import b64url_decode, generate_vapid_keys
-from portal.dispatch.vapid import (
+from portal.push.vapid import (
     MAX_LIFETIME,
     VapidKeyError,
     VapidSigner,

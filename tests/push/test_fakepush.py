@@ -15,10 +15,9 @@ import requests
 
 from portal.clock import FrozenClock
 from portal.config import b64url_decode
-from portal.dispatch.encryption import encrypt
-from portal.dispatch.vapid import VapidSigner
+from portal.push.encryption import encrypt
+from portal.push.vapid import VapidSigner
 from tests.conftest import VAPID_PRIVATE, VAPID_PUBLIC
-from tests.dispatch.conftest import SUBJECT
 from tests.factories import BrowserSubscription, SubscriptionFactory
 from tests.fakepush import (
     Answer,
@@ -29,6 +28,7 @@ from tests.fakepush import (
     token_of,
     verify_vapid,
 )
+from tests.push.conftest import SUBJECT
 
 
 @pytest.fixture

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 import pytest
 
 from portal.config import b64url_decode
-from portal.dispatch.transport import HttpsPushTransport, PushRequest, Urgency
-from portal.dispatch.vapid import VapidSigner
+from portal.push.transport import HttpsPushTransport, PushRequest, Urgency
+from portal.push.vapid import VapidSigner
 from tests.conftest import VAPID_PRIVATE, VAPID_PUBLIC
 from tests.factories import BrowserSubscription
 from tests.fakepush import FakePushService, fake_push_service

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from portal.clock import FrozenClock
-from portal.dispatch.encryption import MAX_PLAINTEXT_BYTES, PayloadTooLarge
-from portal.dispatch.transport import (
+from portal.push.encryption import MAX_PLAINTEXT_BYTES, PayloadTooLarge
+from portal.push.transport import (
     BatchInterrupted,
     HttpsPushTransport,
     InvalidPushRequest,
@@ -27,8 +27,8 @@ from portal.dispatch.transport import (
 from portal.subscriptions.lifecycle import Lifecycle, Outcome, apply_answer
 from portal.subscriptions.models import PushService, SubscriptionState
 from tests.conftest import make_settings
-from tests.dispatch.conftest import push_request
 from tests.fakepush import Answer, fake_push_service
+from tests.push.conftest import push_request
 
 SYSTEM_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 

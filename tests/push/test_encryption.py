@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from portal.config import b64url_decode
-from portal.dispatch.encryption import (
+from portal.push.encryption import (
     HEADER_LENGTH,
     MAX_BODY_BYTES,
     MAX_PLAINTEXT_BYTES,
