@@ -111,7 +111,7 @@ class Assertion:
 
 
 def sign_assertion(claims: dict[str, Any], secret: str) -> str:
-    """What the host product does (documented in the README; used by tests)."""
+    """What the host product does (documented in docs/consent.md; used by tests)."""
     payload = base64.urlsafe_b64encode(json.dumps(claims, separators=(",", ":")).encode()).rstrip(
         b"="
     )

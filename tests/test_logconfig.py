@@ -16,16 +16,17 @@ from flask import Flask
 from portal import create_app, logconfig
 from portal.accesslog import REDACTED
 from portal.campaigns import services as campaigns
-from portal.campaigns.models import Delivery
 from portal.campaigns.services import CampaignDraft
 from portal.db import db
-from tests.campaigns.conftest import (  # noqa: F401 - fixtures shared with the campaign tests
+from portal.delivery.models import Delivery
+from tests.campaigns.conftest import settings  # noqa: F401 - the campaign tests' settings
+from tests.conftest import KEY_V1, VAPID_PRIVATE, make_settings
+from tests.delivery.conftest import (  # noqa: F401 - fixtures shared with the engine's tests
     dispatcher,
     fake_push,
     push_app,
-    settings,
+    push_transport,
 )
-from tests.conftest import KEY_V1, VAPID_PRIVATE, make_settings
 from tests.support import ROOT
 
 

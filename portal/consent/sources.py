@@ -2,7 +2,7 @@
 
 The consent log says where every decision came from; a caller must not be able to file
 a decision as made on a screen that never calls the route. The table is the contract
-(README, "JSON API"; the OpenAPI document reads it too).
+(docs/api.md; the OpenAPI document reads it too).
 """
 
 from __future__ import annotations

@@ -24,11 +24,13 @@ import sqlalchemy as sa
 from flask import Flask
 
 from portal.campaigns import services as campaigns
-from portal.campaigns.engine import Dispatcher, EngineSettings
-from portal.campaigns.models import Campaign, CampaignStatus, Delivery, DeliveryStatus
+from portal.campaigns.models import Campaign, CampaignStatus
 from portal.campaigns.services import CampaignDraft
 from portal.consent import catalogue
 from portal.db import db, uuid7
+from portal.delivery.engine import Dispatcher, EngineSettings
+from portal.delivery.models import Delivery, DeliveryStatus
+from portal.seams import current_portal
 from portal.subscriptions.models import PushSubscription, Subscriber, SubscriptionState
 from portal.subscriptions.validation import endpoint_hash
 
@@ -43,7 +45,7 @@ def insert_audience(app: Flask, count: int) -> None:
     """``count`` US subscribers (marketing defaults allow them) with one live device each,
     inserted set-based."""
     now = dt.datetime.now(dt.UTC)
-    keys = app.extensions["portal"].keys
+    keys = current_portal(app).keys
     sealed = keys.seal(b"0123456789abcdef")
     subscribers, devices = [], []
     for n in range(count):
@@ -115,7 +117,7 @@ def launch(app: Flask, topic: str = "weekly-digest") -> uuid.UUID:
 
 
 def now(app: Flask) -> dt.datetime:
-    return app.extensions["portal"].clock.now()
+    return current_portal(app).clock.now()
 
 
 def counts(app: Flask, campaign_id: uuid.UUID) -> Counter[tuple[str, str | None]]:
