@@ -16,9 +16,10 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from portal.consent import log
+from portal.consent import catalogue, log
 from portal.consent.catalogue import active_topics
 from portal.consent.models import EventKind, PreferenceState, Topic, TopicPreference
+from portal.errors import ValidationError
 from portal.subscriptions.models import Subscriber
 
 # Marketing defaults never apply here. An unknown region is treated the same way: we
@@ -158,6 +159,43 @@ def topic_views(
 class Decision:
     topic: Topic
     state: PreferenceState
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A topic a request names, and the request field it came from (for the error)."""
+
+    slug: str
+    field: str
+
+
+def chosen_topics(
+    session: Session,
+    *,
+    policy_version: str,
+    choices: Sequence[Choice],
+    repeat_field: str | None = None,
+) -> dict[str, Topic]:
+    """The one rule for a choice of topics, whichever route it arrives by (the subscribe
+    call's ``topics``, the preferences call's ``decisions``): the notice version the person
+    was shown is published, and each topic named is active and named once. Answers every
+    active topic by slug, chosen or not; raises the refusal otherwise. A repeated topic is
+    reported at ``repeat_field`` when given (the subscribe call names its whole list)."""
+    if catalogue.policy(session, policy_version) is None:
+        raise ValidationError(
+            "unknown_policy_version", f"no policy version {policy_version!r}", "policyVersion"
+        )
+    topics = {t.slug: t for t in catalogue.current(session).topics}
+    seen: set[str] = set()
+    for choice in choices:
+        if choice.slug in seen:
+            raise ValidationError(
+                "duplicate_topic", f"{choice.slug!r} appears twice", repeat_field or choice.field
+            )
+        seen.add(choice.slug)
+        if choice.slug not in topics:
+            raise ValidationError("unknown_topic", f"no active topic {choice.slug!r}", choice.field)
+    return topics
 
 
 @dataclass(frozen=True)

@@ -27,8 +27,10 @@ from portal.consent.accounts import link_account
 from portal.consent.log import Context
 from portal.consent.models import PolicyVersion, PreferenceState, Source, TopicPreference
 from portal.consent.preferences import (
+    Choice,
     Decision,
     apply_decisions,
+    chosen_topics,
     form_decisions,
     marketing_off_decisions,
     subscriber_with_preferences,
@@ -486,28 +488,19 @@ def api_preferences() -> Response:
         dt.timedelta(seconds=portal.settings.decided_at_max_skew_seconds),
     )
     source = source_for("preferences", body)
-    if catalogue.policy(session, version) is None:
-        raise ValidationError(
-            "unknown_policy_version", f"no policy version {version!r}", "policyVersion"
-        )
-    topics = {t.slug: t for t in catalogue.current(session).topics}
-    decisions: list[Decision] = []
-    seen: set[str] = set()
+    named: list[tuple[Choice, PreferenceState]] = []
     for index, item in enumerate(raw):
         field = f"decisions[{index}]"
         entry = require_object(item, field)
         slug = require_string(entry.get("slug"), f"{field}.slug")
         state = require_string(entry.get("state"), f"{field}.state")
-        if slug in seen:
-            raise ValidationError("duplicate_topic", f"{slug!r} appears twice", f"{field}.slug")
-        seen.add(slug)
-        if slug not in topics:
-            raise ValidationError("unknown_topic", f"no active topic {slug!r}", f"{field}.slug")
         if state not in {s.value for s in PreferenceState}:
             raise ValidationError(
                 "invalid_state", "state is opt_in, opt_out or unset", f"{field}.state"
             )
-        decisions.append(Decision(topics[slug], PreferenceState(state)))
+        named.append((Choice(slug, f"{field}.slug"), PreferenceState(state)))
+    topics = chosen_topics(session, policy_version=version, choices=[choice for choice, _ in named])
+    decisions = [Decision(topics[choice.slug], state) for choice, state in named]
     # The browser that holds the subscription, and no one else, speaks for its person.
     sub = subscription_services.held_by_endpoint(session, endpoint, proof, keys=portal.keys)
     if sub.deleted_at is not None or sub.subscriber_id is None:

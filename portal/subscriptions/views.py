@@ -14,9 +14,14 @@ from typing import Any
 from flask import Blueprint, Response, jsonify, request
 
 from portal.api import check_same_origin, json_body, request_locale, request_origin
-from portal.consent import catalogue
 from portal.consent.models import PreferenceState, Source
-from portal.consent.preferences import Decision, apply_decisions, region_for_country
+from portal.consent.preferences import (
+    Choice,
+    Decision,
+    apply_decisions,
+    chosen_topics,
+    region_for_country,
+)
 from portal.consent.sources import source_for
 from portal.db import db
 from portal.errors import ValidationError
@@ -106,18 +111,13 @@ def _topic_choice(body: dict[str, Any]) -> tuple[list[Decision], str | None]:
         raise ValidationError(
             "invalid_type", "topics must be a list of slugs", "topics", status=400
         )
-    if len(set(chosen)) != len(chosen):
-        raise ValidationError("duplicate_topic", "a topic appears twice", "topics")
     version = require_string(body.get("policyVersion"), "policyVersion")
-    session = db.session
-    if catalogue.policy(session, version) is None:
-        raise ValidationError(
-            "unknown_policy_version", f"no policy version {version!r}", "policyVersion"
-        )
-    topics = {t.slug: t for t in catalogue.current(session).topics}
-    for index, slug in enumerate(chosen):
-        if slug not in topics:
-            raise ValidationError("unknown_topic", f"no active topic {slug!r}", f"topics[{index}]")
+    topics = chosen_topics(
+        db.session,
+        policy_version=version,
+        choices=[Choice(slug, f"topics[{index}]") for index, slug in enumerate(chosen)],
+        repeat_field="topics",
+    )
     decisions = [
         Decision(topic, PreferenceState.OPT_IN if slug in chosen else PreferenceState.OPT_OUT)
         for slug, topic in topics.items()
