@@ -141,3 +141,10 @@ class Unchanged:
     def changed(self) -> list[str]:
         after = self.digest.take()
         return sorted(t for t in self.before if self.before[t] != after[t])
+
+
+def without_cell_labels(html: str) -> str:
+    """A page's HTML without the ``data-label`` each stacked-table cell carries for narrow
+    screens (the column's name, shown before the value there), so a test can read cells as
+    ``<td>value</td>``."""
+    return re.sub(r' data-label="[^"]*"', "", html)
