@@ -147,7 +147,8 @@ def test_chain_status_before_and_after_a_check(app, engine, clock, officer, pers
     assert row["target"] == "consent-log"
 
 
-def test_a_broken_chain_and_a_running_check_are_shown(app, clock, officer, catalogue_ready):
+def _log_check(app, clock, **fields) -> None:
+    """A run of the verify-log job recorded now: unfinished unless ``seconds`` is given."""
     with db.begin(app) as session:
         session.add(
             JobRun(
@@ -155,27 +156,25 @@ def test_a_broken_chain_and_a_running_check_are_shown(app, clock, officer, catal
                 trigger="scheduler",
                 host="h",
                 started_at=clock.now(),
-                seconds=1.5,
-                processed=10,
                 changed=0,
-                error="consent log broken at event 7: hash does not match its content (altered)",
+                **fields,
             )
         )
+
+
+def test_a_broken_chain_and_a_running_check_are_shown(app, clock, officer, catalogue_ready):
+    _log_check(
+        app,
+        clock,
+        seconds=1.5,
+        processed=10,
+        error="consent log broken at event 7: hash does not match its content (altered)",
+    )
     page = officer.get("/staff/compliance/").text
     assert "<strong>Broken</strong>" in page
     assert "event 7: hash does not match its content" in page
     clock.advance(minutes=1)
-    with db.begin(app) as session:
-        session.add(
-            JobRun(
-                name="verify-log",
-                trigger="scheduler",
-                host="h",
-                started_at=clock.now(),
-                processed=0,
-                changed=0,
-            )
-        )
+    _log_check(app, clock, processed=0)  # started, not finished
     page = officer.get("/staff/compliance/").text
     assert "<strong>Checking now</strong>: started 2026-01-01 00:01:00 UTC" in page
     assert "<strong>Broken</strong>" in page  # the last verdict stays until the new one
@@ -271,37 +270,22 @@ def test_week_labels_never_overlap_and_the_newest_week_is_labelled(count):
         assert len(chart.labels) == count or count == 11
 
 
-def _verified(app, clock, processed: int) -> None:
-    with db.begin(app) as session:
-        session.add(
-            JobRun(
-                name="verify-log",
-                trigger="scheduler",
-                host="h",
-                started_at=clock.now(),
-                seconds=0.1,
-                processed=processed,
-                changed=0,
-            )
-        )
-
-
 def test_events_written_since_the_last_check_are_not_called_verified(app, clock, officer, person):
-    _verified(app, clock, processed=0)  # a check of the log while it was still empty
+    _log_check(app, clock, seconds=0.1, processed=0)  # a check of the log while it was still empty
     page = officer.get("/staff/compliance/").text
     when = f"{clock.now():%Y-%m-%d %H:%M:%S} UTC"
     assert f"when last verified, {when}: the log was empty then." in page
     assert "<strong>Not verified yet</strong>: 6 events written since that check." in page
     assert "0 events checked" not in page
     clock.advance(minutes=1)
-    _verified(app, clock, processed=6)
+    _log_check(app, clock, seconds=0.1, processed=6)
     page = officer.get("/staff/compliance/").text
     assert "6 events checked in 0.1 s" in page
     assert "Not verified yet" not in page
 
 
 def test_a_log_shorter_than_its_last_check_is_flagged(app, clock, officer, person):
-    _verified(app, clock, processed=60)
+    _log_check(app, clock, seconds=0.1, processed=60)
     page = officer.get("/staff/compliance/").text
     assert (
         "<strong>Fewer events than were checked</strong>: the log holds 6, the last check read 60."
