@@ -38,8 +38,10 @@ from portal import create_app
 from portal.clock import SystemClock
 from portal.config import RateLimitSettings
 from portal.consent.demo import seed
+from portal.staff.passwords import Passwords
 from tests.conftest import make_settings
 from tests.factories import BrowserSubscription, SubscriptionFactory
+from tests.staff.conftest import FAST_HASHER
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -103,11 +105,13 @@ class LiveServer:
 @pytest.fixture
 def server(database_url: str, tmp_path: Path) -> Iterator[LiveServer]:
     # A real clock: the browser's own timers and the server's must agree. The API's
-    # default rate limits apply: a real browser must never reach them.
+    # default rate limits apply: a real browser must never reach them. Staff passwords
+    # are hashed with cheap parameters: the browser tests sign in often, and the real
+    # parameters are tested in tests/staff/test_passwords.py.
     settings = make_settings(
         database_url, str(tmp_path / "instance"), rate_limit=RateLimitSettings()
     )
-    app = create_app(settings, clock=SystemClock())
+    app = create_app(settings, clock=SystemClock(), passwords=Passwords(FAST_HASHER))
     seed(app)  # the demo topics and policy "2026-01", as a fresh development start has
     httpd: BaseWSGIServer = make_server("127.0.0.1", 0, app, threaded=True)
     thread = threading.Thread(target=httpd.serve_forever, name="live-server", daemon=True)

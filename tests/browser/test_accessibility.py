@@ -7,8 +7,10 @@ and returns a Page showing that state.
 axe-core checks WCAG 2.0/2.1/2.2 A and AA rules; the hand-written checks cover what it
 cannot see: a visible focus indicator on every element Tab reaches, targets of at least
 24×24 CSS pixels (links inside running text excepted, as WCAG 2.5.8 allows), a plain-text
-title naming the page, fieldsets that point at their hint and error, and, in error
-states, a focused error summary whose links lead to the fields.
+title naming the page, fieldsets that point at their hint and error, in error states a
+focused error summary whose links lead to the fields, and at phone widths (320 and 390 px)
+no sideways scroll and no word broken anywhere. Each state is reached once and given every
+check.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from sqlalchemy.orm import sessionmaker
 from portal.db import create_engine
 from portal.seams import current_portal
 from tests.browser.conftest import (
+    DESKTOP,
     PHONE,
     LiveServer,
     subscribe_through_api,
@@ -794,24 +797,6 @@ def _settled(page: Page) -> Page:
     return page
 
 
-@pytest.fixture(params=PAGES, ids=str)
-def page_state(request, new_context, server) -> Page:
-    return _settled(request.param.reach(new_context, server))
-
-
-@pytest.fixture(params=[state for state in PAGES if state.error_summary], ids=str)
-def error_state(request, new_context, server) -> Page:
-    return _settled(request.param.reach(new_context, server))
-
-
-def test_axe_finds_no_violations(page_state: Page, csp_violations: list[str]):
-    # Reaching the state ran the page's scripts and loaded its styles and images: none
-    # of it may have broken the Content-Security-Policy.
-    assert csp_violations == []
-    results = _axe.run(page_state, options=AXE_OPTIONS)
-    assert results.violations_count == 0, results.generate_report()
-
-
 FOCUSABLE = (
     "a[href], button, input:not([type=hidden]), select, textarea, summary, "
     "[tabindex]:not([tabindex='-1'])"
@@ -846,10 +831,12 @@ FOCUSED = """() => {
 }"""
 
 
-def test_focus_is_always_visible(page_state: Page):
-    page = page_state
-    unfocused = page.evaluate(MARK_AND_MEASURE, FOCUSABLE)
+def focus_problems(page: Page) -> list[str]:
+    """Tab through the page: every element it reaches shows a focus indicator."""
+    # Nothing focused while each element's resting style is read (an error summary's
+    # link may just have moved focus to a field).
     page.evaluate("document.activeElement && document.activeElement.blur()")
+    unfocused = page.evaluate(MARK_AND_MEASURE, FOCUSABLE)
     page.mouse.move(0, 0)
     seen: set[str] = set()
     problems = []
@@ -865,8 +852,9 @@ def test_focus_is_always_visible(page_state: Page):
             focused["outline"] or focused["shadow"]
         ):
             problems.append(focused["label"])
-    assert seen, "Tab reached nothing"
-    assert problems == [], f"no visible focus indicator on: {problems}"
+    if not seen:
+        return ["Tab reached nothing"]
+    return [f"no visible focus indicator on {label}" for label in problems]
 
 
 TARGETS = """() => {
@@ -888,28 +876,34 @@ TARGETS = """() => {
 }"""
 
 
-def test_targets_are_at_least_24_pixels(page_state: Page):
-    assert page_state.evaluate(TARGETS) == []
+def target_problems(page: Page) -> list[str]:
+    return [f"target smaller than 24x24 px: {target}" for target in page.evaluate(TARGETS)]
 
 
-def test_error_states_focus_the_summary_and_its_links_move_focus(
-    error_state: Page, request: pytest.FixtureRequest
-):
-    page = error_state
-    state: PageState = request.node.callspec.params["error_state"]
-    assert page.title().startswith("Error: ")
-    assert "error-summary" in page.evaluate("document.activeElement.className")
+def error_summary_problems(page: Page, state: PageState) -> list[str]:
+    """The summary has focus when the page opens; each link names a field (or the
+    section, where ``summary_links_to_fields`` is False) and moves focus to it."""
+    problems = []
+    if not page.title().startswith("Error: "):
+        problems.append(f"an error page's title does not start with 'Error: ': {page.title()}")
+    if "error-summary" not in page.evaluate("document.activeElement.className"):
+        problems.append("the error summary does not have focus when the page opens")
     links = page.locator(".error-summary a")
-    assert links.count() >= 1
+    if links.count() == 0:
+        problems.append("the error summary links to nothing")
     for index in range(links.count()):
-        target = links.nth(index).get_attribute("href")
-        assert target.startswith("#")
-        assert page.locator(target).count() == 1, f"{target} names no element"
+        target = links.nth(index).get_attribute("href") or ""
+        if not target.startswith("#") or page.locator(target).count() != 1:
+            problems.append(f"the error summary link {target!r} names no element")
+            continue
         if state.summary_links_to_fields:
             tag = page.locator(target).evaluate("el => el.tagName")
-            assert tag in ("INPUT", "SELECT", "TEXTAREA"), f"{target} is a {tag}, not a field"
+            if tag not in ("INPUT", "SELECT", "TEXTAREA"):
+                problems.append(f"the error summary link {target} leads to a {tag}, not a field")
         links.nth(index).click()
-        assert page.evaluate("document.activeElement.id") == target[1:]
+        if page.evaluate("document.activeElement.id") != target[1:]:
+            problems.append(f"the error summary link {target} does not move focus there")
+    return problems
 
 
 TITLE_SUFFIX = " – Push consent portal"
@@ -950,8 +944,93 @@ DESCRIPTIONS = """() => {
 }"""
 
 
-def test_titles_are_plain_and_fields_name_their_hints_and_errors(page_state: Page):
-    title = page_state.title()
-    assert title.endswith(TITLE_SUFFIX), title
-    assert "<" not in title and len(title) > len(TITLE_SUFFIX) + 3, title
-    assert page_state.evaluate(DESCRIPTIONS) == []
+def title_and_description_problems(page: Page) -> list[str]:
+    problems = []
+    title = page.title()
+    if not title.endswith(TITLE_SUFFIX) or "<" in title or len(title) <= len(TITLE_SUFFIX) + 3:
+        problems.append(f"the title is not a plain name of the page: {title!r}")
+    return problems + page.evaluate(DESCRIPTIONS)
+
+
+# Elements wider than the page, and text set to break anywhere: both make a phone user
+# scroll sideways or read half-words.
+OVERFLOW = """() => {
+  const width = document.documentElement.clientWidth;
+  const wide = [];
+  const broken = [];
+  for (const el of document.body.querySelectorAll('*')) {
+    const style = getComputedStyle(el);
+    if (style.wordBreak === 'break-all') broken.push(el.tagName.toLowerCase());
+    const r = el.getBoundingClientRect();
+    if (r.width === 0 || style.position === 'fixed') continue;
+    if (el.closest('.visually-hidden')) continue;
+    if (r.right > width + 0.5) {  // (off to the left, as a skip link waits, scrolls nothing)
+      wide.push(`${el.tagName.toLowerCase()}${el.id ? '#' + el.id : ''}` +
+                `${el.className && typeof el.className === 'string' ? '.' + el.className.split(' ')[0] : ''}` +
+                ` ${Math.round(r.left)}..${Math.round(r.right)}`);
+    }
+  }
+  return {
+    scroll: document.documentElement.scrollWidth - window.innerWidth,
+    wide: wide.slice(0, 8),
+    broken: broken.slice(0, 8),
+  };
+}"""
+
+# The narrowest phones in use, and 1280 px zoomed to 400 % (WCAG 1.4.10 Reflow); then a
+# common phone.
+NARROW = [{"width": 320, "height": 640}, {"width": 390, "height": 844}]
+
+
+def axe_problems(page: Page) -> list[str]:
+    results = _axe.run(page, options=AXE_OPTIONS)
+    return [results.generate_report()] if results.violations_count else []
+
+
+def narrow_screen_problems(page: Page) -> list[str]:
+    """At each phone width: nothing scrolls sideways, no word is broken anywhere to fit,
+    and axe-core still finds nothing (stacked tables keep their meaning)."""
+    problems = []
+    for viewport in NARROW:
+        page.set_viewport_size(viewport)
+        width = viewport["width"]
+        if page.evaluate("window.innerWidth") != width:
+            problems.append(f"the window did not become {width} px wide")
+            continue
+        found = page.evaluate(OVERFLOW)
+        if found["scroll"] > 0 or found["wide"]:
+            problems.append(
+                f"scrolls sideways by {found['scroll']} px at {width} px: {found['wide']}"
+            )
+        if found["broken"]:
+            problems.append(f"breaks words anywhere at {width} px: {found['broken']}")
+        problems += [f"at {width} px: {report}" for report in axe_problems(page)]
+    return problems
+
+
+@pytest.mark.parametrize("state", PAGES, ids=str)
+def test_every_page_state_passes_every_check(
+    state: PageState, new_context: Any, server: LiveServer, csp_violations: list[str]
+) -> None:
+    """Each state is reached once and given every check; the failure lists them all.
+
+    The order keeps each check's premise: the page is as it opened (nothing scrolled,
+    nothing focused by the test) for axe-core and the phone widths, which run before the
+    state's own width is restored for the error summary's focus and the keyboard walk."""
+    page = _settled(state.reach(new_context, server))
+    # Reaching the state ran the page's scripts and loaded its styles and images: none of
+    # it may have broken the Content-Security-Policy.
+    found: dict[str, list[str]] = {"content security policy": list(csp_violations)}
+    found["axe-core"] = axe_problems(page)
+    found["title and field descriptions"] = title_and_description_problems(page)
+    found["target size"] = target_problems(page)
+    own_size = page.viewport_size or DESKTOP
+    found["phone widths"] = narrow_screen_problems(page)
+    page.set_viewport_size(own_size)
+    if state.error_summary:
+        found["error summary"] = error_summary_problems(page, state)
+    found["focus visible"] = focus_problems(page)
+    failed = {check: problems for check, problems in found.items() if problems}
+    assert not failed, "\n".join(
+        f"{state} fails {check}:\n  " + "\n  ".join(problems) for check, problems in failed.items()
+    )
