@@ -183,6 +183,10 @@
       return;
     }
     actions.hidden = false;
+    var optionalTopics = document.getElementById("optional-topics");
+    if (optionalTopics) {
+      optionalTopics.hidden = false; // tickable only where the button can send them
+    }
     form.addEventListener("submit", subscribe);
     document.getElementById("retry-button").addEventListener("click", retry);
     document.getElementById("cancel-button").addEventListener("click", cancel);

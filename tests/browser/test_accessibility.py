@@ -16,6 +16,7 @@ check.
 from __future__ import annotations
 
 import dataclasses
+import re
 import tempfile
 import uuid
 from collections.abc import Callable
@@ -76,6 +77,30 @@ class PageState:
 def _open(path: str, **context_options: Any) -> Reach:
     def reach(new_context: Callable[..., Any], server: LiveServer) -> Page:
         page = new_context(**context_options).new_page()
+        page.goto(path)
+        return page
+
+    return reach
+
+
+def _without_javascript(path: str) -> Reach:
+    """The page as a browser without JavaScript shows it, in a browser with JavaScript
+    (axe-core runs on the page's timers, which a script-less page never fires): the
+    server's HTML with its scripts removed and its <noscript> contents shown, served at
+    the page's own address with the server's own headers. The real script-less browser
+    is tested in test_subscribe_page."""
+
+    def reach(new_context: Callable[..., Any], server: LiveServer) -> Page:
+        context = new_context(stub=False, permission=False)
+        served = context.request.get(path)
+        assert served.status == 200, served.status
+        html = re.sub(r"<script\b[^>]*>.*?</script>", "", served.text(), flags=re.S)
+        html = re.sub(r"</?noscript>", "", html)
+        page = context.new_page()
+        page.route(
+            f"{server.url}{path}",
+            lambda route: route.fulfill(status=200, headers=served.headers, body=html),
+        )
         page.goto(path)
         return page
 
@@ -740,6 +765,7 @@ STAFF_PAGES = [
 
 PAGES = [
     PageState("subscribe", _open("/")),
+    PageState("subscribe-no-javascript", _without_javascript("/")),
     PageState("subscribe-denied", _subscribe_page_after("state-denied", answer="denied")),
     PageState("subscribe-dismissed", _subscribe_page_after("state-dismissed", answer="default")),
     PageState("subscribe-network-failure", _subscribe_page_after("state-failed", abort=True)),

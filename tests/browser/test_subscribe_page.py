@@ -11,6 +11,8 @@ from portal.identity import DEVICE_COOKIE, SUBSCRIBER_COOKIE
 from portal.seams import current_portal
 from portal.subscriptions.validation import endpoint_hash
 from tests.browser.conftest import (
+    DESKTOP,
+    PHONE,
     active_element_id,
     calls,
     subscribe_through_page,
@@ -214,15 +216,39 @@ def test_ios_safari_outside_the_home_screen_is_told_to_add_it(new_context):
     assert not page.is_visible("#state-unsupported")
 
 
-def test_without_javascript_the_page_explains_and_links_to_the_preference_centre(new_context):
-    context = new_context(java_script_enabled=False, stub=False, permission=False)
+# Form controls a person could operate, visible on the page.
+VISIBLE_CONTROLS = """() => [...document.querySelectorAll('input, button, select, textarea')]
+  .filter(el => el.type !== 'hidden' && el.getClientRects().length > 0)
+  .map(el => el.tagName.toLowerCase() + (el.id ? '#' + el.id : ''))"""
+
+
+@pytest.mark.parametrize("viewport", [DESKTOP, PHONE], ids=lambda v: f"{v['width']}px")
+def test_without_javascript_the_page_offers_no_dead_controls(new_context, viewport):
+    """Nothing could send a ticked box without the script: the page says what to do
+    instead, lists the topics as text and leads to the preference centre."""
+    context = new_context(
+        java_script_enabled=False, stub=False, permission=False, viewport=viewport
+    )
     page = context.new_page()
     page.goto("/")
-    notice = page.locator("noscript .notice, .notice").first
+    notice = page.locator("#no-javascript")
+    assert notice.is_visible()
     assert "needs JavaScript" in notice.inner_text()
-    assert notice.locator("a[href='/preferences']").count() == 1
-    assert not page.is_visible("#subscribe-button")
-    assert page.is_visible("#topic-offers")  # the choices are still there to read
+    assert notice.locator("a[href='/preferences']").is_visible()
+    assert page.evaluate(VISIBLE_CONTROLS) == []
+    listed = page.locator("#optional-topics-list").inner_text()
+    for label in ("Weekly digest", "Product news", "Offers"):
+        assert label in listed
+    assert "Security alerts" in page.inner_text("#subscribe-form")  # what the account gets
+    assert "Notice version 2026-01" in page.inner_text("#subscribe-form")
+    # axe-core and the phone widths: the "subscribe-no-javascript" state in test_accessibility.
+
+
+def test_with_javascript_the_topics_are_choices(page):
+    page.goto("/")
+    page.wait_for_selector("#subscribe-button")
+    assert page.is_visible("#topic-offers")
+    assert not page.is_visible("#optional-topics-list")
 
 
 def test_an_already_subscribed_browser_sees_it_and_can_unsubscribe(
