@@ -90,7 +90,21 @@ def answer_label(answer: str) -> str:
             return f"{answer} {http.HTTPStatus(int(answer)).phrase}"
         except ValueError:
             return answer
-    return DELIVERY_LABELS.get(answer, (answer.capitalize(), ""))[0] + " (no answer)"
+    status, _, reason = answer.partition(":")
+    label = DELIVERY_LABELS.get(status, (status.capitalize(), ""))[0]
+    if reason:
+        return f"{label} ({_NO_ANSWER.get(reason, reason.replace('_', ' '))}, no answer)"
+    return label + " (no answer)"
+
+
+# Why a delivery without an HTTP answer ended or waits, in a few words for the chart.
+_NO_ANSWER = {
+    "max_attempts": "gave up after retries",
+    "network_error": "retrying",
+    "deliver_until_passed": "expired",
+    "consent_withdrawn": "consent withdrawn",
+    "unreadable_keys": "keys unreadable",
+}
 
 
 def answer_kind(answer: str) -> str:
@@ -104,6 +118,11 @@ def answer_kind(answer: str) -> str:
         if code == 429 or code >= 500:
             return "retry"
         return "error"
+    status, _, reason = answer.partition(":")
+    if status == DeliveryStatus.FAILED.value:
+        return "error"
+    if status == DeliveryStatus.QUEUED.value and reason:
+        return "retry"
     return "none"
 
 

@@ -503,9 +503,12 @@ def progress(session: Session, campaign: Campaign) -> Progress:
 
 
 def outcome_by_service(session: Session, campaign_id: uuid.UUID) -> list[tuple[str, str, int]]:
-    """(push service, answer, count): the campaign's outcome chart."""
+    """(push service, answer, count): the campaign's outcome chart. The answer is the
+    last HTTP status, or for a delivery that has none its status and reason
+    (``failed:max_attempts``)."""
     answer = sa.case(
         (_d.c.last_status_code.is_not(None), sa.cast(_d.c.last_status_code, sa.String)),
+        (_d.c.reason.is_not(None), _d.c.status + ":" + _d.c.reason),
         else_=_d.c.status,
     )
     rows = session.execute(
