@@ -93,16 +93,24 @@ def answer_label(answer: str) -> str:
     status, _, reason = answer.partition(":")
     label = DELIVERY_LABELS.get(status, (status.capitalize(), ""))[0]
     if reason:
-        return f"{label} ({_NO_ANSWER.get(reason, reason.replace('_', ' '))}, no answer)"
+        if reason.startswith("subscription_"):
+            reason = "subscription_ended"
+        return f"{label}: {_NO_ANSWER.get(reason, reason.replace('_', ' '))}"
     return label + " (no answer)"
 
 
-# Why a delivery without an HTTP answer ended or waits, in a few words for the chart.
+# Why a delivery without an HTTP answer ended or waits, in a few words: the chart's labels
+# have room for about 24 characters (the reasons in full are in the failures table).
 _NO_ANSWER = {
-    "max_attempts": "gave up after retries",
-    "network_error": "retrying",
+    "max_attempts": "gave up, no answer",
+    "network_error": "no answer yet",
+    "invalid_endpoint": "bad endpoint",
+    "payload_too_large": "too large",
+    "invalid_request": "bad request",
+    "send_error": "send error",
     "deliver_until_passed": "expired",
-    "consent_withdrawn": "consent withdrawn",
+    "consent_withdrawn": "no consent",
+    "subscription_ended": "subscription ended",
     "unreadable_keys": "keys unreadable",
 }
 
