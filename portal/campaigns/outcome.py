@@ -134,6 +134,22 @@ def _waiting(facts: Facts) -> int:
     return facts.count(DeliveryStatus.QUEUED) + facts.count(DeliveryStatus.SENDING)
 
 
+def from_counts(
+    campaign: Campaign, counts: dict[str, int], *, now: dt.datetime, dispatch_every: int = 30
+) -> Headline:
+    """:func:`headline` from counts by status alone, as the lists of campaigns have them."""
+    return headline(
+        Facts(
+            status=campaign.status,
+            send_at=campaign.send_at,
+            now=now,
+            counts=counts,
+            materialised=campaign.materialised_at is not None,
+            dispatch_every=dispatch_every,
+        )
+    )
+
+
 def _finished(facts: Facts) -> Headline:
     total = facts.total
     accepted = facts.count(DeliveryStatus.ACCEPTED)

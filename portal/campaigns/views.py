@@ -178,15 +178,8 @@ def campaign_list() -> Any:
         page=page,
         include_tests=include_tests,
         headlines={
-            row.campaign.id: outcome.headline(
-                outcome.Facts(
-                    status=row.campaign.status,
-                    send_at=row.campaign.send_at,
-                    now=now,
-                    counts=row.counts,
-                    materialised=row.campaign.materialised_at is not None,
-                    dispatch_every=every,
-                )
+            row.campaign.id: outcome.from_counts(
+                row.campaign, row.counts, now=now, dispatch_every=every
             )
             for row in page.rows
         },
