@@ -11,21 +11,9 @@ import http
 from collections import defaultdict
 from dataclasses import dataclass
 
-from portal.campaigns.models import CampaignStatus, CircuitState
+from portal.campaigns.models import CircuitState
 from portal.consent.preferences import Reason
 from portal.delivery.models import DeliveryStatus
-
-STATUS_LABELS = {
-    CampaignStatus.SCHEDULED.value: "Scheduled",
-    CampaignStatus.SENDING.value: "Sending",
-    CampaignStatus.PAUSED.value: "Paused",
-    CampaignStatus.COMPLETED.value: "Completed",
-    CampaignStatus.CANCELLED.value: "Cancelled",
-    CampaignStatus.EXPIRED.value: "Expired",
-}
-FINISHED = frozenset(
-    {CampaignStatus.COMPLETED.value, CampaignStatus.CANCELLED.value, CampaignStatus.EXPIRED.value}
-)
 
 DELIVERY_LABELS = {
     DeliveryStatus.QUEUED.value: ("Queued", "waiting to be sent, or to be retried"),
@@ -132,19 +120,6 @@ def answer_kind(answer: str) -> str:
     if status == DeliveryStatus.QUEUED.value and reason:
         return "retry"
     return "none"
-
-
-def progress_summary(
-    status: str, *, done: int, total: int, materialised: bool, send_at: dt.datetime
-) -> str:
-    """The one line that says where a campaign is (the page and the JSON share it)."""
-    label = STATUS_LABELS.get(status, status)
-    if status == CampaignStatus.SCHEDULED.value:
-        return f"{label} for {send_at.astimezone(dt.UTC):%Y-%m-%d %H:%M} UTC: nothing sent yet."
-    line = f"{label}: {done:,} of {total:,} done"
-    if not materialised and status not in FINISHED:
-        line += "; the audience is still being counted in"
-    return line + "."
 
 
 def circuit_sentence(circuit: CircuitState) -> str:
