@@ -126,7 +126,10 @@ def test_a_campaign_whose_deliveries_all_failed_is_named_a_failure(viewport, new
     # The list agrees with the page.
     page.goto("/staff/campaigns")
     expect(page.locator(".campaigns .tag")).to_have_text("Failed")
+    box = page.locator(".campaigns .tag").bounding_box()
+    assert box is not None and box["height"] < 40, box  # one line: no word broken in two
     expect(page.locator(".campaigns")).to_contain_text("Finished: 0 of 19 delivered, 19 failed.")
+    _checked(page, "list-finished-all-failed", viewport)
     page.goto(f"/staff/campaigns/{campaign_id}")
     _checked(page, "finished-all-failed", viewport)
 
