@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 import uuid
+from dataclasses import replace
 
 import pytest
 from hypothesis import given
@@ -23,6 +24,7 @@ from portal.campaigns.services import CampaignDraft
 from portal.db import db
 from portal.delivery.models import Delivery, DeliveryStatus
 from tests.campaigns.test_end_to_end import subscribe
+from tests.campaigns.test_pages import launch_via_form
 
 NOW = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
 
@@ -398,3 +400,38 @@ def test_retries_are_said_while_they_wait_and_after_the_campaign_gave_up(
         }
     ]
     assert body["slowdowns"] == ["other: 1 delivery needed more than one attempt"]
+
+
+def test_send_now_says_it_is_starting_then_that_the_audience_is_counted_in(
+    push_app, dispatcher, fake_push, sign_in, clock
+):
+    app = push_app
+    for _ in range(2):
+        subscribe(app, fake_push, region="US")
+    staff = sign_in(app)
+    campaign_id, launched = launch_via_form(staff)
+    page = staff.get(launched.headers["Location"]).text
+    assert '<span class="tag tag--info" id="campaign-status">Starting</span>' in page
+    assert "Starting: nothing sent yet." in page
+    assert "<li>Waiting for the dispatcher, which picks up due campaigns every" in page
+    assert "Scheduled for" not in page
+    assert "campaign-progress.js" in page  # and it follows what happens next
+
+    dispatcher.settings = replace(dispatcher.settings, materialise_batch=1)
+    dispatcher.advance_campaigns()  # due: sending, and one batch of the audience in
+    body = staff.get(f"/staff/campaigns/{campaign_id}/progress.json").json
+    assert (body["statusLabel"], body["materialised"]) == ("Sending", False)
+    assert body["summary"] == (
+        "Sending: 0 of 1 done; 1 to go; the audience is still being counted in."
+    )
+    assert body["activity"][0] == "Counting in the audience: 1 delivery so far."
+    assert "Counting in the audience: 1 delivery so far." in body["html"]["progress"]
+
+    dispatcher.tick()
+    body = staff.get(f"/staff/campaigns/{campaign_id}/progress.json").json
+    assert (body["statusLabel"], body["tone"]) == ("Delivered", "success")
+    assert body["summary"] == "Finished: 2 of 2 delivered."
+    assert body["activity"] == []
+    assert body["slowdowns"] == []
+    assert "None: no push service was slowed down" in body["html"]["progress"]
+    assert "201 Created" in body["html"]["outcome"]
