@@ -25,8 +25,7 @@ from portal.db import db
 from portal.delivery.models import Delivery
 from portal.seams import current_portal
 from tests.browser.conftest import DESKTOP, PHONE, LiveServer
-from tests.browser.test_accessibility import AXE_OPTIONS, TARGETS, _axe, _staff
-from tests.browser.test_narrow_screens import OVERFLOW
+from tests.browser.test_accessibility import AXE_OPTIONS, OVERFLOW, TARGETS, _axe, _staff
 
 pytestmark = pytest.mark.browser
 
@@ -91,14 +90,38 @@ def _checked(page: Page, name: str, viewport: dict[str, int]) -> None:
     page.screenshot(path=SHOTS / f"{name}-{viewport['width']}.png", full_page=True)
 
 
-@WIDTHS
-def test_a_campaign_whose_deliveries_all_failed_is_named_a_failure(viewport, new_context, server):
+def failed_campaign(server: LiveServer) -> uuid.UUID:
+    """Finished: 15 deliveries gave up after 5 attempts with no answer, 4 had an invalid
+    endpoint (test_accessibility.py checks this state too)."""
     now = current_portal(server.app).clock.now()
     gave_up = {"status": "failed", "reason": "max_attempts", "attempts": 5}
     rows = [{**gave_up, "next_attempt_at": now}] * 15 + [
         {"status": "failed", "reason": "invalid_endpoint", "attempts": 1, "next_attempt_at": now}
     ] * 4
-    campaign_id = _campaign(server, campaign_status="completed", rows=rows)
+    return _campaign(server, campaign_status="completed", rows=rows)
+
+
+RETRY_IN = dt.timedelta(minutes=10)
+
+
+def retrying_campaign(server: LiveServer) -> uuid.UUID:
+    """Sending: all 19 deliveries answered 503 twice and wait for their third attempt."""
+    retry_at = current_portal(server.app).clock.now() + RETRY_IN
+    rows = [
+        {
+            "status": "queued",
+            "reason": "server_error",
+            "last_status_code": 503,
+            "attempts": 2,
+            "next_attempt_at": retry_at,
+        }
+    ] * 19
+    return _campaign(server, campaign_status="sending", rows=rows)
+
+
+@WIDTHS
+def test_a_campaign_whose_deliveries_all_failed_is_named_a_failure(viewport, new_context, server):
+    campaign_id = failed_campaign(server)
     page = _open(new_context, server, viewport, f"/staff/campaigns/{campaign_id}")
 
     tag = page.locator("#campaign-status")
@@ -136,18 +159,9 @@ def test_a_campaign_whose_deliveries_all_failed_is_named_a_failure(viewport, new
 
 @WIDTHS
 def test_a_campaign_being_retried_says_so_and_follows_its_deliveries(viewport, new_context, server):
-    now = current_portal(server.app).clock.now()
-    retry_at = now + dt.timedelta(minutes=10)
-    rows = [
-        {
-            "status": "queued",
-            "reason": "server_error",
-            "last_status_code": 503,
-            "attempts": 2,
-            "next_attempt_at": retry_at,
-        }
-    ] * 19
-    campaign_id = _campaign(server, campaign_status="sending", rows=rows)
+    campaign_id = retrying_campaign(server)
+    with server.session() as session:
+        (retry_at,) = session.scalars(sa.select(Delivery.next_attempt_at).distinct()).all()
     page = _open(new_context, server, viewport, f"/staff/campaigns/{campaign_id}")
 
     expect(page.locator("#campaign-status")).to_have_text("Sending")
