@@ -8,9 +8,8 @@ import sys
 import click
 from flask.cli import AppGroup
 
-from portal.campaigns import services
+from portal.campaigns import outcome, services
 from portal.campaigns.actions import LAUNCHED
-from portal.campaigns.presentation import STATUS_LABELS
 from portal.campaigns.services import CampaignDraft
 from portal.consent.catalogue import topic_by_slug
 from portal.consent.recipients import audience_breakdown
@@ -144,6 +143,8 @@ def campaign_create(
 @click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 1000))
 def campaign_list(tests: bool, limit: int) -> None:
     """Campaigns, newest first: id, status, send time, deliveries done of total, title."""
+    now = _now()
+    every = current_portal().settings.schedule.dispatch
     with db.begin() as session:
         page = services.list_campaigns(session, include_tests=tests, limit=limit)
         if not page.rows:
@@ -153,8 +154,10 @@ def campaign_list(tests: bool, limit: int) -> None:
             c = row.campaign
             done = row.total - row.counts["queued"] - row.counts["sending"]
             test = " [test]" if c.is_test else ""
+            # The status the campaign pages give it (a failed campaign is no "completed").
+            said = outcome.from_counts(c, row.counts, now=now, dispatch_every=every)
             click.echo(
-                f"{c.id}  {STATUS_LABELS[c.status].lower():9}  {c.send_at:%Y-%m-%d %H:%M}Z  "
+                f"{c.id}  {said.label.lower():17}  {c.send_at:%Y-%m-%d %H:%M}Z  "
                 f"{row.topic.slug}  {done}/{row.total} done "
                 f"(accepted {row.counts['accepted']}, failed {row.counts['failed']})  "
                 f"{c.title}{test}"

@@ -11,21 +11,9 @@ import http
 from collections import defaultdict
 from dataclasses import dataclass
 
-from portal.campaigns.models import CampaignStatus, CircuitState
+from portal.campaigns.models import CircuitState
 from portal.consent.preferences import Reason
 from portal.delivery.models import DeliveryStatus
-
-STATUS_LABELS = {
-    CampaignStatus.SCHEDULED.value: "Scheduled",
-    CampaignStatus.SENDING.value: "Sending",
-    CampaignStatus.PAUSED.value: "Paused",
-    CampaignStatus.COMPLETED.value: "Completed",
-    CampaignStatus.CANCELLED.value: "Cancelled",
-    CampaignStatus.EXPIRED.value: "Expired",
-}
-FINISHED = frozenset(
-    {CampaignStatus.COMPLETED.value, CampaignStatus.CANCELLED.value, CampaignStatus.EXPIRED.value}
-)
 
 DELIVERY_LABELS = {
     DeliveryStatus.QUEUED.value: ("Queued", "waiting to be sent, or to be retried"),
@@ -90,7 +78,29 @@ def answer_label(answer: str) -> str:
             return f"{answer} {http.HTTPStatus(int(answer)).phrase}"
         except ValueError:
             return answer
-    return DELIVERY_LABELS.get(answer, (answer.capitalize(), ""))[0] + " (no answer)"
+    status, _, reason = answer.partition(":")
+    label = DELIVERY_LABELS.get(status, (status.capitalize(), ""))[0]
+    if reason:
+        if reason.startswith("subscription_"):
+            reason = "subscription_ended"
+        return f"{label}: {_NO_ANSWER.get(reason, reason.replace('_', ' '))}"
+    return label + " (no answer)"
+
+
+# Why a delivery without an HTTP answer ended or waits, in a few words: the chart's labels
+# have room for about 24 characters (the reasons in full are in the failures table).
+_NO_ANSWER = {
+    "max_attempts": "gave up, no answer",
+    "network_error": "no answer yet",
+    "invalid_endpoint": "bad endpoint",
+    "payload_too_large": "too large",
+    "invalid_request": "bad request",
+    "send_error": "send error",
+    "deliver_until_passed": "expired",
+    "consent_withdrawn": "no consent",
+    "subscription_ended": "subscription ended",
+    "unreadable_keys": "keys unreadable",
+}
 
 
 def answer_kind(answer: str) -> str:
@@ -104,20 +114,12 @@ def answer_kind(answer: str) -> str:
         if code == 429 or code >= 500:
             return "retry"
         return "error"
+    status, _, reason = answer.partition(":")
+    if status == DeliveryStatus.FAILED.value:
+        return "error"
+    if status == DeliveryStatus.QUEUED.value and reason:
+        return "retry"
     return "none"
-
-
-def progress_summary(
-    status: str, *, done: int, total: int, materialised: bool, send_at: dt.datetime
-) -> str:
-    """The one line that says where a campaign is (the page and the JSON share it)."""
-    label = STATUS_LABELS.get(status, status)
-    if status == CampaignStatus.SCHEDULED.value:
-        return f"{label} for {send_at.astimezone(dt.UTC):%Y-%m-%d %H:%M} UTC: nothing sent yet."
-    line = f"{label}: {done:,} of {total:,} done"
-    if not materialised and status not in FINISHED:
-        line += "; the audience is still being counted in"
-    return line + "."
 
 
 def circuit_sentence(circuit: CircuitState) -> str:

@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from portal.campaigns.models import Campaign, CampaignStatus, CircuitState
+from portal.campaigns.models import Campaign, CampaignStatus
 from portal.consent.catalogue import topic_by_slug
 from portal.consent.models import Topic
 from portal.consent.recipients import recipient_query
@@ -472,40 +472,13 @@ def materialise_batch(
     return max(inserted, 0)
 
 
-@dataclass(frozen=True)
-class Progress:
-    counts: dict[str, int]
-    total: int
-    materialised: bool
-
-    @property
-    def done(self) -> int:
-        return sum(
-            self.counts.get(s.value, 0)
-            for s in (
-                DeliveryStatus.ACCEPTED,
-                DeliveryStatus.FAILED,
-                DeliveryStatus.REVOKED,
-                DeliveryStatus.SKIPPED,
-            )
-        )
-
-
-def progress(session: Session, campaign: Campaign) -> Progress:
-    rows = session.execute(
-        sa.select(_d.c.status, sa.func.count())
-        .where(_d.c.campaign_id == campaign.id)
-        .group_by(_d.c.status)
-    ).all()
-    counts = {s.value: 0 for s in DeliveryStatus}
-    counts.update({status: int(n) for status, n in rows})
-    return Progress(counts, sum(counts.values()), campaign.materialised_at is not None)
-
-
 def outcome_by_service(session: Session, campaign_id: uuid.UUID) -> list[tuple[str, str, int]]:
-    """(push service, answer, count): the campaign's outcome chart."""
+    """(push service, answer, count): the campaign's outcome chart. The answer is the
+    last HTTP status, or for a delivery that has none its status and reason
+    (``failed:max_attempts``)."""
     answer = sa.case(
         (_d.c.last_status_code.is_not(None), sa.cast(_d.c.last_status_code, sa.String)),
+        (_d.c.reason.is_not(None), _d.c.status + ":" + _d.c.reason),
         else_=_d.c.status,
     )
     rows = session.execute(
@@ -567,14 +540,3 @@ def list_campaigns(
             counts[campaign_id][status] = int(n)
     rows = [CampaignRow(campaign, topic, counts[campaign.id]) for campaign, topic in page]
     return CampaignPage(rows, page[-1][0].id if len(found) > limit else None)
-
-
-def open_circuits(session: Session, now: dt.datetime) -> list[CircuitState]:
-    """Push services the engine is leaving alone right now, and why."""
-    return list(
-        session.scalars(
-            sa.select(CircuitState)
-            .where(CircuitState.open_until > now)
-            .order_by(CircuitState.push_service)
-        )
-    )

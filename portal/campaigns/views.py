@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 from flask import flash, jsonify, redirect, render_template, request, url_for
 from sqlalchemy.exc import IntegrityError
 
-from portal.campaigns import presentation, services
+from portal.campaigns import outcome, presentation, services
 from portal.campaigns.actions import CANCELLED, LAUNCHED, PAUSED, RESUMED, TEST_SENT
 from portal.campaigns.forms import (
     FIELD_ORDER,
@@ -33,6 +33,7 @@ from portal.consent.catalogue import topic_by_slug
 from portal.consent.models import Topic
 from portal.consent.recipients import audience_breakdown
 from portal.db import db, uuid7
+from portal.delivery.models import DeliveryStatus
 from portal.errors import ApiError
 from portal.identity import device_from_cookie, subscriber_from_cookie
 from portal.inputs import error_list
@@ -170,11 +171,18 @@ def campaign_list() -> Any:
     page = services.list_campaigns(
         db.session, include_tests=include_tests, before=_uuid(request.args.get("before"))
     )
+    now = _now()
+    every = current_portal().settings.schedule.dispatch
     return render_template(
         "staff/campaigns/list.html",
         page=page,
         include_tests=include_tests,
-        status_labels=presentation.STATUS_LABELS,
+        headlines={
+            row.campaign.id: outcome.from_counts(
+                row.campaign, row.counts, now=now, dispatch_every=every
+            )
+            for row in page.rows
+        },
     )
 
 
@@ -317,25 +325,45 @@ def _not_found() -> tuple[str, int]:
     return render_template("staff/campaigns/not_found.html"), 404
 
 
-def _progress_json(campaign: Campaign) -> dict[str, Any]:
-    progress = services.progress(db.session, campaign)
+def _progress(campaign: Campaign) -> dict[str, Any]:
+    """Where the campaign is, as the page shows it and its script refreshes it: the
+    counts, the headline (:func:`portal.campaigns.outcome.headline`), why deliveries did
+    not arrive, the push services slowed down, and the page's live parts as HTML. The
+    template context; its ``progress`` is what ``progress.json`` answers."""
     now = _now()
-    return {
+    settings = current_portal().settings
+    reading = outcome.read(
+        db.session,
+        campaign,
+        now=now,
+        dispatch_every=settings.schedule.dispatch,
+        max_attempts=settings.retry.max_attempts,
+    )
+    facts = reading.facts
+    said = outcome.headline(facts)
+    circuits = outcome.circuits_seen(db.session, campaign, now=now)
+    rows = services.outcome_by_service(db.session, campaign.id)
+    data: dict[str, Any] = {
         "id": str(campaign.id),
         "status": campaign.status,
-        "statusLabel": presentation.STATUS_LABELS[campaign.status],
-        "finished": campaign.status in presentation.FINISHED,
-        "materialised": progress.materialised,
-        "counts": progress.counts,
-        "total": progress.total,
-        "done": progress.done,
-        "summary": presentation.progress_summary(
-            campaign.status,
-            done=progress.done,
-            total=progress.total,
-            materialised=progress.materialised,
-            send_at=campaign.send_at,
-        ),
+        "statusLabel": said.label,
+        "tone": said.tone.value,
+        "finished": said.finished,
+        "materialised": facts.materialised,
+        "counts": facts.counts,
+        "total": facts.total,
+        "done": facts.total
+        - facts.count(DeliveryStatus.QUEUED)
+        - facts.count(DeliveryStatus.SENDING),
+        "summary": said.text,
+        "parts": [{"label": word, "count": n} for word, n in said.parts],
+        "activity": said.activity,
+        "retrying": facts.retrying,
+        "nextRetryAt": facts.next_retry_at.isoformat() if facts.next_retry_at else None,
+        "failures": [
+            {"reason": label, "count": n} for label, n in outcome.breakdown(facts.reasons)
+        ],
+        "slowdowns": outcome.slowdowns(circuits, reading.retries, finished=said.finished),
         "circuits": [
             {
                 "pushService": c.push_service,
@@ -343,29 +371,40 @@ def _progress_json(campaign: Campaign) -> dict[str, Any]:
                 "reason": c.reason,
                 "text": presentation.circuit_sentence(c),
             }
-            for c in services.open_circuits(db.session, now)
+            for c, still_open in circuits
+            if still_open
+        ],
+        "outcome": [
+            {"pushService": s, "answer": presentation.answer_label(a), "count": n}
+            for s, a, n in rows
         ],
         "at": now.isoformat(),
     }
+    context = {
+        "campaign": campaign,
+        "progress": data,
+        "delivery_labels": presentation.DELIVERY_LABELS,
+        "no_slowdown": outcome.no_slowdown(finished=said.finished),
+        "chart": presentation.outcome_chart(rows),
+        "outcome": [(s, presentation.answer_label(a), n) for s, a, n in rows],
+    }
+    data["html"] = {
+        "progress": render_template("staff/campaigns/_progress.html", **context),
+        "outcome": render_template("staff/campaigns/_outcome.html", **context),
+    }
+    return context
 
 
 def _detail_page(
     campaign: Campaign, topic: Topic, *, cancel: CancelForm | None = None, status: int = 200
 ) -> Any:
     cancel = cancel or CancelForm()
-    progress = _progress_json(campaign)
-    rows = services.outcome_by_service(db.session, campaign.id)
     return render_template(
         "staff/campaigns/detail.html",
-        campaign=campaign,
+        **_progress(campaign),
         topic=topic,
-        progress=progress,
-        delivery_labels=presentation.DELIVERY_LABELS,
-        status_label=presentation.STATUS_LABELS[campaign.status],
         ttl_words=presentation.ttl_in_words(campaign.ttl),
         urgency=presentation.urgency_text(campaign.urgency),
-        chart=presentation.outcome_chart(rows),
-        outcome=[(s, presentation.answer_label(a), n) for s, a, n in rows],
         confirm=ConfirmForm(),
         cancel=cancel,
         errors=[("confirm", cancel.confirm.errors[0])] if cancel.confirm.errors else [],
@@ -398,7 +437,7 @@ def campaign_progress(campaign_id: uuid.UUID) -> Any:
     campaign = db.session.get(Campaign, campaign_id)
     if campaign is None:
         return jsonify({"error": {"code": "not_found", "message": "no such campaign"}}), 404
-    return jsonify(_progress_json(campaign))
+    return jsonify(_progress(campaign)["progress"])
 
 
 def _control(campaign_id: uuid.UUID, action: str) -> Any:

@@ -1,8 +1,10 @@
-/* Keeps a campaign's progress current without reloading the page: polls the progress
-   JSON, updates the summary, the counts, the bar and the slowed-down push services, and
-   announces only what matters (a new status, every tenth of the way) through a polite
-   live region, so a screen reader is not talked over. "Pause updates" stops it (WCAG 2.2.2);
-   without JavaScript the Refresh link does the same job by hand. */
+/* Keeps a campaign's page current without reloading it: polls the progress JSON and puts
+   its server-rendered parts in place (the headline, what is happening now, the counts,
+   why deliveries did not arrive, the push services slowed down, the outcome by push
+   service), so the page and its updates never say different things. It announces only
+   what matters (a new status, every tenth of the way) through a polite live region, so a
+   screen reader is not talked over. "Pause updates" stops it (WCAG 2.2.2); without
+   JavaScript the Refresh link does the same job by hand. */
 (function () {
   "use strict";
   var section = document.getElementById("progress");
@@ -11,16 +13,16 @@
   }
   var url = section.getAttribute("data-progress-url");
   var EVERY_MS = 5000;
-  var summary = document.getElementById("progress-summary");
+  var live = document.getElementById("progress-live");
+  var outcome = document.getElementById("outcome-live");
   var announce = document.getElementById("progress-announce");
-  var bar = document.getElementById("progress-bar");
   var pause = document.getElementById("progress-pause");
   var updated = document.getElementById("progress-updated");
-  var circuits = document.getElementById("circuits");
   var status = document.getElementById("campaign-status");
+  var controls = document.querySelector("section.controls");
   var timer = null;
   var paused = false;
-  var number = new Intl.NumberFormat("en");
+  var shown = { progress: null, outcome: null };
   // What the page was rendered with: the first poll speaks only if something moved.
   var lastStatus = section.getAttribute("data-status");
   var lastTenth = tenthOf(
@@ -36,36 +38,34 @@
     if (element && element.textContent !== text) { element.textContent = text; }
   }
 
+  // The fragments are the portal's own templates, escaped by Jinja on the server.
+  function place(element, key, html) {
+    if (element && shown[key] !== html) {
+      element.innerHTML = html;
+      shown[key] = html;
+    }
+  }
+
   function render(data) {
-    Object.keys(data.counts).forEach(function (key) {
-      setText(section.querySelector('[data-count="' + key + '"]'), number.format(data.counts[key]));
-    });
-    setText(section.querySelector('[data-count="total"]'), number.format(data.total));
-    bar.max = data.total || 1;
-    bar.value = data.done;
-    bar.textContent = data.done + " of " + data.total;
+    place(live, "progress", data.html.progress);
+    place(outcome, "outcome", data.html.outcome);
     setText(status, data.statusLabel);
-    if (status) { status.className = "tag tag--" + data.status; }
-    var line = data.summary + (data.finished ? " Refresh the page for the final outcome." : "");
-    setText(summary, line);
+    if (status) { status.className = "tag tag--" + data.tone; }
     var tenth = tenthOf(data.done, data.total);
     // Spoken only on a new status or a new tenth of the way.
-    if (data.status !== lastStatus || tenth !== lastTenth) {
-      setText(announce, line);
+    if (data.statusLabel !== lastStatus || tenth !== lastTenth) {
+      setText(announce, data.summary);
     }
-    lastStatus = data.status;
+    lastStatus = data.statusLabel;
     lastTenth = tenth;
-    circuits.textContent = "";
-    var items = data.circuits.length ? data.circuits.map(function (c) { return c.text; })
-      : ["None: every push service is taking messages."];
-    items.forEach(function (text) {
-      var li = document.createElement("li");
-      li.textContent = text;
-      circuits.appendChild(li);
-    });
+    section.setAttribute("data-finished", data.finished ? "true" : "false");
     setText(updated, "As of " + data.at.slice(11, 19) + " UTC, updated every " +
       EVERY_MS / 1000 + " seconds." + (data.finished ? " Finished: no more updates." : ""));
-    if (data.finished) { stop(); pause.hidden = true; }
+    if (data.finished) {
+      stop();
+      pause.hidden = true;
+      if (controls) { controls.hidden = true; }  // nothing left to pause or cancel
+    }
   }
 
   function poll() {

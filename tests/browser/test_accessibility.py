@@ -580,6 +580,22 @@ def _campaign_page(new_context: Callable[..., Any], server: LiveServer) -> Page:
     return page
 
 
+def _campaign_outcome(kind: str) -> Reach:
+    """The campaign page when every delivery failed, or while deliveries are retried
+    (the states of test_campaign_outcome.py)."""
+
+    def reach(new_context: Callable[..., Any], server: LiveServer) -> Page:
+        from tests.browser.test_campaign_outcome import failed_campaign, retrying_campaign
+
+        made = failed_campaign if kind == "failed" else retrying_campaign
+        campaign_id = made(server)
+        page = _staff(new_context, server, email="sender@example.test", roles=("campaigns",))
+        page.goto(f"/staff/campaigns/{campaign_id}")
+        return page
+
+    return reach
+
+
 def _banner(page: Page) -> Page:
     page.wait_for_selector(".banner")
     return page
@@ -678,6 +694,8 @@ STAFF_PAGES = [
     PageState("staff-campaign-preview", _campaign_form("preview", fill=True)),
     PageState("staff-campaign-review", _campaign_form("review", fill=True)),
     PageState("staff-campaign", _campaign_page),
+    PageState("staff-campaign-all-failed", _campaign_outcome("failed")),
+    PageState("staff-campaign-retrying", _campaign_outcome("retrying")),
     PageState("staff-campaign-launched", _campaign_launched),
     PageState("staff-campaigns-listed", _campaigns_listed),
     PageState("staff-campaign-cancel-error", _campaign_cancel_error, error_summary=True),

@@ -10,6 +10,7 @@ import sqlalchemy as sa
 
 from portal.campaigns.models import Campaign
 from portal.db import db
+from portal.delivery.models import Delivery
 from portal.seams import current_portal
 from portal.staff.models import StaffAudit
 
@@ -153,8 +154,32 @@ def test_list_shows_campaigns_newest_first(catalogue_ready, clock):
     lines = run(catalogue_ready, "list").stdout.splitlines()
     assert len(lines) == 2
     assert lines[0].endswith("Second")
-    assert "scheduled" in lines[0]
+    assert "  starting  " in lines[0]  # due: the dispatcher has not run yet
     assert "offers  0/0 done" in lines[1]
+
+
+def test_list_names_a_campaign_whose_deliveries_failed_a_failure(catalogue_ready, clock):
+    run(catalogue_ready, "create", "--topic", "offers", "--title", "Gone", "--body", "B")
+    with db.begin(catalogue_ready) as session:
+        campaign = session.scalars(sa.select(Campaign)).one()
+        campaign.status, campaign.materialised_at = "completed", clock.now()
+        for _ in range(2):
+            session.add(
+                Delivery(
+                    campaign_id=campaign.id,
+                    subscription_id=uuid.uuid4(),
+                    push_service="fcm",
+                    status="failed",
+                    reason="max_attempts",
+                    next_attempt_at=clock.now(),
+                    consent_reason="explicit_opt_in",
+                    updated_at=clock.now(),
+                )
+            )
+    (line,) = run(catalogue_ready, "list").stdout.splitlines()
+    assert "  failed  " in line
+    assert "completed" not in line
+    assert "2/2 done (accepted 0, failed 2)" in line
 
 
 def _allow(app, *origins: str, public_url: str | None = None) -> None:

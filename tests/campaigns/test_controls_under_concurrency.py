@@ -23,6 +23,7 @@ import pytest
 import sqlalchemy as sa
 from flask import Flask
 
+from portal.campaigns import outcome
 from portal.campaigns import services as campaigns
 from portal.campaigns.models import Campaign, CampaignStatus
 from portal.campaigns.services import CampaignDraft
@@ -149,13 +150,15 @@ def wait_until_materialising(app: Flask, campaign_id: uuid.UUID) -> None:
 
 
 def campaign_page_adds_up(app: Flask, campaign_id: uuid.UUID) -> None:
-    """The campaign page's figures (``progress``) add up to the rows there are."""
+    """The campaign page's figures (what ``outcome.read`` finds, and the headline made
+    of them) add up to the rows there are."""
     with db.begin(app) as session:
         campaign = session.get(Campaign, campaign_id)
         assert campaign is not None
-        shown = campaigns.progress(session, campaign)
+        shown = outcome.read(session, campaign, now=now(app)).facts
     found = counts(app, campaign_id)
     assert shown.total == total(found) == sum(shown.counts.values())
+    assert sum(n for _, n in outcome.headline(shown).parts) == shown.total
     by_status = Counter[str]()
     for (status, _), n in found.items():
         by_status[status] += n

@@ -117,7 +117,8 @@ def test_a_campaign_launched_from_the_form_reaches_exactly_the_people_consent_al
     assert len(fake_push.received()) == len(allowed)
 
     page = staff.get(f"/staff/campaigns/{campaign_id}").text
-    assert "Completed: 4 of 4 done." in page
+    assert "Finished: 4 of 4 delivered." in page
+    assert '<span class="tag tag--success" id="campaign-status">Delivered</span>' in page
     assert '<td>201 Created</td><td class="numeric">4</td>' in page
     dispatcher.tick()
     assert len(fake_push.received()) == len(allowed)  # never twice
@@ -183,7 +184,7 @@ def test_a_test_send_reaches_only_the_staff_members_own_browser(
     assert "Test send</span>" in listed
     page = staff.get(follow.group(1)).text
     assert '<span class="tag tag--test">Test send</span>' in page
-    assert "Completed: 1 of 1 done." in page
+    assert "Finished: 1 of 1 delivered." in page
 
 
 def test_a_test_send_cannot_be_pointed_at_someone_elses_subscription(

@@ -174,6 +174,8 @@ def test_the_list_shows_campaigns_newest_first_with_status_and_counts(
     clock.advance(minutes=1)
     second = make_campaign(app, clock, title="Second")
     with db.begin(app) as session:
+        found = session.get(Campaign, first)
+        found.status, found.materialised_at = "sending", clock.now()
         for status in ("accepted", "accepted", "failed", "queued"):
             session.add(
                 Delivery(
@@ -189,9 +191,11 @@ def test_the_list_shows_campaigns_newest_first_with_status_and_counts(
     html = campaigner.get("/staff/campaigns").text
     assert "<caption>Campaigns, newest first</caption>" in html
     assert html.index(">Second</a>") < html.index(">First</a>")
-    assert "3 of 4 done" in html
+    assert "Sending: 3 of 4 done — 2 delivered, 1 failed; 1 to go." in html
     assert "2 accepted, 1 failed, 0 revoked, 0 skipped, 1 queued, 0 sending" in html
-    assert ">Scheduled</span>" in html
+    assert '<span class="tag tag--info">Sending</span>' in html
+    # Sent now: due, waiting for the dispatcher's next run.
+    assert '<span class="tag tag--info">Starting</span>' in html
     assert f"/staff/campaigns/{second}" in html
 
 
@@ -319,7 +323,9 @@ def test_progress_json_counts_deliveries_by_status(campaigner, catalogue_ready, 
     }
     assert (body["total"], body["done"]) == (7, 5)
     assert (body["status"], body["statusLabel"], body["finished"]) == ("sending", "Sending", False)
-    assert body["summary"] == "Sending: 5 of 7 done."
+    assert body["summary"] == (
+        "Sending: 5 of 7 done — 2 delivered, 1 failed, 1 revoked, 1 skipped; 2 to go."
+    )
     assert body["circuits"] == []
     missing = campaigner.get(f"/staff/campaigns/{uuid.uuid4()}/progress.json")
     assert missing.status_code == 404
@@ -328,7 +334,9 @@ def test_progress_json_counts_deliveries_by_status(campaigner, catalogue_ready, 
     page = campaigner.get(f"/staff/campaigns/{campaign_id}").text
     assert '<progress id="progress-bar" max="7" value="5">5 of 7</progress>' in page
     assert '<label for="progress-bar">Deliveries done</label>' in page
-    assert '<p id="progress-summary">Sending: 5 of 7 done.' in page
+    assert (
+        '<p id="progress-summary" class="headline headline--info">Sending: 5 of 7 done — ' in page
+    )
     assert (
         'id="progress-announce" class="visually-hidden" role="status" aria-live="polite">' in page
     )
@@ -348,7 +356,8 @@ def test_a_finished_campaign_page_does_not_poll(campaigner, catalogue_ready, clo
     page = campaigner.get(f"/staff/campaigns/{campaign_id}").text
     assert 'data-finished="true"' in page
     assert "campaign-progress.js" not in page
-    assert "Cancelled: 0 of 0 done." in page
+    assert "Cancelled: 0 of 0 delivered." in page
+    assert '<progress id="progress-bar"' not in page  # finished: no bar to fill
 
 
 def test_open_circuits_are_shown_with_their_reason(campaigner, catalogue_ready, clock):
@@ -381,7 +390,13 @@ def test_open_circuits_are_shown_with_their_reason(campaigner, catalogue_ready, 
     assert circuits[0]["pushService"] == "fcm"
     clock.advance(minutes=4)
     page = campaigner.get(f"/staff/campaigns/{campaign_id}").text
-    assert "None: every push service is taking messages." in page
+    # Closed again, but opened while this campaign was under way: still said.
+    assert (
+        "<li>fcm was slowed down from 00:00:00 UTC to 00:03:05 UTC — "
+        "40 of 50 answers were 429/5xx</li>"
+    ) in page
+    assert "wns" not in page  # opened before this campaign
+    assert campaigner.get(f"/staff/campaigns/{campaign_id}/progress.json").json["circuits"] == []
 
 
 def test_the_outcome_chart_is_an_accessible_svg_with_a_table(campaigner, catalogue_ready, clock):
