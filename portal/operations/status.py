@@ -5,13 +5,13 @@ interval, or the shared due time the scheduler itself goes by)."""
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from portal import jobs
-from portal.config import ScheduleSettings, Settings
+from portal.config import Settings
 from portal.operations.models import JobRun, JobState
 
 _UNITS = ((86400, "day"), (3600, "hour"), (60, "minute"), (1, "second"))
@@ -26,14 +26,6 @@ def every(seconds: float) -> str:
             count = whole // size
             return f"every {unit}" if count == 1 else f"every {count} {unit}s"
     raise AssertionError("one second divides every whole number")  # pragma: no cover
-
-
-def interval_variable(job: jobs.Job) -> str | None:
-    """The environment variable that sets the job's interval (None: never scheduled)."""
-    for item in fields(ScheduleSettings):
-        if item.name == job.interval:
-            return str(item.metadata["env"].name)
-    return None
 
 
 def describe_interval(job: jobs.Job, settings: Settings) -> str:
@@ -98,7 +90,6 @@ def next_run(
 class JobStatus:
     job: jobs.Job
     interval: str
-    variable: str | None
     last_run: JobRun | None
     next_run: NextRun
 
@@ -130,7 +121,6 @@ def statuses(session: Session, settings: Settings, now: dt.datetime) -> list[Job
             JobStatus(
                 job=entry,
                 interval=describe_interval(entry, settings),
-                variable=interval_variable(entry),
                 last_run=last,
                 next_run=next_run(
                     entry,

@@ -13,7 +13,6 @@ from portal.operations.status import (
     NextRun,
     describe_interval,
     every,
-    interval_variable,
     next_run,
 )
 
@@ -39,14 +38,11 @@ def test_an_interval_in_words(seconds, words):
     assert every(seconds) == words
 
 
-def test_each_job_says_how_often_it_runs_and_which_variable_sets_it():
+def test_each_job_says_how_often_it_runs():
     assert describe_interval(find("dispatch"), SETTINGS) == "every 5 seconds, in every process"
     assert describe_interval(find("sweep"), SETTINGS) == "every hour"
     assert describe_interval(find("verify-log"), SETTINGS) == "every day"
     assert describe_interval(find("backfill-hash"), SETTINGS) == "not scheduled: run by hand only"
-    assert interval_variable(find("dispatch")) == "DISPATCH_TICK_SECONDS"
-    assert interval_variable(find("sweep")) == "SWEEP_INTERVAL_SECONDS"
-    assert interval_variable(find("backfill-hash")) is None
 
 
 def test_dispatch_ticks_at_least_every_30_seconds_in_every_process():

@@ -89,16 +89,16 @@ def _row(html: str, name: str) -> str:
 
 
 def _cell(row: str, index: int) -> str:
-    return re.findall(r"<td>(.*?)</td>", row, re.S)[index].strip()
+    cell = re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)[index]
+    return re.sub(r"<[^>]+>", "", cell).strip()  # its text, without the <time> around times
 
 
 def test_each_job_says_what_it_does_and_how_often(app, admin_browser):
     html = without_cell_labels(admin_browser.get("/staff/ops/jobs").text)
     for entry in jobs.JOBS:
         row = _row(html, entry.name)
-        assert f"<td>{entry.description}</td>".replace("'", "&#39;") in row
+        assert _cell(row, 0) == entry.description.replace("'", "&#39;")
     assert _cell(_row(html, "sweep"), 1).startswith("every hour")
-    assert "<code>SWEEP_INTERVAL_SECONDS</code>" in _row(html, "sweep")
     assert _cell(_row(html, "dispatch"), 1).startswith("every 5 seconds, in every process")
 
 
@@ -158,7 +158,7 @@ def test_the_page_says_when_the_scheduler_is_off(app, admin_browser):
     html = without_cell_labels(admin_browser.get("/staff/ops/jobs").text)
     assert "The scheduler is off in this process" in html
     assert "<code>PORTAL_SCHEDULER=off</code>" in html
-    assert _cell(_row(html, "purge"), 3) == "due now (the scheduler is off in this process)"
+    assert _cell(_row(html, "purge"), 3) == "due now (scheduler off here)"
     assert _cell(_row(html, "backfill-hash"), 3) == "not scheduled: run by hand only"
 
 
