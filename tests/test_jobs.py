@@ -76,6 +76,11 @@ def test_a_scheduled_job_without_an_interval_is_refused_naming_it():
         ),
         (Job("once", _nothing, interval="sweep", by_hand=True), "run by hand only but names"),
         (Job("sweep", _nothing, interval="sweep"), "job 'sweep' is in the table of jobs twice"),
+        (Job("quiet", _nothing, interval="sweep"), "job 'quiet' has no description"),
+        (
+            Job("blank", _nothing, interval=None, by_hand=True, description="  "),
+            "job 'blank' has no description",
+        ),
     ],
 )
 def test_other_table_mistakes_are_refused(entry, message):
@@ -113,7 +118,8 @@ def test_run_job_finds_every_job_in_the_table(app):
 
 def test_job_functions_never_import_the_table():
     """Features' job modules import what a job returns from portal.jobreport; only the
-    factory, the command line and the scheduler (and its page) import portal.jobs."""
+    factory, the command line and the scheduler (and its page, with what it says about
+    each job) import portal.jobs."""
     importers = []
     for path in PORTAL.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -128,5 +134,6 @@ def test_job_functions_never_import_the_table():
         "__init__.py",
         "cli.py",
         "operations/scheduler.py",
+        "operations/status.py",
         "operations/views.py",
     ]

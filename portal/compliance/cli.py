@@ -17,7 +17,13 @@ import click
 from flask.cli import AppGroup, with_appcontext
 
 from portal.compliance import services
-from portal.compliance.export import DATA_FILES, ExportError, ExportFilter, write_bundle
+from portal.compliance.export import (
+    DATA_FILES,
+    ExportError,
+    ExportFilter,
+    bundle_name,
+    write_bundle,
+)
 from portal.compliance.signing import SigningKey, SigningKeyMissing, parse_public_key
 from portal.compliance.verify import BundleError, verify_bundle
 from portal.db import db
@@ -50,9 +56,9 @@ def _fail(message: str) -> None:
 )
 @click.option(
     "--out",
-    required=True,
     type=click.Path(file_okay=False, path_type=Path),
-    help="The bundle's folder; it must not exist yet.",
+    help="The bundle's folder; it must not exist yet. Default: a folder in the current "
+    "one named after the period and format (consent-export-FROM_TO-FORMAT).",
 )
 @click.option("--topic", help="Only this topic's events (its slug).")
 @click.option("--subscriber", type=click.UUID, help="Only this subscriber's events.")
@@ -61,7 +67,7 @@ def export_command(
     start: dt.datetime,
     end: dt.datetime,
     data_format: str,
-    out: Path,
+    out: Path | None,
     topic: str | None,
     subscriber: uuid.UUID | None,
 ) -> None:
@@ -71,11 +77,16 @@ def export_command(
         key = SigningKey.from_setting(portal.settings.export_signing_key)
     except SigningKeyMissing as missing:
         _fail(str(missing))
+    try:
+        filters = ExportFilter(start.date(), end.date(), topic, subscriber)
+    except ExportError as error:
+        _fail(str(error))
+    if out is None:
+        out = Path(bundle_name(filters, data_format))
     if out.exists():
         _fail(f"{out} exists already: choose a new folder")
     user = f"{getpass.getuser()}@{socket.gethostname()}"
     try:
-        filters = ExportFilter(start.date(), end.date(), topic, subscriber)
         with db.begin() as session:
             plan = services.start_export(
                 session,

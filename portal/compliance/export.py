@@ -669,8 +669,12 @@ class _ZipSink(io.RawIOBase):
         return data
 
 
-def bundle_name(plan: ExportPlan) -> str:
-    return f"consent-export-{plan.filters.start:%Y%m%d}-{plan.filters.end:%Y%m%d}"
+def bundle_name(filters: ExportFilter, data_format: str) -> str:
+    """The bundle's name, carrying its period and data format: the folder, and the .zip
+    the console sends (``consent-export-2026-01-01_2026-01-31-csv``)."""
+    if data_format not in DATA_FILES:
+        raise ExportError(f"no data format {data_format!r}: choose {' or '.join(DATA_FILES)}")
+    return f"consent-export-{filters.start.isoformat()}_{filters.end.isoformat()}-{data_format}"
 
 
 def stream_zip(
@@ -687,7 +691,7 @@ def stream_zip(
     texts it cites, then the manifest with the data's hash. Stored, not compressed: the
     archive is only the envelope, and compressing would cost the server more CPU than
     writing the rows."""
-    folder = bundle_name(plan)
+    folder = bundle_name(plan.filters, data_format)
     sink = _ZipSink()
     digest = DataDigest()
     with zipfile.ZipFile(sink, "w", compression=zipfile.ZIP_STORED) as archive:

@@ -361,6 +361,24 @@ def erase(
 # -- exports --------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class ExportPeriod:
+    """The period the export form starts with: the whole history, from the UTC day of the
+    first recorded event to today (today alone when nothing is recorded yet)."""
+
+    start: dt.date
+    end: dt.date
+    first_event: dt.date | None  # None: the log is empty
+
+
+def whole_history(session: Session, today: dt.date) -> ExportPeriod:
+    first = session.execute(sa.select(sa.func.min(ConsentEvent.recorded_at))).scalar_one()
+    if first is None:
+        return ExportPeriod(today, today, None)
+    day = first.astimezone(dt.UTC).date()
+    return ExportPeriod(min(day, today), today, day)
+
+
 def start_export(
     session: Session,
     filters: ExportFilter,

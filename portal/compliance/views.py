@@ -180,12 +180,15 @@ def compliance_export() -> Any:
     topics = [(t.slug, t.label) for t in catalogue.all_topics(db.session)]
     form = ExportForm(topics=topics)
     key = _signing_key()
+    # The whole history unless the officer narrows it, and the page says what that is.
+    period = services.whole_history(
+        db.session, current_portal().clock.now().astimezone(dt.UTC).date()
+    )
     status = 200
     problems: list[tuple[str, str]] = []
     if request.method == "GET":
-        today = current_portal().clock.now().date()
-        form.date_from.data = (today - dt.timedelta(days=30)).isoformat()
-        form.date_to.data = today.isoformat()
+        form.date_from.data = period.start.isoformat()
+        form.date_to.data = period.end.isoformat()
         form.data_format.data = "csv"
         subscriber = parse_uuid(request.args.get("subscriber"))
         form.subscriber.data = str(subscriber) if subscriber else ""
@@ -221,7 +224,9 @@ def compliance_export() -> Any:
                     ),
                     mimetype="application/zip",
                     headers={
-                        "Content-Disposition": f'attachment; filename="{bundle_name(plan)}.zip"',
+                        "Content-Disposition": (
+                            f'attachment; filename="{bundle_name(filters, data_format)}.zip"'
+                        ),
                         "X-Content-Type-Options": "nosniff",
                     },
                 )
@@ -230,6 +235,7 @@ def compliance_export() -> Any:
         form=form,
         errors=error_list(form) + problems,
         key=key,
+        period=period,
     ), status
 
 

@@ -239,7 +239,7 @@ class PortalScheduler:
             for entry in jobs.scheduled_jobs():
                 name = entry.name
                 # Tick often; the shared next_run_at decides whether anything runs.
-                every = min(entry.interval_seconds(current_portal(self.app).settings), 30.0)
+                every = entry.tick_seconds(current_portal(self.app).settings)
                 self.scheduler.add_job(
                     self._tick,
                     IntervalTrigger(seconds=every),

@@ -1,4 +1,5 @@
-"""The operations page for the scheduler: each job's next run and its recent runs.
+"""The operations page for the scheduler: each job, what it does, its last and next run,
+and the recent runs.
 
 Admins only; the routes sit on the staff console's blueprint, which signs staff in and
 checks roles and CSRF for every page under ``/staff``.
@@ -12,8 +13,10 @@ from werkzeug.wrappers import Response
 
 from portal.db import db
 from portal.jobs import job_names, scheduled_jobs
-from portal.operations.models import JobRun, JobState
+from portal.operations.models import JobRun
 from portal.operations.scheduler import JobBusy, run_recorded
+from portal.operations.status import statuses
+from portal.seams import current_portal
 from portal.staff import audit
 from portal.staff.access import StaffPage, current_staff, staff_required
 from portal.staff.blueprint import bp
@@ -38,15 +41,15 @@ PAGES = (
 @staff_required(Role.ADMIN)
 def jobs_ops() -> str:
     session = db.session
-    states = {s.name: s for s in session.scalars(sa.select(JobState))}
+    portal = current_portal()
     runs = session.scalars(sa.select(JobRun).order_by(JobRun.id.desc()).limit(RECENT)).all()
     scheduler = current_app.extensions.get("portal.scheduler")
     return render_template(
         "staff/ops/jobs.html",
-        names=sorted(entry.name for entry in scheduled_jobs()),
-        states=states,
+        jobs=statuses(session, portal.settings, portal.clock.now()),
         runs=runs,
         form=ConfirmForm(),
+        scheduler_on=portal.settings.scheduler,
         scheduler_running=bool(scheduler and scheduler.started),
         recent=RECENT,
     )
@@ -57,6 +60,9 @@ def jobs_ops() -> str:
 def jobs_run(name: str) -> Response:
     form = ConfirmForm()
     if not form.validate() or name not in job_names():
+        return redirect(url_for("staff.jobs_ops"), 303)
+    if name not in {entry.name for entry in scheduled_jobs()}:
+        flash(f"{name} is run from the command line only: portal run-job {name}.", "info")
         return redirect(url_for("staff.jobs_ops"), 303)
     db.session.commit()  # hold nothing while the job runs (SQLite: its write lock)
     app = current_app._get_current_object()  # type: ignore[attr-defined]

@@ -8,6 +8,7 @@ import hashlib
 import io
 import itertools
 import json
+import re
 import types
 import uuid
 import zipfile
@@ -597,7 +598,7 @@ def _form(**changes):
 def test_the_page_streams_a_verifiable_zip(app, engine, officer, person, tmp_path):
     page = officer.get("/staff/compliance/export")
     assert page.status_code == 200
-    assert 'value="2025-12-02"' in page.text  # the last 30 days by default
+    assert 'value="2026-01-01"' in page.text  # the whole history by default
     assert "<legend>Period</legend>" in page.text
     response = officer.post("/staff/compliance/export", _form())
     assert response.status_code == 200
@@ -605,18 +606,20 @@ def test_the_page_streams_a_verifiable_zip(app, engine, officer, person, tmp_pat
     assert "Content-Length" not in response.headers
     assert response.mimetype == "application/zip"
     assert response.headers["Content-Disposition"] == (
-        'attachment; filename="consent-export-20260101-20260101.zip"'
+        'attachment; filename="consent-export-2026-01-01_2026-01-01-csv.zip"'
     )
     assert response.headers["Cache-Control"] == "no-store"
     path = tmp_path / "download.zip"
     path.write_bytes(response.get_data())
     with zipfile.ZipFile(path) as archive:
         assert sorted(archive.namelist()) == [
-            "consent-export-20260101-20260101/consent-events.csv",
-            "consent-export-20260101-20260101/manifest.json",
-            "consent-export-20260101-20260101/policies/v1.txt",
+            "consent-export-2026-01-01_2026-01-01-csv/consent-events.csv",
+            "consent-export-2026-01-01_2026-01-01-csv/manifest.json",
+            "consent-export-2026-01-01_2026-01-01-csv/policies/v1.txt",
         ]
-        manifest = json.loads(archive.read("consent-export-20260101-20260101/manifest.json"))
+        manifest = json.loads(
+            archive.read("consent-export-2026-01-01_2026-01-01-csv/manifest.json")
+        )
     assert manifest["exporter"] == {
         "kind": "staff",
         "id": manifest["exporter"]["id"],
@@ -632,6 +635,88 @@ def test_the_page_streams_a_verifiable_zip(app, engine, officer, person, tmp_pat
     assert row["target"] == "consent-log"
     assert row["detail"]["via"] == "console"
     assert row["detail"]["rows"] == 6
+
+
+@pytest.mark.parametrize(
+    ("start", "end", "data_format", "name"),
+    [
+        ("2026-01-01", "2026-01-31", "csv", "consent-export-2026-01-01_2026-01-31-csv"),
+        ("2026-01-01", "2026-01-31", "ndjson", "consent-export-2026-01-01_2026-01-31-ndjson"),
+        ("2025-12-31", "2025-12-31", "csv", "consent-export-2025-12-31_2025-12-31-csv"),
+    ],
+)
+def test_a_bundle_is_named_after_its_period_and_format(start, end, data_format, name):
+    filters = ExportFilter(dt.date.fromisoformat(start), dt.date.fromisoformat(end))
+    assert export.bundle_name(filters, data_format) == name
+
+
+def test_no_bundle_name_for_a_format_that_does_not_exist():
+    with pytest.raises(export.ExportError, match="no data format 'xml'"):
+        export.bundle_name(ExportFilter(dt.date(2026, 1, 1), dt.date(2026, 1, 1)), "xml")
+
+
+def test_csv_and_ndjson_downloads_have_their_own_names(app, officer, person, tmp_path):
+    names = {}
+    for data_format in ("csv", "ndjson"):
+        response = officer.post("/staff/compliance/export", _form(data_format=data_format))
+        assert response.status_code == 200
+        names[data_format] = response.headers["Content-Disposition"]
+        path = tmp_path / f"{data_format}.zip"
+        path.write_bytes(response.get_data())
+        with zipfile.ZipFile(path) as archive:
+            folders = {name.split("/")[0] for name in archive.namelist()}
+        assert folders == {f"consent-export-2026-01-01_2026-01-01-{data_format}"}
+        assert verify_bundle(path, KEY.public).ok
+    assert names == {
+        "csv": 'attachment; filename="consent-export-2026-01-01_2026-01-01-csv.zip"',
+        "ndjson": 'attachment; filename="consent-export-2026-01-01_2026-01-01-ndjson.zip"',
+    }
+
+
+def test_the_command_names_the_folder_after_the_period_and_format(
+    app, person, tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    result = app.test_cli_runner().invoke(args=["portal", "export", *DAY, "--format", "ndjson"])
+    assert result.exit_code == 0, result.output
+    folder = tmp_path / "consent-export-2026-01-01_2026-01-01-ndjson"
+    assert (folder / "consent-events.ndjson").exists()
+    assert f"to {folder.name} " in result.output
+    assert _verify(app, folder).exit_code == 0
+    again = app.test_cli_runner().invoke(args=["portal", "export", *DAY, "--format", "ndjson"])
+    assert again.exit_code == 1
+    assert "exists already" in again.output
+
+
+def test_the_form_starts_with_the_whole_history_and_says_so(
+    app, engine, officer, person, clock, tmp_path
+):
+    clock.advance(dt.timedelta(days=40))  # the first events are older than 30 days now
+    officer.sign_in("officer@example.test")  # the session has long run out
+    html = officer.get("/staff/compliance/export").text
+    assert 'name="date_from" type="date" value="2026-01-01"' in html
+    assert 'name="date_to" type="date" value="2026-02-10"' in html
+    covered = html.split('id="period-covered">')[1].split("</p>")[0]
+    assert "whole history" in covered
+    assert '<time datetime="2026-01-01">01 January 2026</time>, the day of the first' in covered
+    assert 'to today, <time datetime="2026-02-10">10 February 2026</time>' in covered
+    # No hint claims a way of writing the date: the browser shows a date field its own way.
+    period = html.split("<legend>Period</legend>")[1].split("</fieldset>")[0]
+    hints = " ".join(re.findall(r'<p class="hint"[^>]*>(.*?)</p>', period, re.S))
+    assert "For example" not in period and not re.search(r"\d{4}-\d{2}-\d{2}", hints)
+    # The defaults export everything recorded so far.
+    response = officer.post(
+        "/staff/compliance/export", _form(date_from="2026-01-01", date_to="2026-02-10")
+    )
+    path = tmp_path / "all.zip"
+    path.write_bytes(response.get_data())
+    assert verify_bundle(path, KEY.public).rows == len(all_rows(engine, "consent_event")) == 6
+
+
+def test_the_form_on_an_empty_log_says_any_period_is_empty(app, officer, catalogue_ready):
+    html = officer.get("/staff/compliance/export").text
+    assert "No consent event has been recorded yet" in html
+    assert 'name="date_from" type="date" value="2026-01-01"' in html
 
 
 def test_the_page_filters_by_subscriber_and_topic(app, engine, officer, person, tmp_path):

@@ -131,7 +131,10 @@ def test_shutdown_waits_for_the_batch_in_hand_and_the_job_stops_after_it(
         return report
 
     # The scheduler runs only this sweep (and dispatch, as always).
-    table = (Job("sweep", batched, interval="sweep"), jobs.find("dispatch"))
+    table = (
+        Job("sweep", batched, interval="sweep", description="Five batches."),
+        jobs.find("dispatch"),
+    )
     monkeypatch.setattr(jobs, "JOBS", table)
     app = create_app(settings.with_overrides(scheduler=True), clock=clock)
     engine = app.extensions["portal.db"].engine
