@@ -149,7 +149,25 @@ def topics_for_write(session: Session) -> dict[str, Topic]:
         .with_for_update(read=True)
         .execution_options(populate_existing=True)
     ).all()
-    return {topic.slug: topic for topic in rows}
+    found = {topic.slug: topic for topic in rows}
+    shown = _cached.get(session.get_bind())  # type: ignore[arg-type]
+    if shown is not None and {t.slug for t in shown.topics} != found.keys():
+        forget(session)  # the pages' copy is behind: the next page reads it afresh
+    return found
+
+
+def retired_labels(session: Session, slugs: set[str]) -> list[str]:
+    """The labels of the retired topics among ``slugs``, in page order (a form may name
+    anything: slugs of no topic are left out)."""
+    if not slugs:
+        return []
+    return list(
+        session.scalars(
+            sa.select(Topic.label)
+            .where(Topic.slug.in_(sorted(slugs)), Topic.retired_at.is_not(None))
+            .order_by(Topic.position, Topic.id)
+        )
+    )
 
 
 def all_topics(session: Session) -> Sequence[Topic]:

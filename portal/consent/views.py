@@ -328,12 +328,10 @@ def save() -> Any:
             rows=rows,
         )
     # The topics as committed now, not the page's copy: a topic retired since the page
-    # was shown gets no decision.
-    views = [
-        v
-        for v in topic_views(session, subscriber, _write_topics(), rows)
-        if v.topic.slug in visible
-    ]
+    # was shown gets no decision, and the person is told so.
+    active = _write_topics()
+    views = [v for v in topic_views(session, subscriber, active, rows) if v.topic.slug in visible]
+    gone = catalogue.retired_labels(session, visible - {t.slug for t in active})
     now = current_portal().clock.now()
     changes = apply_decisions(
         session,
@@ -346,13 +344,23 @@ def save() -> Any:
         context=_context("preference-centre"),
     )
     session.commit()
-    flash(
+    message = (
         "Your choices are saved."
         if changes
-        else "Your choices are saved. Nothing needed to change.",
-        "success",
+        else "Your choices are saved. Nothing needed to change."
     )
+    if gone:
+        message += (
+            f" {_and(gone)} {'is' if len(gone) == 1 else 'are'} no longer offered,"
+            " so nothing was saved for "
+            f"{'it' if len(gone) == 1 else 'them'}."
+        )
+    flash(message, "success")
     return redirect(url_for("preferences.centre"), code=303)
+
+
+def _and(words: list[str]) -> str:
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} and {words[-1]}"
 
 
 @bp.post("/preferences/marketing-off")

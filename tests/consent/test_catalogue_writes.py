@@ -146,6 +146,11 @@ def test_the_preference_centre_saves_nothing_for_a_topic_retired_elsewhere(
     assert saved.status_code == 303
     assert _offers_rows(engine) == 0
     assert count_rows(engine, "consent_event") == events  # nothing else needed to change
+    after = client.get(saved.headers["Location"])
+    assert "Offers is no longer offered, so nothing was saved for it." in after.text
+    # The save found the pages' copy behind and dropped it: the page shows what is now.
+    assert 'id="topic-offers"' not in after.text
+    assert "offers" not in pages_copy(app)
 
 
 def test_a_retire_in_progress_elsewhere_is_waited_for_then_refused(app, engine, subscribed):
