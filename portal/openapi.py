@@ -135,7 +135,12 @@ def _schemas(endpoint_max: int, decided_at_skew: int) -> dict[str, JsonSchema]:
                     "description": "Active topic slugs chosen on the subscribe page; "
                     "needs policyVersion.",
                 },
-                "policyVersion": {"type": ["string", "null"], "minLength": 1},
+                "policyVersion": {
+                    "type": ["string", "null"],
+                    "minLength": 1,
+                    "description": "The published notice version the page showed; the "
+                    "permission grant and the subscription are recorded against it.",
+                },
             },
             ["subscription"],
         ),

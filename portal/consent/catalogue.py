@@ -132,6 +132,44 @@ def active_topics(session: Session) -> Sequence[Topic]:
     ).all()
 
 
+def topics_for_write(session: Session) -> dict[str, Topic]:
+    """The active topics by slug as committed now, read in the caller's transaction: the
+    topics a consent write may name. Never the shared copy of :func:`current`, which may be
+    a few seconds old.
+
+    On PostgreSQL the rows stay locked FOR SHARE until the transaction ends, so a retire
+    in another process either committed before this read (and the topic is not here) or
+    waits until this write has committed; on SQLite every transaction holds the write lock
+    from its start (``portal.db``), so no retire can commit in between either way.
+    """
+    rows = session.scalars(
+        sa.select(Topic)
+        .where(Topic.retired_at.is_(None))
+        .order_by(Topic.position, Topic.id)
+        .with_for_update(read=True)
+        .execution_options(populate_existing=True)
+    ).all()
+    found = {topic.slug: topic for topic in rows}
+    shown = _cached.get(session.get_bind())  # type: ignore[arg-type]
+    if shown is not None and {t.slug for t in shown.topics} != found.keys():
+        forget(session)  # the pages' copy is behind: the next page reads it afresh
+    return found
+
+
+def retired_labels(session: Session, slugs: set[str]) -> list[str]:
+    """The labels of the retired topics among ``slugs``, in page order (a form may name
+    anything: slugs of no topic are left out)."""
+    if not slugs:
+        return []
+    return list(
+        session.scalars(
+            sa.select(Topic.label)
+            .where(Topic.slug.in_(sorted(slugs)), Topic.retired_at.is_not(None))
+            .order_by(Topic.position, Topic.id)
+        )
+    )
+
+
 def all_topics(session: Session) -> Sequence[Topic]:
     return session.scalars(sa.select(Topic).order_by(Topic.position, Topic.id)).all()
 
@@ -217,7 +255,8 @@ def previous_policy(session: Session, version: PolicyVersion) -> PolicyVersion |
 
 # How long a process may show the catalogue and current policy it read last, when they
 # were changed elsewhere (another worker's staff page, the ``portal topic`` CLI, another
-# host). A change committed through this process's own sessions shows at once.
+# host). A change committed through this process's own sessions shows at once. Pages only:
+# a write checks the topics it names with :func:`topics_for_write`.
 CATALOGUE_TTL_SECONDS = 5.0
 
 

@@ -180,12 +180,14 @@ def chosen_topics(
     call's ``topics``, the preferences call's ``decisions``): the notice version the person
     was shown is published, and each topic named is active and named once. Answers every
     active topic by slug, chosen or not; raises the refusal otherwise. A repeated topic is
-    reported at ``repeat_field`` when given (the subscribe call names its whole list)."""
-    if catalogue.policy(session, policy_version) is None:
-        raise ValidationError(
-            "unknown_policy_version", f"no policy version {policy_version!r}", "policyVersion"
-        )
-    topics = {t.slug: t for t in catalogue.current(session).topics}
+    reported at ``repeat_field`` when given (the subscribe call names its whole list).
+
+    The topics are read in the caller's transaction, as committed now, and held until it
+    ends (:func:`portal.consent.catalogue.topics_for_write`): a topic retired by another
+    process a moment ago is refused, however old the pages' copy of the catalogue is, and
+    the caller must write its decisions in this same transaction."""
+    require_published(session, policy_version)
+    topics = catalogue.topics_for_write(session)
     seen: set[str] = set()
     for choice in choices:
         if choice.slug in seen:
@@ -196,6 +198,14 @@ def chosen_topics(
         if choice.slug not in topics:
             raise ValidationError("unknown_topic", f"no active topic {choice.slug!r}", choice.field)
     return topics
+
+
+def require_published(session: Session, policy_version: str) -> None:
+    """The notice version a request says the person was shown is one we published."""
+    if catalogue.policy(session, policy_version) is None:
+        raise ValidationError(
+            "unknown_policy_version", f"no policy version {policy_version!r}", "policyVersion"
+        )
 
 
 @dataclass(frozen=True)

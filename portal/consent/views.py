@@ -25,7 +25,13 @@ from portal.api import check_same_origin, json_body
 from portal.consent import catalogue
 from portal.consent.accounts import link_account
 from portal.consent.log import Context
-from portal.consent.models import PolicyVersion, PreferenceState, Source, TopicPreference
+from portal.consent.models import (
+    PolicyVersion,
+    PreferenceState,
+    Source,
+    Topic,
+    TopicPreference,
+)
 from portal.consent.preferences import (
     Choice,
     Decision,
@@ -134,6 +140,11 @@ def _current_policy() -> PolicyVersion | None:
     if (current and current.version) != (shown and shown.version):
         catalogue.forget(session)
     return current
+
+
+def _write_topics() -> list[Topic]:
+    """The active topics a save may decide, read in the save's own transaction."""
+    return list(catalogue.topics_for_write(db.session).values())
 
 
 def _devices(subscriber: Subscriber) -> list[PushSubscription]:
@@ -316,11 +327,11 @@ def save() -> Any:
             ack_error=message,
             rows=rows,
         )
-    views = [
-        v
-        for v in topic_views(session, subscriber, catalogue.current(session).topics, rows)
-        if v.topic.slug in visible
-    ]
+    # The topics as committed now, not the page's copy: a topic retired since the page
+    # was shown gets no decision, and the person is told so.
+    active = _write_topics()
+    views = [v for v in topic_views(session, subscriber, active, rows) if v.topic.slug in visible]
+    gone = catalogue.retired_labels(session, visible - {t.slug for t in active})
     now = current_portal().clock.now()
     changes = apply_decisions(
         session,
@@ -333,13 +344,23 @@ def save() -> Any:
         context=_context("preference-centre"),
     )
     session.commit()
-    flash(
+    message = (
         "Your choices are saved."
         if changes
-        else "Your choices are saved. Nothing needed to change.",
-        "success",
+        else "Your choices are saved. Nothing needed to change."
     )
+    if gone:
+        message += (
+            f" {_and(gone)} {'is' if len(gone) == 1 else 'are'} no longer offered,"
+            " so nothing was saved for "
+            f"{'it' if len(gone) == 1 else 'them'}."
+        )
+    flash(message, "success")
     return redirect(url_for("preferences.centre"), code=303)
+
+
+def _and(words: list[str]) -> str:
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} and {words[-1]}"
 
 
 @bp.post("/preferences/marketing-off")
@@ -353,9 +374,7 @@ def marketing_off() -> Any:
     apply_decisions(
         session,
         subscriber.id,
-        marketing_off_decisions(
-            topic_views(session, subscriber, catalogue.current(session).topics, rows)
-        ),
+        marketing_off_decisions(topic_views(session, subscriber, _write_topics(), rows)),
         source=Source.PREFERENCE_CENTRE.value,
         policy_version=current.version if current else None,
         decided_at=now,

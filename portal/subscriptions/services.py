@@ -51,6 +51,7 @@ class Registration:
     source: str = Source.API.value
     screen: str | None = None
     region_code: str | None = None  # from a trusted edge header, when configured
+    policy_version: str | None = None  # the published notice the page showed, if it says
 
     def context(self, **extra: str) -> log.Context:
         return log.Context(screen=self.screen, client=family(self.user_agent), extra=extra or None)
@@ -159,7 +160,8 @@ def upsert_subscription(
     endpoint both end on the same row and the same subscriber.
 
     A subscription that becomes live (new, or back from an end) logs the browser's
-    permission grant and the subscription itself as consent events.
+    permission grant and the subscription itself as consent events, against the notice
+    version the registration says the page showed (validated by the caller).
     """
     log.lock_chain(session)
     digest = subscription.endpoint.hash
@@ -293,6 +295,7 @@ def upsert_subscription(
                     subscription_id=row.id,
                     new_state="granted",
                     source=registration.source,
+                    policy_version=registration.policy_version,
                     actor="subscriber",
                     recorded_at=now,
                     context=context,
@@ -304,6 +307,7 @@ def upsert_subscription(
                     previous_state=previous.value if previous else None,
                     new_state=SubscriptionState(row.state).value,
                     source=registration.source,
+                    policy_version=registration.policy_version,
                     actor="subscriber",
                     recorded_at=now,
                     context=context,

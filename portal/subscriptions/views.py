@@ -21,6 +21,7 @@ from portal.consent.preferences import (
     apply_decisions,
     chosen_topics,
     region_for_country,
+    require_published,
 )
 from portal.consent.sources import source_for
 from portal.db import db
@@ -101,11 +102,15 @@ def _proof(body: dict[str, Any], field: str = "auth") -> Proof:
 
 def _topic_choice(body: dict[str, Any]) -> tuple[list[Decision], str | None]:
     """The topics chosen on the subscribe page: chosen ones opt in; the marketing topics
-    shown but not chosen opt out; transactional ones follow the permission grant."""
+    shown but not chosen opt out; transactional ones follow the permission grant. And the
+    notice version the page showed, which the permission grant and the subscription are
+    recorded against: one we published, or the request is refused."""
     if body.get("topics") is None:
-        if body.get("policyVersion") is not None:
-            require_string(body.get("policyVersion"), "policyVersion")
-        return [], None
+        if body.get("policyVersion") is None:
+            return [], None
+        version = require_string(body.get("policyVersion"), "policyVersion")
+        require_published(db.session, version)
+        return [], version
     chosen = body["topics"]
     if not isinstance(chosen, list) or not all(isinstance(slug, str) for slug in chosen):
         raise ValidationError(
@@ -143,7 +148,9 @@ def subscribe() -> tuple[Response, int]:
     decisions, version = _topic_choice(body)
     session = db.session
     portal = current_portal()
-    registration = dataclasses.replace(_registration(), source=source, screen=source)
+    registration = dataclasses.replace(
+        _registration(), source=source, screen=source, policy_version=version
+    )
     result = services.upsert_subscription(
         session, subscription, registration, keys=portal.keys, now=portal.clock.now()
     )

@@ -178,17 +178,19 @@
   }
 
   /* Unsubscribe, subscribe afresh, register the new one. If the server refuses it, the
-     browser lets go of it too. Resolves the new subscription. */
-  async function renew(subscription, source) {
+     browser lets go of it too. Resolves the new subscription. policyVersion: the notice
+     the page shows, when it shows one (the grant is recorded against it). */
+  async function renew(subscription, source, policyVersion) {
     var registration = await navigator.serviceWorker.ready;
     await subscription.unsubscribe();
     var fresh = await subscribeBrowser(registration);
+    var body = { subscription: fresh.toJSON(), source: source || "api" };
+    if (policyVersion) {
+      body.policyVersion = policyVersion;
+    }
     var result = null;
     try {
-      result = await postJSON("/api/push/subscribe", {
-        subscription: fresh.toJSON(),
-        source: source || "api",
-      });
+      result = await postJSON("/api/push/subscribe", body);
     } catch (_) {
       result = null;
     }
@@ -201,7 +203,7 @@
   }
 
   /* Resolves "none", "ended" (the browser let go) or "renewed". */
-  async function follow(subscription, answer, source) {
+  async function follow(subscription, answer, source, policyVersion) {
     if (!answer || answer.action === "none") {
       return "none";
     }
@@ -211,7 +213,7 @@
       return "ended";
     }
     if (answer.action === "resubscribe") {
-      await renew(subscription, source);
+      await renew(subscription, source, policyVersion);
       return "renewed";
     }
     return "none";

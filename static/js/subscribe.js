@@ -206,7 +206,12 @@
       return;
     }
     show("state-subscribed");
-    var outcome = await push.follow(subscription, await push.heartbeat(subscription), "subscribe-page");
+    var outcome = await push.follow(
+      subscription,
+      await push.heartbeat(subscription),
+      "subscribe-page",
+      page.dataset.policyVersion
+    );
     if (outcome === "ended") {
       show("state-ended", { form: true });
     }

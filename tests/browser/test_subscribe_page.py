@@ -397,6 +397,15 @@ def test_a_heartbeat_for_an_expired_subscription_renews_it(page, server, browser
         page.reload()
     assert renewed.value.status == 200
     assert renewed.value.request.post_data_json["source"] == "subscribe-page"
+    # The renewed grant cites the notice this page shows.
+    assert renewed.value.request.post_data_json["policyVersion"] == "2026-01"
+    assert (
+        server.scalar(
+            "SELECT policy_version FROM consent_event WHERE kind = 'permission_granted'"
+            " ORDER BY seq DESC LIMIT 1"
+        )
+        == "2026-01"
+    )
     assert [c["call"] for c in calls(page, "subscribe") + calls(page, "unsubscribe")] == [
         "subscribe",
         "subscribe",

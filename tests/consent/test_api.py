@@ -235,6 +235,7 @@ def test_subscribe_with_topics_records_choices_and_grant(
             ).all()
         )
         kinds = conn.execute(sa.text("SELECT kind, source FROM consent_event ORDER BY seq")).all()
+        versions = conn.execute(sa.text("SELECT policy_version FROM consent_event")).scalars()
         grant = conn.execute(sa.text("SELECT grant_event_seq FROM push_subscription")).scalar_one()
     # Chosen → opt_in; marketing shown but not chosen → opt_out; transactional follow the grant.
     assert prefs == {"weekly-digest": "opt_in", "offers": "opt_out"}
@@ -245,6 +246,8 @@ def test_subscribe_with_topics_records_choices_and_grant(
         "preference_changed",
     ]
     assert {s for _, s in kinds} == {"subscribe-page"}
+    # The grant and the subscription cite the notice the page showed, as the choices do.
+    assert set(versions) == {"v1"}
     assert grant == 1
     # Re-posting the same subscription is not a new grant.
     client.post("/api/push/subscribe", json={"subscription": sub.to_json()})
@@ -260,6 +263,9 @@ def test_subscribe_with_topics_records_choices_and_grant(
         ({"topics": "offers", "policyVersion": "v1"}, 400, "topics"),
         ({"topics": ["offers", "offers"], "policyVersion": "v1"}, 422, "topics"),
         ({"source": "import"}, 422, "source"),
+        ({"policyVersion": "v7"}, 422, "policyVersion"),
+        ({"policyVersion": 1}, 400, "policyVersion"),
+        ({"policyVersion": ""}, 400, "policyVersion"),
     ],
 )
 def test_subscribe_with_bad_topics_writes_nothing(
@@ -272,6 +278,70 @@ def test_subscribe_with_bad_topics_writes_nothing(
     assert response.json["error"]["field"] == field
     for table in ("push_subscription", "subscriber", "consent_event", "topic_preference"):
         assert count_rows(engine, table) == 0
+
+
+def _grant_versions(engine) -> dict[str, str | None]:
+    with engine.connect() as conn:
+        return dict(
+            conn.execute(
+                sa.text(
+                    "SELECT kind, policy_version FROM consent_event"
+                    " WHERE kind IN ('permission_granted', 'subscribed')"
+                )
+            ).all()
+        )
+
+
+def test_subscribe_with_only_a_notice_version_records_it_on_the_grant(
+    client, engine, subscriptions, catalogue_ready
+):
+    """A page that shows the notice but offers no topics still says which notice the
+    person saw when they allowed notifications."""
+    response = client.post(
+        "/api/push/subscribe",
+        json={"subscription": subscriptions().to_json(), "policyVersion": "v1"},
+    )
+    assert response.status_code == 201
+    assert _grant_versions(engine) == {"permission_granted": "v1", "subscribed": "v1"}
+    assert count_rows(engine, "topic_preference") == 0
+
+
+def test_subscribe_without_a_notice_version_records_none(
+    client, engine, subscriptions, catalogue_ready
+):
+    """An API caller that showed no notice claims none: nothing is made up for it."""
+    response = client.post("/api/push/subscribe", json={"subscription": subscriptions().to_json()})
+    assert response.status_code == 201
+    assert _grant_versions(engine) == {"permission_granted": None, "subscribed": None}
+
+
+def test_a_renewed_subscription_cites_the_notice_its_page_showed(
+    client, engine, clock, subscriptions, catalogue_ready
+):
+    """Back from revoked (the page renewing after a heartbeat): a fresh grant, on the
+    notice shown this time."""
+    sub = subscriptions()
+    client.post("/api/push/subscribe", json={"subscription": sub.to_json()})
+    client.post("/api/push/unsubscribe", json={"endpoint": sub.endpoint})
+    with db.begin(client.application) as session:
+        catalogue.publish_policy(session, version="v2", text="Newer words.", now=clock.now())
+    again = client.post(
+        "/api/push/subscribe", json={"subscription": sub.to_json(), "policyVersion": "v2"}
+    )
+    assert again.status_code == 200
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.text(
+                "SELECT kind, policy_version FROM consent_event"
+                " WHERE kind IN ('permission_granted', 'subscribed') ORDER BY seq"
+            )
+        ).all()
+    assert [tuple(r) for r in rows] == [
+        ("permission_granted", None),
+        ("subscribed", None),
+        ("permission_granted", "v2"),
+        ("subscribed", "v2"),
+    ]
 
 
 def test_change_carries_preferences_with_an_endpoint_rotated_event(
