@@ -238,11 +238,16 @@ def policy_diff(old: PolicyVersion, new: PolicyVersion) -> PolicyDiff:
     :data:`DIFF_MAX_LINES` of them and each cut to :data:`DIFF_LINE_MAX_CHARS`
     characters (the full texts are on their own pages). Plain text: the template
     escapes it."""
-    changed = [
-        ChangedLine(line.startswith("+"), _cut(line[2:]))
-        for line in difflib.ndiff(old.text.splitlines(), new.text.splitlines())
-        if line[:2] in ("+ ", "- ") and line[2:].strip()
-    ]
+    before, after = old.text.splitlines(), new.text.splitlines()
+    changed: list[ChangedLine] = []
+    matcher = difflib.SequenceMatcher(None, before, after, autojunk=False)
+    for tag, old_from, old_to, new_from, new_to in matcher.get_opcodes():
+        if tag == "equal":
+            continue
+        # Within each change, what went before what came in its place.
+        changed += [ChangedLine(False, _cut(line)) for line in before[old_from:old_to]]
+        changed += [ChangedLine(True, _cut(line)) for line in after[new_from:new_to]]
+    changed = [line for line in changed if line.text]
     shown = changed[:DIFF_MAX_LINES]
     return PolicyDiff(old, new, tuple(shown), len(changed) - len(shown))
 

@@ -81,7 +81,9 @@ def explain(
     date and the notice version the choice was made under.
 
     A topic left unticked on the subscribe page was never touched: it is off because the
-    person did not choose it, and the sentence must not say they turned it off.
+    person did not choose it, and the sentence must not say they turned it off. Any other
+    opt_out is a "no" the person gave: unticked here, "turn off all marketing", or kept
+    when confirming their choices under a new notice.
     """
     when = f" on {decided_at:%d %B %Y}" if decided_at else ""
     notice = f", under notice version {policy_version}" if policy_version else ""
@@ -91,7 +93,7 @@ def explain(
         case Reason.EXPLICIT_OPT_OUT if source == Source.SUBSCRIBE_PAGE:
             return f"Off: you left this unticked when you subscribed{when}{notice}."
         case Reason.EXPLICIT_OPT_OUT:
-            return f"Off: you turned this off{when}{notice}."
+            return f"Off: you said no to this{when}{notice}."
         case Reason.TRANSACTIONAL_GRANT:
             return "On by default for account messages, because you allowed notifications."
         case Reason.DEFAULT_BY_REGION:

@@ -111,6 +111,10 @@ def test_after_a_new_notice_the_centre_shows_what_changed_and_offers_to_confirm(
     assert "Your choices are kept under notice version v2." in after
     assert "Our notice has changed" not in after
     assert "On: you chose this on 02 January 2026, under notice version v2." in after
+    # Kept off by confirming: a "no" the person gave, never "turned off".
+    assert _state(after, "weekly-digest") == (
+        "Off: you said no to this on 02 January 2026, under notice version v2."
+    )
 
     # Confirming twice records nothing more.
     again = chose.post(

@@ -378,7 +378,7 @@ def test_each_topic_explains_its_state_for_the_region(
     after = _topic_block(client.get("/preferences").text, "weekly-digest")
     if on:
         assert _prefs(engine) == {"weekly-digest": "opt_out"}
-        assert "Off: you turned this off on 01 January 2026, under notice version v1." in after
+        assert "Off: you said no to this on 01 January 2026, under notice version v1." in after
     else:
         assert _prefs(engine) == {}
         assert explanation in after

@@ -67,12 +67,12 @@ def test_a_topic_never_chosen_says_its_default_and_claims_no_choice(reason):
         (
             Reason.EXPLICIT_OPT_OUT,
             Source.PREFERENCE_CENTRE,
-            "Off: you turned this off on 01 December 2026, under notice version 2026-01.",
+            "Off: you said no to this on 01 December 2026, under notice version 2026-01.",
         ),
         (
             Reason.EXPLICIT_OPT_OUT,
             Source.API,
-            "Off: you turned this off on 01 December 2026, under notice version 2026-01.",
+            "Off: you said no to this on 01 December 2026, under notice version 2026-01.",
         ),
         (
             Reason.EXPLICIT_OPT_OUT,
@@ -93,7 +93,7 @@ def test_a_choice_without_a_date_or_notice_leaves_them_out():
     assert explain(_effective(Reason.EXPLICIT_OPT_IN)) == "On: you chose this."
     assert (
         explain(_effective(Reason.EXPLICIT_OPT_OUT), decided_at=WHEN)
-        == "Off: you turned this off on 01 December 2026."
+        == "Off: you said no to this on 01 December 2026."
     )
 
 
@@ -147,10 +147,11 @@ def test_the_summary_lists_removed_and_added_lines_in_order():
     assert diff.more == 0
     assert (diff.old.version, diff.new.version) == ("v1", "v2")
     replaced = policy_diff(new, _policy("v3", "Something else."))
-    assert sorted((line.added, line.text) for line in replaced.lines) == [
-        (False, "We never sell your data."),
-        (False, "We send a monthly summary."),
+    # What went, then what came in its place.
+    assert [(line.added, line.text) for line in replaced.lines] == [
         (False, "We send what you choose."),
+        (False, "We send a monthly summary."),
+        (False, "We never sell your data."),
         (True, "Something else."),
     ]
 
