@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import difflib
 import hashlib
 import re
 import threading
@@ -249,6 +250,51 @@ def previous_policy(session: Session, version: PolicyVersion) -> PolicyVersion |
         .order_by(PolicyVersion.published_at.desc(), PolicyVersion.version.desc())
         .limit(1)
     ).first()
+
+
+# What changed between two notice texts: a short line diff, for people to read.
+DIFF_MAX_LINES = 12
+DIFF_LINE_MAX_CHARS = 300
+
+
+@dataclass(frozen=True)
+class ChangedLine:
+    added: bool  # False: removed
+    text: str
+
+
+@dataclass(frozen=True)
+class PolicyDiff:
+    old: PolicyVersion
+    new: PolicyVersion
+    lines: tuple[ChangedLine, ...]
+    more: int  # changed lines left out to keep the summary short
+
+
+def policy_diff(old: PolicyVersion, new: PolicyVersion) -> PolicyDiff:
+    """The lines removed from ``old``'s text and added in ``new``'s, in order, at most
+    :data:`DIFF_MAX_LINES` of them and each cut to :data:`DIFF_LINE_MAX_CHARS`
+    characters (the full texts are on their own pages). Plain text: the template
+    escapes it."""
+    before, after = old.text.splitlines(), new.text.splitlines()
+    changed: list[ChangedLine] = []
+    matcher = difflib.SequenceMatcher(None, before, after, autojunk=False)
+    for tag, old_from, old_to, new_from, new_to in matcher.get_opcodes():
+        if tag == "equal":
+            continue
+        # Within each change, what went before what came in its place.
+        changed += [ChangedLine(False, _cut(line)) for line in before[old_from:old_to]]
+        changed += [ChangedLine(True, _cut(line)) for line in after[new_from:new_to]]
+    changed = [line for line in changed if line.text]
+    shown = changed[:DIFF_MAX_LINES]
+    return PolicyDiff(old, new, tuple(shown), len(changed) - len(shown))
+
+
+def _cut(line: str) -> str:
+    line = line.strip()
+    if len(line) <= DIFF_LINE_MAX_CHARS:
+        return line
+    return line[: DIFF_LINE_MAX_CHARS - 1].rstrip() + "…"
 
 
 # The catalogue as the public pages see it --------------------------------------------------

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from portal.consent import catalogue, log
 from portal.consent.catalogue import active_topics
-from portal.consent.models import EventKind, PreferenceState, Topic, TopicPreference
+from portal.consent.models import EventKind, PreferenceState, Source, Topic, TopicPreference
 from portal.errors import ValidationError
 from portal.subscriptions.models import Subscriber
 
@@ -69,14 +69,31 @@ def effective_state(state: str | None, topic: Topic, region_code: str | None) ->
     return Effective(False, Reason.REGION_BLOCKS_DEFAULT, stored)
 
 
-def explain(effective: Effective, topic: Topic, decided_at: dt.datetime | None = None) -> str:
-    """Plain words for the preference centre and the compliance view."""
+def explain(
+    effective: Effective,
+    *,
+    decided_at: dt.datetime | None = None,
+    source: str | None = None,
+    policy_version: str | None = None,
+) -> str:
+    """The one wording rule for a topic's state, on the preference centre and the
+    compliance view: never chosen (a default, on or off), or chosen on or off, with the
+    date and the notice version the choice was made under.
+
+    A topic left unticked on the subscribe page was never touched: it is off because the
+    person did not choose it, and the sentence must not say they turned it off. Any other
+    opt_out is a "no" the person gave: unticked here, "turn off all marketing", or kept
+    when confirming their choices under a new notice.
+    """
     when = f" on {decided_at:%d %B %Y}" if decided_at else ""
+    notice = f", under notice version {policy_version}" if policy_version else ""
     match effective.reason:
         case Reason.EXPLICIT_OPT_IN:
-            return f"On: you turned this on{when}."
+            return f"On: you chose this{when}{notice}."
+        case Reason.EXPLICIT_OPT_OUT if source == Source.SUBSCRIBE_PAGE:
+            return f"Off: you left this unticked when you subscribed{when}{notice}."
         case Reason.EXPLICIT_OPT_OUT:
-            return f"Off: you turned this off{when}."
+            return f"Off: you said no to this{when}{notice}."
         case Reason.TRANSACTIONAL_GRANT:
             return "On by default for account messages, because you allowed notifications."
         case Reason.DEFAULT_BY_REGION:
@@ -97,8 +114,13 @@ class TopicView:
 
     @property
     def explanation(self) -> str:
+        if not self.effective.explicit:
+            return explain(self.effective)
         return explain(
-            self.effective, self.topic, self.decided_at if self.effective.explicit else None
+            self.effective,
+            decided_at=self.decided_at,
+            source=self.source,
+            policy_version=self.policy_version,
         )
 
 
@@ -228,11 +250,15 @@ def apply_decisions(
     actor: str = "subscriber",
     context: log.Context | None = None,
     subscription_id: uuid.UUID | None = None,
+    reconfirm: bool = False,
 ) -> list[Change]:
     """Apply a set of decisions in the caller's transaction.
 
     Only real transitions write: a decision equal to the stored state changes nothing
-    and logs nothing. A withdrawal is an opt_out row, never a deletion.
+    and logs nothing. A withdrawal is an opt_out row, never a deletion. With
+    ``reconfirm`` (the person confirming their choices under a newer notice), a decision
+    equal to a stored choice made under another notice version is recorded too: the
+    same state, now under ``policy_version``.
     """
     log.lock_chain(session)
     # Read under the lock, over whatever this session read before it: another save may
@@ -243,7 +269,8 @@ def apply_decisions(
         row = rows.get(decision.topic.id)
         previous = row.state if row else PreferenceState.UNSET.value
         new = decision.state.value
-        if previous != new:
+        renewed = reconfirm and row is not None and row.policy_version != policy_version
+        if previous != new or renewed:
             transitions.append((decision, previous, new))
     # One read of the chain's head and one INSERT for the whole form.
     sequence = log.append_many(
@@ -282,6 +309,34 @@ def apply_decisions(
         changes.append(Change(decision.topic, previous, new, seq))
     session.flush()
     return changes
+
+
+def choices_to_reconfirm(views: Sequence[TopicView], current_version: str) -> list[Decision]:
+    """The person's own choices made under a notice other than ``current_version``, as
+    decisions to record again under it (defaults are nobody's choice: never included)."""
+    return [
+        Decision(view.topic, PreferenceState(view.effective.state))
+        for view in views
+        if view.effective.explicit and view.policy_version != current_version
+    ]
+
+
+def last_agreed_version(views: Sequence[TopicView], current_version: str) -> str | None:
+    """The notice version of the person's latest choice that was not made under
+    ``current_version``: the text to compare the current one with. None when every
+    choice was made under the current notice, or there are none."""
+    older = [
+        view
+        for view in views
+        if view.effective.explicit
+        and view.policy_version is not None
+        and view.policy_version != current_version
+        and view.decided_at is not None
+    ]
+    if not older:
+        return None
+    latest = max(older, key=lambda view: view.decided_at or dt.datetime.min.replace(tzinfo=dt.UTC))
+    return latest.policy_version
 
 
 def form_decisions(views: Sequence[TopicView], checked: set[str]) -> list[Decision]:

@@ -36,8 +36,10 @@ from portal.consent.preferences import (
     Choice,
     Decision,
     apply_decisions,
+    choices_to_reconfirm,
     chosen_topics,
     form_decisions,
+    last_agreed_version,
     marketing_off_decisions,
     subscriber_with_preferences,
     topic_views,
@@ -168,6 +170,7 @@ def _render(
     checked: set[str] | None = None,
     ack_error: str | None = None,
     rows: dict[int, TopicPreference] | None = None,
+    opened_under: str | None = None,
 ) -> tuple[str, int]:
     session = db.session
     shown = catalogue.current(session)
@@ -180,6 +183,14 @@ def _render(
         ), status
     views = topic_views(session, subscriber, shown.topics, rows)
     devices = _devices(subscriber)
+    # What changed: since the notice this form was opened under (a stale save), else
+    # since the notice of the person's latest choice made under an older one.
+    diff = None
+    compared = opened_under or (last_agreed_version(views, policy.version) if policy else None)
+    if policy is not None and compared and compared != policy.version:
+        earlier = catalogue.policy(session, compared)
+        if earlier is not None:
+            diff = catalogue.policy_diff(earlier, policy)
     return render_template(
         "preferences/centre.html",
         categories=catalogue.by_category([v.topic for v in views]),
@@ -193,6 +204,8 @@ def _render(
         checked=checked,
         ack_required=checked is not None,
         ack_error=ack_error,
+        diff=diff,
+        confirm_offered=diff is not None and opened_under is None,
     ), status
 
 
@@ -326,6 +339,7 @@ def save() -> Any:
             checked=checked,
             ack_error=message,
             rows=rows,
+            opened_under=version if stale else None,
         )
     # The topics as committed now, not the page's copy: a topic retired since the page
     # was shown gets no decision, and the person is told so.
@@ -361,6 +375,59 @@ def save() -> Any:
 
 def _and(words: list[str]) -> str:
     return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} and {words[-1]}"
+
+
+@bp.post("/preferences/confirm-notice")
+def confirm_notice() -> Any:
+    """The person keeps their choices under the current notice: each choice made under
+    an older one is recorded again, unchanged, under the version the page showed."""
+    subscriber, rows = _visitor()
+    if subscriber is None:
+        return _render(None, status=403)
+    session = db.session
+    version = request.form.get("policy_version", "")
+    current = _current_policy()
+    if current is None:
+        abort(409)
+    if version != current.version:
+        # Confirming a notice that is no longer the current one (or none at all).
+        known = bool(version) and catalogue.policy(session, version) is not None
+        return _render(
+            subscriber,
+            errors=[
+                (
+                    "notice-changes",
+                    "The notice changed again since you opened this page. "
+                    "Read what changed and confirm again."
+                    if known
+                    else "We could not tell which notice you confirmed. Confirm again below.",
+                )
+            ],
+            status=409 if known else 400,
+            rows=rows,
+        )
+    # The topics as committed now (see save): a retired one is not confirmed again.
+    views = topic_views(session, subscriber, _write_topics(), rows)
+    now = current_portal().clock.now()
+    changes = apply_decisions(
+        session,
+        subscriber.id,
+        choices_to_reconfirm(views, current.version),
+        source=Source.PREFERENCE_CENTRE.value,
+        policy_version=current.version,
+        decided_at=now,
+        recorded_at=now,
+        context=_context("preference-centre:confirm-notice"),
+        reconfirm=True,
+    )
+    session.commit()
+    flash(
+        f"Your choices are kept under notice version {current.version}."
+        if changes
+        else "Your choices were already made under the current notice.",
+        "success",
+    )
+    return redirect(url_for("preferences.centre"), code=303)
 
 
 @bp.post("/preferences/marketing-off")

@@ -216,6 +216,23 @@ def _preferences_stale_policy(new_context: Callable[..., Any], server: LiveServe
     return page
 
 
+def _preferences_notice_changed(new_context: Callable[..., Any], server: LiveServer) -> Page:
+    """Choices made under one notice, seen after the next was published."""
+    page = new_context().new_page()
+    subscribe_through_page(page, topics=("offers",))
+    publish_new_policy(server)
+    page.goto("/preferences")
+    page.wait_for_selector("#notice-changes")
+    return page
+
+
+def _policy_digest_open(new_context: Callable[..., Any], server: LiveServer) -> Page:
+    page = new_context().new_page()
+    page.goto("/policy/2026-01")
+    page.click("details summary")
+    return page
+
+
 def _preferences_unknown_device(new_context: Callable[..., Any], server: LiveServer) -> Page:
     page = _known(new_context)
     page.context.clear_cookies(name="portal_device")
@@ -812,6 +829,7 @@ PAGES = [
     PageState("preferences-saved", _preferences_saved),
     PageState("preferences-device-stopped", _preferences_device_stopped),  # no devices left
     PageState("preferences-stale-policy", _preferences_stale_policy, error_summary=True),
+    PageState("preferences-notice-changed", _preferences_notice_changed),
     PageState(
         "preferences-unknown-device",
         _preferences_unknown_device,
@@ -820,6 +838,7 @@ PAGES = [
     ),
     PageState("preferences-database-down", _database_down),
     PageState("policy", _open("/policy/2026-01")),
+    PageState("policy-digest-open", _policy_digest_open),
     PageState("link-error", _open("/preferences?token=not-a-valid-token")),
     PageState("account-link-confirm", _account_link()),
     PageState("account-link-confirm-390", _account_link(viewport=PHONE)),

@@ -123,7 +123,7 @@ def test_confirming_links_exactly_as_before(linking, client, engine, subscriptio
     assert owners == {account.id}
     assert tuple(merged) == ("opt_in", "account-link")
     assert _snapshot(engine)["linked"] == 2
-    assert "On: you turned this on" in laptop.get("/preferences").text
+    assert "On: you chose this on" in laptop.get("/preferences").text
     # The confirmation is used up: posting it again links nothing more.
     again = client.post(
         "/preferences/link", data={"csrf_token": csrf_token(after.text), "action": "link"}

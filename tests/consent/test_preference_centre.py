@@ -64,7 +64,7 @@ def test_round_trip_load_change_save_banner(client, engine, subscribed):
     # turned into an opt-in nobody made. weekly-digest was shown off (an unknown region
     # gets no marketing default) and left off: unset too.
     assert _prefs(engine) == {"offers": "opt_in"}
-    assert "On: you turned this on" in after.text
+    assert "On: you chose this on" in after.text
 
 
 def test_unticking_a_default_on_topic_is_an_explicit_opt_out(client, engine, subscribed):
@@ -312,7 +312,7 @@ def test_identity_assertion_links_the_account_and_merges_device_preferences(
     assert linked == 2
     assert tuple(merged) == ("opt_in", "account-link")
     # Both browsers now show the account's choices.
-    assert "On: you turned this on" in laptop.get("/preferences").text
+    assert "On: you chose this on" in laptop.get("/preferences").text
 
     expired = sign_assertion({"sub": "user-42", "exp": time.time() - 1}, secret)
     assert app.test_client().get(f"/preferences?assertion={expired}").status_code == 400
@@ -378,7 +378,7 @@ def test_each_topic_explains_its_state_for_the_region(
     after = _topic_block(client.get("/preferences").text, "weekly-digest")
     if on:
         assert _prefs(engine) == {"weekly-digest": "opt_out"}
-        assert "Off: you turned this off on 01 January 2026." in after
+        assert "Off: you said no to this on 01 January 2026, under notice version v1." in after
     else:
         assert _prefs(engine) == {}
         assert explanation in after
