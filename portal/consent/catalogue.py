@@ -159,13 +159,15 @@ def topics_for_write(session: Session) -> dict[str, Topic]:
 
 def retired_labels(session: Session, slugs: set[str]) -> list[str]:
     """The labels of the retired topics among ``slugs``, in page order (a form may name
-    anything: slugs of no topic are left out)."""
-    if not slugs:
+    anything: slugs of no topic are left out, and text no slug could be, such as a NUL
+    byte PostgreSQL refuses, never reaches the query)."""
+    wellformed = sorted(slug for slug in slugs if len(slug) <= 64 and SLUG.fullmatch(slug))
+    if not wellformed:
         return []
     return list(
         session.scalars(
             sa.select(Topic.label)
-            .where(Topic.slug.in_(sorted(slugs)), Topic.retired_at.is_not(None))
+            .where(Topic.slug.in_(wellformed), Topic.retired_at.is_not(None))
             .order_by(Topic.position, Topic.id)
         )
     )
@@ -222,6 +224,10 @@ def current_policy(session: Session) -> PolicyVersion | None:
 
 
 def policy(session: Session, version: str) -> PolicyVersion | None:
+    """The published version named, or None; a name no version could have (a NUL byte,
+    which PostgreSQL refuses in a query) is None without asking the database."""
+    if not VERSION.fullmatch(version):
+        return None
     return session.get(PolicyVersion, version)
 
 

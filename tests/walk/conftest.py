@@ -28,6 +28,7 @@ from portal.campaigns import services as campaign_services
 from portal.campaigns.services import CampaignDraft
 from portal.clock import FrozenClock
 from portal.config import Settings
+from portal.consent import catalogue
 from portal.db import db
 from portal.identity import preference_link_token, sign_assertion
 from portal.jobs import job_names
@@ -258,6 +259,12 @@ def build_world(app: Flask) -> World:
     subscriber.subscribe()
     subscriber.subscribe()  # two devices: the page offers to stop the other one
     personas["campaigns"].subscribe()  # a device of their own for test sends
+    # A newer notice than the one the subscriber chose under: the preference centre then
+    # offers to keep their choices under it (POST /preferences/confirm-notice).
+    with db.begin(app) as session:
+        catalogue.publish_policy(
+            session, version="v1.1", text="We send what you choose, and a summary.", now=NOW
+        )
     # Someone to look up, and someone erased (for a receipt link).
     someone = Persona("someone", app.test_client(), factory)
     gone = Persona("gone", app.test_client(), factory)
@@ -281,7 +288,7 @@ def build_world(app: Flask) -> World:
         "campaign_id": [str(_campaign(app, paused=False)), str(_campaign(app, paused=True))],
         "subscription_id": [str(d) for d in subscriber.devices],
         "slug": topics,
-        "version": ["v1"],
+        "version": ["v1", "v1.1"],
         "name": job_names(),
         "token": [token],
         "filename": sorted(p.relative_to(static).as_posix() for p in static.rglob("*.*")),
