@@ -18,7 +18,7 @@ from portal.operations.scheduler import JobBusy, run_recorded
 from portal.operations.status import statuses
 from portal.seams import current_portal
 from portal.staff import audit
-from portal.staff.access import StaffPage, current_staff, staff_required
+from portal.staff.access import StaffPage, current_staff, not_found_page, staff_required
 from portal.staff.blueprint import bp
 from portal.staff.forms import ConfirmForm
 from portal.staff.models import Role
@@ -57,9 +57,11 @@ def jobs_ops() -> str:
 
 @bp.post("/ops/jobs/<name>/run")
 @staff_required(Role.ADMIN)
-def jobs_run(name: str) -> Response:
+def jobs_run(name: str) -> Response | tuple[str, int]:
+    if name not in job_names():
+        return not_found_page("job", "staff.jobs_ops", "the background jobs")
     form = ConfirmForm()
-    if not form.validate() or name not in job_names():
+    if not form.validate():
         return redirect(url_for("staff.jobs_ops"), 303)
     if name not in {entry.name for entry in scheduled_jobs()}:
         flash(f"{name} is run from the command line only: portal run-job {name}.", "info")

@@ -37,8 +37,11 @@ def test_an_admin_runs_a_job_now_and_it_is_audited(app, admin_browser, engine):
 
 
 def test_an_unknown_job_changes_nothing(app, admin_browser, engine):
-    assert admin_browser.post("/staff/ops/jobs/nope/run").status_code == 303
+    response = admin_browser.post("/staff/ops/jobs/nope/run")
+    assert response.status_code == 404
+    assert "job" in response.text and "/staff/ops/jobs" in response.text
     assert all_rows(engine, "job_run") == []
+    assert [r for r in all_rows(engine, "staff_audit") if r["action"] == "operations.job_run"] == []
 
 
 def test_each_run_shows_its_start_duration_rows_and_error(
