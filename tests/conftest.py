@@ -109,11 +109,27 @@ def database_prefix(config: pytest.Config) -> str:
     return f"portal_test_{config.stash[_RUN_ID]}_{WORKER}"
 
 
+# The fixtures through which a test reaches the database PORTAL_TEST_DATABASE chooses.
+DATABASE_FIXTURES = frozenset(
+    {"backend", "pg_server", "fresh_database", "_migrated_template", "database_url"}
+)
+
+
+def opens_no_test_database(item: pytest.Item) -> bool:
+    """A test that reaches no database fixture and is not PostgreSQL-only behaves the same
+    whichever backend the run chose: it gets the ``no_database`` marker, which CI's
+    PostgreSQL pass leaves out (the SQLite pass has run it)."""
+    fixtures = set(getattr(item, "fixturenames", ()))
+    return not fixtures & DATABASE_FIXTURES and "postgres_only" not in item.keywords
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     skip = pytest.mark.skip(reason="PostgreSQL only: set PORTAL_TEST_DATABASE to run it")
     for item in items:
         if BACKEND != "postgresql" and "postgres_only" in item.keywords:
             item.add_marker(skip)
+        if opens_no_test_database(item):
+            item.add_marker(pytest.mark.no_database)
 
 
 def _psycopg_url(url: str) -> str:

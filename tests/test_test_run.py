@@ -78,3 +78,24 @@ def test_the_run_drops_the_databases_a_worker_left_and_no_other_run_s():
     finally:
         another_run.drop(kept)
         left_by_a_crashed_worker.drop(left)
+
+
+# CI's PostgreSQL pass leaves out the tests marked no_database (tests/conftest.py):
+# the mark must never land on a test that reaches the run's database.
+
+
+def test_a_test_that_reaches_the_database_runs_on_both_backends(database_url, request):
+    assert request.node.get_closest_marker("no_database") is None
+
+
+def test_a_test_through_the_app_fixture_runs_on_both_backends(app, request):
+    assert request.node.get_closest_marker("no_database") is None
+
+
+def test_a_test_that_reaches_no_database_runs_on_one_backend(tmp_path, request):
+    assert request.node.get_closest_marker("no_database") is not None
+
+
+@pytest.mark.postgres_only
+def test_a_postgres_only_test_is_never_left_out_of_the_postgres_pass(request):
+    assert request.node.get_closest_marker("no_database") is None
