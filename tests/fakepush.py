@@ -837,6 +837,12 @@ def _serve_in_child(conn: multiprocessing.connection.Connection, options: dict[s
             elif command == "forget_tokens":
                 service.forget_tokens()
                 conn.send(None)
+            elif command == "script":
+                with service._lock:
+                    service._scripts.clear()  # what the last script left unanswered
+                for token, answers in argument:
+                    service.script(token, *answers)
+                conn.send(None)
             elif command == "stop":
                 break
     finally:
@@ -917,6 +923,13 @@ class FakePushProcess:
     def forget_tokens(self) -> None:
         assert self._pipe is not None
         self._pipe.send(("forget_tokens", None))
+        self._pipe.recv()
+
+    def script_many(self, scripts: Iterable[tuple[str, list[Answer | int]]]) -> None:
+        """(token, answers): each token's next requests get these answers, in turn; the
+        answers scripted before and not given yet are dropped."""
+        assert self._pipe is not None
+        self._pipe.send(("script", list(scripts)))
         self._pipe.recv()
 
     def stop(self) -> None:

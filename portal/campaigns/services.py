@@ -429,8 +429,10 @@ def materialise_batch(
     # exclude each other: the batch holds the campaign row and a share of the topic row
     # until it commits, so a change waits for the batch and the batch after it sees the
     # change. Without this, a cancel's UPDATE of the queued deliveries cannot see a batch
-    # still being written, and the batch then stays queued on a cancelled campaign.
-    session.refresh(campaign, with_for_update=True)
+    # still being written, and the batch then stays queued on a cancelled campaign. The
+    # row is held FOR NO KEY UPDATE, which a change (FOR UPDATE) waits for but the claims
+    # and the recording of answers (FOR KEY SHARE) do not: they go on during a batch.
+    session.refresh(campaign, with_for_update={"key_share": True})
     if campaign.status != CampaignStatus.SENDING.value or campaign.materialised_at is not None:
         return 0
     session.execute(

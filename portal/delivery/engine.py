@@ -162,8 +162,10 @@ class Dispatcher:
                 .all()
             )
             for campaign_id in expired:
-                # The campaign row first: it waits for a batch being materialised (which
-                # holds that row), so the skip below sees the batch's deliveries too.
+                # The campaign row first, locked as a cancel locks it: it waits for a batch
+                # being materialised, claimed or recorded (each holds a lock on that row),
+                # so the skip below sees their deliveries too.
+                session.execute(sa.select(_c.c.id).where(_c.c.id == campaign_id).with_for_update())
                 session.execute(
                     sa.update(_c)
                     .where(_c.c.id == campaign_id)
@@ -256,7 +258,26 @@ class Dispatcher:
             if blocked:
                 candidates = candidates.where(_d.c.push_service.not_in(blocked))
             if is_postgres(session):
-                candidates = candidates.with_for_update(of=_d, skip_locked=True)
+                # The sending campaigns' rows held (shared) until the claim commits: a
+                # pause or cancel (which locks the row for update) waits for the claim,
+                # then sees what it took; a claim never takes a delivery of a campaign
+                # whose pause or cancel is being written (SKIP LOCKED passes it by). On
+                # SQLite the write lock serialises the two.
+                sending = (
+                    session.execute(
+                        sa.select(_c.c.id)
+                        .where(_c.c.status == CampaignStatus.SENDING.value)
+                        .order_by(_c.c.id)
+                        .with_for_update(key_share=True, read=True, skip_locked=True)
+                    )
+                    .scalars()
+                    .all()
+                )
+                if not sending:
+                    return []
+                candidates = candidates.where(
+                    _among(session, _d.c.campaign_id, sending)
+                ).with_for_update(of=_d, skip_locked=True)
             # One statement: the candidates are chosen, locked and leased in one round trip.
             rows = session.execute(
                 sa.update(_d)
@@ -364,8 +385,10 @@ class Dispatcher:
     def _send(self, claimed: list[_Claimed], report: TickReport, previous: _Plan | None) -> _Plan:
         now = self.clock.now()
         carried = previous.lifecycles if previous is not None else {}
-        skipped, unsent, answered, subs = self._encrypt_and_send(claimed, carried)
-        return self._plan(skipped, unsent, answered, subs, carried, now, report)
+        skipped, unsent, answered, subs, held = self._encrypt_and_send(claimed, carried)
+        plan = self._plan(skipped, unsent, answered, subs, carried, now, report)
+        plan.held = held
+        return plan
 
     def _encrypt_and_send(
         self, claimed: list[_Claimed], carried: dict[uuid.UUID, Lifecycle]
@@ -374,6 +397,7 @@ class Dispatcher:
         list[tuple[_Claimed, Unsendable]],
         list[tuple[_Claimed, PushResponse]],
         dict[uuid.UUID, Any],
+        list[_Claimed],
     ]:
         by_subscription = {c.subscription_id: c for c in claimed}
         campaign_ids = {c.campaign_id for c in claimed}
@@ -414,6 +438,10 @@ class Dispatcher:
         skipped: list[tuple[int, str]] = []
         unsent: list[tuple[_Claimed, Unsendable]] = []  # could not be built or sent
         sent: list[_Claimed] = []
+        # Claimed just before a pause, cancel or expiry committed: not sent. The recording
+        # puts them back in the queue, or ends them as the campaign now says.
+        held = [c for c in claimed if campaigns[c.campaign_id].status != _SENDING]
+        claimed = [c for c in claimed if campaigns[c.campaign_id].status == _SENDING]
         # Per campaign, read once: the message template and the request options.
         messages = {
             c.id: (PayloadTemplate(c), c.ttl, Urgency(c.urgency), c.collapse_key)
@@ -471,7 +499,7 @@ class Dispatcher:
             [(item.push_service, response) for item, response in answered],
             elapsed / max(len(sent), 1),
         )
-        return skipped, unsent, answered, subs
+        return skipped, unsent, answered, subs, held
 
     def _send_all(
         self,
@@ -573,6 +601,20 @@ class Dispatcher:
         try:
             with db.begin(self.app) as session:
                 consent_log.lock_chain(session)  # a 410 appends to the consent log
+                closed = _ended_campaigns(session, plan.campaign_ids())
+                for item in plan.held:
+                    reason = closed.get(item.campaign_id)
+                    values: dict[str, Any] = (
+                        {"status": DeliveryStatus.SKIPPED.value, "reason": reason}
+                        if reason
+                        # Back in the queue as it was: this claim is not an attempt.
+                        else {"status": DeliveryStatus.QUEUED.value, "attempts": _d.c.attempts - 1}
+                    )
+                    session.execute(
+                        sa.update(_d)
+                        .where(_d.c.id == item.delivery_id)
+                        .values(lease_expires_at=None, updated_at=plan.now, **values)
+                    )
                 for status, ended in (
                     (DeliveryStatus.SKIPPED, plan.skipped),
                     (DeliveryStatus.FAILED, plan.unsent),
@@ -592,7 +634,9 @@ class Dispatcher:
                 for answer in plan.answers:
                     if answer.step.outcome == Outcome.REVOKED:
                         pruned.append(answer.item)
-                    self._write_one(session, answer, plan.now, accepted)
+                    self._write_one(
+                        session, answer, plan.now, accepted, closed.get(answer.item.campaign_id)
+                    )
                 accepted.flush(session)
                 for service, until in plan.circuits.items():
                     self._open_circuit(
@@ -613,12 +657,19 @@ class Dispatcher:
                 )
 
     def _write_one(
-        self, session: Session, answer: _Answer, now: dt.datetime, accepted: _AcceptedRun
+        self,
+        session: Session,
+        answer: _Answer,
+        now: dt.datetime,
+        accepted: _AcceptedRun,
+        ended: str | None = None,
     ) -> None:
         """One answer: the delivery's new status and the subscription's lifecycle.
 
         An acceptance joins ``accepted``, written together with the acceptances next to
         it; any other answer first writes those, so the writes keep the answers' order.
+        ``ended``: the skip reason when the delivery's campaign was cancelled or expired
+        while it was out, so an answer to try again ends it instead of queueing it.
         """
         item, response, step = answer.item, answer.response, answer.step
         if step.outcome == Outcome.ACCEPTED:
@@ -645,6 +696,8 @@ class Dispatcher:
                 if step.lifecycle.state != answer.state_before:
                     values |= {"state": step.lifecycle.state.value, "stale_at": now}
             session.execute(sa.update(_s).where(subscription).values(**values))
+        elif ended is not None:
+            delivery |= {"status": DeliveryStatus.SKIPPED.value, "reason": ended}
         elif may_retry(item.attempts, self.retry):
             delay = backoff_delay(
                 item.attempts, self.retry, retry_after=response.retry_after, rand=self.rand
@@ -693,6 +746,31 @@ class Dispatcher:
         log.warning("push service %s slowed down until %s: %s", service, until.isoformat(), reason)
 
 
+_SENDING = CampaignStatus.SENDING.value
+# A delivery of a campaign that ended while it was out is skipped with this reason.
+_ENDED_REASONS = {
+    CampaignStatus.CANCELLED.value: "cancelled",
+    CampaignStatus.EXPIRED.value: "deliver_until_passed",
+}
+
+
+def _ended_campaigns(session: Session, campaign_ids: set[uuid.UUID]) -> dict[uuid.UUID, str]:
+    """Which of these campaigns were cancelled or expired (campaign → skip reason), their
+    rows held until the recording commits: a cancel or expiry (which locks the row for
+    update and then skips the queued deliveries) waits, and then sees the deliveries put
+    back in the queue; one that committed first is seen here, and they end instead."""
+    if not campaign_ids:
+        return {}
+    query = sa.select(_c.c.id, _c.c.status).where(_among(session, _c.c.id, sorted(campaign_ids)))
+    if is_postgres(session):
+        query = query.order_by(_c.c.id).with_for_update(key_share=True, read=True)
+    return {
+        campaign_id: _ENDED_REASONS[status]
+        for campaign_id, status in session.execute(query)
+        if status in _ENDED_REASONS
+    }
+
+
 def _among(
     session: Session, column: sa.ColumnElement[Any], values: Iterable[Any]
 ) -> sa.ColumnElement[bool]:
@@ -727,6 +805,14 @@ class _Plan:
     # Subscriptions whose lifecycle these answers change: the next batch, planned before
     # this one is written, starts from these rather than from the rows it reads.
     lifecycles: dict[uuid.UUID, Lifecycle] = field(default_factory=dict)
+    # Claimed but not sent: their campaign was paused, cancelled or expired meanwhile.
+    held: list[_Claimed] = field(default_factory=list)
+
+    def campaign_ids(self) -> set[uuid.UUID]:
+        """The campaigns whose deliveries this plan may put back in the queue."""
+        return {c.campaign_id for c in self.held} | {
+            a.item.campaign_id for a in self.answers if a.step.outcome == Outcome.RETRY
+        }
 
 
 class _LeaseKeeper:
