@@ -148,12 +148,19 @@ def test_a_test_send_reaches_only_the_staff_members_own_browser(
         "/staff/campaigns/test-send",
         {**form_data(schedule="later", send_at="2026-06-01T09:00"), "subscription": chosen},
     )
-    assert response.status_code == 200
-    assert "Test queued" in response.text
-    follow = re.search(
-        r'<a href="(/staff/campaigns/[0-9a-f-]{36})">Follow the test send</a>', response.text
-    )
+    # Post/redirect/get: the answer is the review page again, at an address of its own.
+    assert response.status_code == 303
+    sent = staff.get(response.headers["Location"])
+    assert sent.status_code == 200
+    assert "Test queued" in sent.text
+    follow = re.search(r'<a href="(/staff/campaigns/[0-9a-f-]{36})">Follow the test send</a>', sent.text)
     assert follow
+    # The draft as it was left, schedule included (the session keeps what the test has
+    # no column for), ready to launch.
+    assert "2026-06-01 09:00 UTC" in sent.text
+    assert '<input type="hidden" name="send_at" value="2026-06-01T09:00">' in sent.text
+    assert '<input type="hidden" name="title" value="Monday digest">' in sent.text
+    assert staff.get(response.headers["Location"]).text.count("Test queued") == 1  # a reload
     assert fake_push.received() == []  # the request only queues it
 
     dispatcher.tick()
