@@ -24,11 +24,18 @@ from playwright.sync_api import Page, Request
 
 from portal.delivery.engine import Dispatcher
 from portal.push.transport import PushResponse
-from tests.browser.conftest import DESKTOP, PHONE, LiveServer, subscribe_through_api
+from tests.browser.conftest import (
+    DESKTOP,
+    PHONE,
+    SCREENSHOTS,
+    LiveServer,
+    subscribe_through_api,
+)
 from tests.browser.test_accessibility import (
     _account_link,
     _campaign_form,
     _campaign_page,
+    _campaign_review_with_a_device,
     _colleague,
     _compliance_subscriber,
     _erase,
@@ -240,22 +247,6 @@ def _launch(page: Page) -> None:
     page.wait_for_selector(".banner")
 
 
-def _review_with_a_device(new_context: NewContext, server: LiveServer) -> Page:
-    """The review page in a browser the campaigner subscribed on: it offers a test send."""
-    page = _staff(new_context, server, email="sender@example.test", roles=("campaigns",))
-    subscribe_through_api(page.context, SubscriptionFactory()())
-    page.goto("/staff/campaigns/new")
-    if page.locator("#topic[type=radio]").count():
-        page.check("#topic")
-    else:
-        page.select_option("#topic", "weekly-digest")
-    page.fill("#title", "Monday digest")
-    page.fill("#body", "Five things this week.")
-    page.click("button[value=review]")
-    page.wait_for_selector("text=Send a test to this browser")
-    return page
-
-
 def _test_send(page: Page) -> None:
     page.click("text=Send a test to this browser")
     page.wait_for_selector("text=Test queued")
@@ -405,7 +396,7 @@ CASES = [
     FormCase("campaign-launch", _review, _launch, _audited("campaign.launched"), ".banner"),
     FormCase(
         "campaign-test-send",
-        _review_with_a_device,
+        _campaign_review_with_a_device,
         _test_send,
         _audited("campaign.test_sent"),
         "text=Test queued",
@@ -414,6 +405,7 @@ CASES = [
     FormCase(
         "campaign-pause",
         _campaign_page,
+        _campaign_review_with_a_device,
         _click("Pause sending"),
         _audited("campaign.paused"),
         ".banner",
@@ -482,6 +474,10 @@ def test_reloading_the_answer_to_a_form_submits_nothing_again(
     assert page.url == answered_at
     assert server.scalar(case.done) == done, f"{case}: reloading did the work again"
     assert axe_problems(page) == []
+    if case.kept != "main h1":  # an answer that stays: for people to look at
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        shot = SCREENSHOTS / f"reloaded-{case}-{viewport['width']}.png"
+        page.screenshot(path=shot, full_page=True)
 
     if case.name == "campaign-test-send":
         push_service = CountingPushService()
