@@ -405,7 +405,6 @@ CASES = [
     FormCase(
         "campaign-pause",
         _campaign_page,
-        _campaign_review_with_a_device,
         _click("Pause sending"),
         _audited("campaign.paused"),
         ".banner",
