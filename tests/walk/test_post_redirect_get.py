@@ -45,7 +45,7 @@ IDEMPOTENT: dict[Target, str] = {
 @dataclass
 class Flow:
     """Posts a form's steps as its personas: ``step`` for one that may answer with a page
-    but must change nothing, ``submit`` for the one that does the work."""
+    but must change nothing, ``post`` for the one that does the work."""
 
     world: World
     digest: TableDigest
