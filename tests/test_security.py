@@ -338,7 +338,9 @@ def test_a_persons_pages_and_downloads_are_never_stored(
     invalid_link = client.get("/preferences?token=not-a-token")
     erase_page = client.get("/preferences/erase")
     erased = client.post(
-        "/preferences/erase", data={"csrf_token": csrf_token(erase_page.text), "confirm": "yes"}
+        "/preferences/erase",
+        data={"csrf_token": csrf_token(erase_page.text), "confirm": "yes"},
+        follow_redirects=True,
     )
     receipt_url = re.search(r'href="(/preferences/erasure-receipt/[^"]+)"', erased.text).group(1)
     receipt = client.get(receipt_url)

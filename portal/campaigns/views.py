@@ -12,7 +12,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from flask import flash, jsonify, redirect, render_template, request, url_for
+from flask import flash, jsonify, redirect, render_template, request, session, url_for
 from sqlalchemy.exc import IntegrityError
 
 from portal.campaigns import outcome, presentation, services
@@ -60,6 +60,9 @@ PAGES = (
 
 _CONTROLS = {"pause": PAUSED, "resume": RESUMED, "cancel": CANCELLED}
 _DONE = {"pause": "paused", "resume": "resumed", "cancel": "cancelled"}
+# After a test send: the session keeps the form's fields that a campaign has no column for.
+_TESTED = "campaign_test_send"
+_KEPT = ("schedule", "send_at", "timezone", "deliver_until", "campaign_id")
 
 
 def _now() -> dt.datetime:
@@ -306,6 +309,40 @@ def campaign_test_send() -> Any:
         db.session.rollback()
         flash(problem.message, "error")
         return _review_page(form, draft), 422
+    # Post/redirect/get: reloading the answer shows the test again, never sends another.
+    # The test campaign keeps the draft; the session keeps only what it has no column for.
+    session[_TESTED] = {"id": str(campaign.id), **{name: form[name].data for name in _KEPT}}
+    return redirect(url_for("staff.campaign_test_sent", campaign_id=campaign.id), 303)
+
+
+@bp.get("/campaigns/test-send/<uuid:campaign_id>")
+@staff_required(Role.CAMPAIGNS)
+def campaign_test_sent(campaign_id: uuid.UUID) -> Any:
+    """The review page again after a test send: the draft as the sender left it, the
+    test queued, and Launch, Change and another test as before."""
+    campaign = db.session.get(Campaign, campaign_id)
+    if campaign is None or not campaign.is_test or campaign.created_by != _signed_in().email:
+        return _not_found()
+    topic = db.session.get(Topic, campaign.topic_id)
+    assert topic is not None
+    kept = session.get(_TESTED) or {}
+    typed = {
+        "topic": topic.slug,
+        "title": campaign.title,
+        "body": campaign.body,
+        "url": campaign.url or "",
+        "icon": campaign.icon or "",
+        "urgency": campaign.urgency,
+        "ttl": str(campaign.ttl),
+        "collapse_key": campaign.collapse_key or "",
+    }
+    if kept.get("id") == str(campaign.id):  # another tab's test keeps its own schedule
+        typed |= {name: kept.get(name) or "" for name in _KEPT}
+    form = TestSendForm(formdata=None, data=typed)
+    draft = check(form, db.session, now=_now())
+    if draft is None:  # a rule changed since the test (a send time passed): say which
+        flash("Your test is queued. Change what the form shows before you launch.")
+        return _form_page(form)
     return _review_page(form, draft, test_campaign=campaign)
 
 

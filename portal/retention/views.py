@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import uuid
 from typing import Any
 
-from flask import Blueprint, Response, current_app, render_template, request
+from flask import Blueprint, Response, current_app, redirect, render_template, request, url_for
+from flask import session as flask_session
 from itsdangerous import BadSignature, URLSafeSerializer
 
 from portal.consent.log import Context
@@ -21,6 +24,8 @@ bp = Blueprint("erasure", __name__)
 _CONFIRM_ERROR = "Tick the box to confirm you want everything erased"
 # The flash category that carries a receipt's token to the page shown after an erasure.
 RECEIPT_FLASH = "erasure-receipt"
+# The session key of the receipt the page after an erasure shows.
+_ERASED = "erasure_receipt"
 
 
 def _receipts() -> URLSafeSerializer:
@@ -72,14 +77,36 @@ def erase() -> Any:
     )
     session.commit()
     forget_link_visit()
-    token = receipt_token(receipt)
-    response = Response(render_template("preferences/erased.html", receipt=receipt, token=token))
+    # Post/redirect/get: the answer page reads the receipt from the (signed) session, so
+    # reloading it shows the receipt again and erases nothing.
+    flask_session[_ERASED] = receipt_token(receipt)
+    response = redirect(url_for("erasure.erased"), 303)
     if subscriber_from_cookie(request) == subscriber.id:  # not a link visitor's browser
         response.delete_cookie(SUBSCRIBER_COOKIE, path="/")
     # The device cookie stays: it names only this browser's tombstone, and it is what
     # lets the browser prove that tombstone is its own, so its next heartbeat is told to
     # drop the subscription (the tombstone keeps no auth secret to prove it with).
     return response
+
+
+@bp.get("/preferences/erased")
+def erased() -> Any:
+    """What the erasure did, with its receipt, for as long as this browser's session lasts."""
+    token = flask_session.get(_ERASED)
+    try:
+        body = _receipts().loads(token) if isinstance(token, str) else None
+    except BadSignature:
+        body = None
+    if body is None:
+        return redirect(url_for("erasure.confirm"), 303)
+    receipt = ErasureReceipt(
+        subscriber_id=uuid.UUID(body["subscriber"]),
+        erased_at=dt.datetime.fromisoformat(body["erasedAt"]),
+        event_seq=body["consentEventSeq"],
+        event_hash=body["consentEventHash"],
+        subscriptions=body["subscriptionsEnded"],
+    )
+    return render_template("preferences/erased.html", receipt=receipt, token=token)
 
 
 @bp.get("/preferences/erasure-receipt/<token>")

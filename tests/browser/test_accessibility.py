@@ -580,6 +580,32 @@ def _campaign_form(action: str, fill: bool) -> Reach:
     return reach
 
 
+def _campaign_review_with_a_device(new_context: Callable[..., Any], server: LiveServer) -> Page:
+    """The review page in a browser the campaigner subscribed on: it offers a test send."""
+    from tests.factories import SubscriptionFactory
+
+    page = _staff(new_context, server, email="sender@example.test", roles=("campaigns",))
+    subscribe_through_api(page.context, SubscriptionFactory()())
+    page.goto("/staff/campaigns/new")
+    if page.locator("#topic[type=radio]").count():
+        page.check("#topic")
+    else:
+        page.select_option("#topic", "weekly-digest")
+    page.fill("#title", "Monday digest")
+    page.fill("#body", "Five things this week.")
+    page.click("button[value=review]")
+    page.wait_for_selector("text=Send a test to this browser")
+    return page
+
+
+def _campaign_test_sent(new_context: Callable[..., Any], server: LiveServer) -> Page:
+    """The review page after a test send to this browser (a GET, after the redirect)."""
+    page = _campaign_review_with_a_device(new_context, server)
+    page.click("text=Send a test to this browser")
+    page.wait_for_selector("text=Test queued")
+    return page
+
+
 def _campaign_page(new_context: Callable[..., Any], server: LiveServer) -> Page:
     from portal.campaigns import services as campaigns
     from portal.db import db
@@ -714,6 +740,7 @@ STAFF_PAGES = [
     PageState("staff-campaign-all-failed", _campaign_outcome("failed")),
     PageState("staff-campaign-retrying", _campaign_outcome("retrying")),
     PageState("staff-campaign-launched", _campaign_launched),
+    PageState("staff-campaign-test-sent", _campaign_test_sent),
     PageState("staff-campaigns-listed", _campaigns_listed),
     PageState("staff-campaign-cancel-error", _campaign_cancel_error, error_summary=True),
     PageState("staff-campaign-not-found", _staff_missing(f"/staff/campaigns/{uuid.uuid4()}")),

@@ -148,12 +148,22 @@ def test_a_test_send_reaches_only_the_staff_members_own_browser(
         "/staff/campaigns/test-send",
         {**form_data(schedule="later", send_at="2026-06-01T09:00"), "subscription": chosen},
     )
-    assert response.status_code == 200
-    assert "Test queued" in response.text
+    # Post/redirect/get: the answer is the review page again, at an address of its own.
+    assert response.status_code == 303
+    sent = staff.get(response.headers["Location"])
+    assert sent.status_code == 200
+    assert "Test queued" in sent.text
     follow = re.search(
-        r'<a href="(/staff/campaigns/[0-9a-f-]{36})">Follow the test send</a>', response.text
+        r'<a class="back-link" href="(/staff/campaigns/[0-9a-f-]{36})">Follow the test send</a>',
+        sent.text,
     )
     assert follow
+    # The draft as it was left, schedule included (the session keeps what the test has
+    # no column for), ready to launch.
+    assert "2026-06-01 09:00 UTC" in sent.text
+    assert '<input type="hidden" name="send_at" value="2026-06-01T09:00">' in sent.text
+    assert '<input type="hidden" name="title" value="Monday digest">' in sent.text
+    assert staff.get(response.headers["Location"]).text.count("Test queued") == 1  # a reload
     assert fake_push.received() == []  # the request only queues it
 
     dispatcher.tick()
@@ -226,3 +236,19 @@ def test_a_test_send_with_a_bad_draft_goes_back_to_the_form(campaigner, catalogu
     )
     assert response.status_code == 422
     assert '<a href="#title">Enter a title</a>' in response.text
+
+
+def test_the_page_after_a_test_send_is_its_senders_alone(push_app, fake_push, sign_in):
+    app = push_app
+    staff = sign_in(app)
+    subscribe(app, fake_push, client=staff.client)
+    review = staff.post("/staff/campaigns/new", {**form_data(), "action": "review"}).text
+    chosen = re.search(r'name="subscription" value="([0-9a-f-]{36})" checked', review).group(1)
+    sent = staff.post("/staff/campaigns/test-send", {**form_data(), "subscription": chosen})
+    assert sent.status_code == 303
+    colleague = sign_in(app, "colleague@example.test")
+    assert colleague.get(sent.headers["Location"]).status_code == 404
+    assert staff.get(f"/staff/campaigns/test-send/{uuid.uuid4()}").status_code == 404
+    assert staff.get(sent.headers["Location"]).status_code == 200
+    with db.begin(app) as session:
+        assert session.scalar(sa.select(sa.func.count()).select_from(Campaign)) == 1

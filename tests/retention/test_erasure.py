@@ -75,8 +75,11 @@ def test_erasure_leaves_nothing_of_the_person_and_the_log_still_verifies(
     done = browser.post(
         "/preferences/erase", data={"csrf_token": csrf_token(page.text), "confirm": "yes"}
     )
-    assert done.status_code == 200
-    assert "Your data is erased" in done.text
+    assert (done.status_code, done.headers["Location"]) == (303, "/preferences/erased")
+    shown = browser.get("/preferences/erased")
+    assert "Your data is erased" in shown.text
+    assert "Download your receipt" in shown.text
+    assert browser.get("/preferences/erased").text == shown.text  # a reload shows it again
     cleared = [c for c in done.headers.getlist("Set-Cookie") if "Expires=Thu, 01 Jan 1970" in c]
     # The device cookie stays: it names only the tombstone, and proves it is this browser's.
     assert {c.split("=")[0] for c in cleared} == {"portal_subscriber"}
@@ -114,7 +117,7 @@ def test_erasure_leaves_nothing_of_the_person_and_the_log_still_verifies(
         beat = device.post("/api/push/heartbeat", json={"endpoint": sub.endpoint})
         assert beat.json == {"state": "revoked", "action": "unsubscribe"}
     # The receipt downloads and names the erasure event.
-    link = done.text.split('href="/preferences/erasure-receipt/')[1].split('"')[0]
+    link = shown.text.split('href="/preferences/erasure-receipt/')[1].split('"')[0]
     receipt = app.test_client().get(f"/preferences/erasure-receipt/{link}")
     assert receipt.headers["Content-Disposition"].startswith("attachment")
     body = json.loads(receipt.data)

@@ -60,6 +60,7 @@ EXPECTED: dict[tuple[str, str], frozenset[Role]] = {
     ("/staff/campaigns/new", "GET"): CAMPAIGNS,
     ("/staff/campaigns/new", "POST"): CAMPAIGNS,
     ("/staff/campaigns/test-send", "POST"): CAMPAIGNS,
+    ("/staff/campaigns/test-send/<uuid:campaign_id>", "GET"): CAMPAIGNS,
     ("/staff/campaigns/<uuid:campaign_id>", "GET"): CAMPAIGNS,
     ("/staff/campaigns/<uuid:campaign_id>/progress.json", "GET"): CAMPAIGNS,
     ("/staff/campaigns/<uuid:campaign_id>/pause", "POST"): CAMPAIGNS,

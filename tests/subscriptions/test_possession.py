@@ -366,7 +366,7 @@ def test_an_erased_browser_keeps_its_device_cookie_and_is_told_to_drop_its_subsc
     done = victim.client.post(
         "/preferences/erase", data={"csrf_token": csrf_token(page.text), "confirm": "yes"}
     )
-    assert done.status_code == 200
+    assert done.status_code == 303
     beat = victim.client.post("/api/push/heartbeat", json={"endpoint": victim.sub.endpoint})
     assert beat.json == {"state": "revoked", "action": "unsubscribe"}
     (row,) = all_rows(engine, "push_subscription")
