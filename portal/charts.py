@@ -64,8 +64,8 @@ def spread(wanted: list[float], *, gap: float, low: float, high: float) -> list[
     ``gap`` apart and within ``low``..``high``: labels at the ends of lines that would
     otherwise sit on one another."""
     placed: list[float] = []
-    for y in wanted:
-        y = max(y, low)
+    for want in wanted:
+        y = max(want, low)
         if placed and y < placed[-1] + gap:
             y = placed[-1] + gap
         placed.append(y)
