@@ -69,10 +69,10 @@ def spread(wanted: list[float], *, gap: float, low: float, high: float) -> list[
         if placed and y < placed[-1] + gap:
             y = placed[-1] + gap
         placed.append(y)
-    # Pushed past the bottom: move the run back up, keeping the gaps.
-    overflow = (placed[-1] - high) if placed else 0.0
-    if overflow > 0:
-        placed = [y - overflow for y in placed]
+    # Pushed past the bottom: the last goes to the bottom, those above it only as far up
+    # as the gaps need.
+    if placed and placed[-1] > high:
+        placed[-1] = high
         for i in range(len(placed) - 2, -1, -1):
             placed[i] = min(placed[i], placed[i + 1] - gap)
     return [round(y, 1) for y in placed]

@@ -10,8 +10,8 @@ import uuid
 from hypothesis import given
 from hypothesis import strategies as st
 
-from portal.compliance import services
 from portal.charts import nice_step
+from portal.compliance import services
 from portal.compliance.charts import LABEL_SPACE, weekly_chart
 from portal.consent import catalogue, log
 from portal.consent.models import EventKind
