@@ -145,6 +145,11 @@ def test_a_campaign_with_receipts_shows_its_funnel_and_chart(
     last = " ".join(rows.nth(20).inner_text().split())
     assert last.endswith(" 20 8 2"), last
     _checked(page, "funnel", viewport)
+    # The narrowest phones: names and time labels still apart, text still legible.
+    page.set_viewport_size({"width": 320, "height": 640})
+    _apart(page.evaluate(BOXES, "svg.funnel-chart .funnel-chart__name"), across=False)
+    _apart(page.evaluate(BOXES, "svg.funnel-chart .funnel-chart__time"), across=True)
+    assert page.evaluate(OVERFLOW)["scroll"] <= 0
 
 
 @WIDTHS
