@@ -73,3 +73,76 @@ class SubscriptionFactory:
             auth=os.urandom(16),
             **kwargs,
         )
+
+
+class FunnelFactory:
+    """A campaign with deliveries in given states and the receipts their browsers sent,
+    written straight to the database as the sender and ``POST /api/push/receipt`` write
+    them (tests of the delivery funnel, ``portal.campaigns.funnel``)."""
+
+    def __init__(self, session: Any, *, sent_at: Any, topic: str = "security-alerts") -> None:
+        import sqlalchemy as sa
+
+        from portal.campaigns.models import Campaign
+        from portal.consent.models import Topic
+
+        self.session = session
+        self.sent_at = sent_at
+        topic_id = session.execute(sa.select(Topic.id).where(Topic.slug == topic)).scalar_one()
+        self.campaign = Campaign(
+            topic_id=topic_id,
+            title="New sign-in",
+            body="A new device signed in.",
+            send_at=sent_at,
+            status="completed",
+            created_by="test",
+            created_at=sent_at,
+            materialised_at=sent_at,
+            finished_at=sent_at,
+        )
+        session.add(self.campaign)
+        session.flush()
+
+    def delivery(
+        self,
+        status: str = "accepted",
+        *,
+        after: Any = None,
+        shown: Any = None,
+        clicked: Any = None,
+    ) -> str:
+        """A delivery answered ``after`` the send (a timedelta; its status ``status``) and
+        the receipts its browser sent ``shown`` and ``clicked`` after the send (None: none
+        sent). Returns its ``deliveryId``."""
+        import datetime as dt
+        import uuid
+
+        from portal.delivery.models import Delivery, DeliveryReceipt
+
+        answered = self.sent_at + (after if after is not None else dt.timedelta(seconds=1))
+        delivery = Delivery(
+            campaign_id=self.campaign.id,
+            subscription_id=uuid.uuid4(),
+            push_service="fcm",
+            status=status,
+            attempts=1,
+            next_attempt_at=self.sent_at,
+            last_status_code=201 if status == "accepted" else None,
+            consent_reason="transactional_grant",
+            updated_at=answered,
+        )
+        self.session.add(delivery)
+        self.session.flush()
+        for event, delay in (("shown", shown), ("clicked", clicked)):
+            if delay is not None:
+                self.session.add(
+                    DeliveryReceipt(
+                        delivery_id=str(delivery.id), event=event, at=self.sent_at + delay
+                    )
+                )
+        self.session.flush()
+        return str(delivery.id)
+
+    def many(self, n: int, status: str = "accepted", **options: Any) -> None:
+        for _ in range(n):
+            self.delivery(status, **options)

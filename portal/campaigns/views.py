@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 from flask import flash, jsonify, redirect, render_template, request, session, url_for
 from sqlalchemy.exc import IntegrityError
 
-from portal.campaigns import outcome, presentation, services
+from portal.campaigns import funnel, funnel_chart, outcome, presentation, services
 from portal.campaigns.actions import CANCELLED, LAUNCHED, PAUSED, RESUMED, TEST_SENT
 from portal.campaigns.forms import (
     FIELD_ORDER,
@@ -424,12 +424,43 @@ def _progress(campaign: Campaign) -> dict[str, Any]:
         "no_slowdown": outcome.no_slowdown(finished=said.finished),
         "chart": presentation.outcome_chart(rows),
         "outcome": [(s, presentation.answer_label(a), n) for s, a, n in rows],
+        **_funnel(campaign, now),
     }
+    data["funnel"] = _funnel_data(context["funnel"])
     data["html"] = {
         "progress": render_template("staff/campaigns/_progress.html", **context),
         "outcome": render_template("staff/campaigns/_outcome.html", **context),
+        "funnel": render_template("staff/campaigns/_funnel_figures.html", **context),
     }
     return context
+
+
+def _funnel(campaign: Campaign, now: dt.datetime) -> dict[str, Any]:
+    """The delivery funnel (:func:`portal.campaigns.funnel.read`) and its chart, for
+    ``_funnel_figures.html``."""
+    read = funnel.read(db.session, campaign, now=now)
+    return {
+        "funnel": read,
+        "funnel_chart": funnel_chart.funnel_chart(read),
+        "funnel_periods": funnel_chart.periods(read),
+        "period_words": funnel_chart.period_words(read.width) if read.width else "",
+        "funnel_day": funnel_chart.one_day(read),
+    }
+
+
+def _funnel_data(read: funnel.Funnel) -> dict[str, Any]:
+    def share(value: funnel.Rate | None) -> float | None:
+        return round(value.percent, 1) if value is not None else None
+
+    return {
+        "accepted": read.accepted,
+        "shown": read.shown,
+        "clicked": read.clicked,
+        "clickedWithoutShown": read.clicked_unreported,
+        "receiptsNotAccepted": read.unaccepted,
+        "clickedOfShown": share(read.clicked_of_shown),
+        "clickedOfAccepted": share(read.clicked_of_accepted),
+    }
 
 
 def _detail_page(

@@ -1,4 +1,5 @@
-"""Geometry of the dashboard's bar charts, drawn as SVG by the template (no JavaScript).
+"""Geometry of the dashboard's bar charts, drawn as SVG by the template (no JavaScript);
+the scale and label spacing are :mod:`portal.charts`, shared with the campaign funnel.
 
 One chart per topic: a pair of bars per week, opt-ins solid and opt-outs striped, each
 with its number above it, so neither colour nor shape alone carries the meaning; the
@@ -7,9 +8,10 @@ page also gives the same numbers as a table.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
+from portal.charts import Label, Tick, ticks, value_scale
+from portal.charts import label_every as _label_every
 from portal.compliance.services import TopicWeeks
 
 WIDTH, HEIGHT = 640, 230
@@ -22,7 +24,7 @@ LABEL_SPACE = 56
 def label_every(group: float) -> int:
     """Label every n-th week: the smallest n whose labels are LABEL_SPACE apart, for weeks
     ``group`` units apart."""
-    return max(1, math.ceil(LABEL_SPACE / group))
+    return _label_every(group, LABEL_SPACE)
 
 
 @dataclass(frozen=True)
@@ -33,18 +35,6 @@ class Bar:
     width: float
     height: float
     value: int
-
-
-@dataclass(frozen=True)
-class Tick:
-    y: float
-    value: int
-
-
-@dataclass(frozen=True)
-class Label:
-    x: float
-    text: str
 
 
 @dataclass(frozen=True)
@@ -62,22 +52,10 @@ class Chart:
     labels: list[Label]
 
 
-def _nice_step(peak: int) -> int:
-    """A round step giving at most four gridlines above zero."""
-    step = 1
-    while peak / step > 4:
-        for factor in (2, 5, 10):
-            if peak / (step * factor) <= 4:
-                return step * factor
-        step *= 10
-    return step
-
-
 def weekly_chart(series: TopicWeeks, index: int) -> Chart:
     plot_width = WIDTH - LEFT - RIGHT
     plot_height = HEIGHT - TOP - BOTTOM
-    step = _nice_step(max(series.peak, 1))
-    top = step * max(1, -(-max(series.peak, 1) // step))
+    top, step = value_scale(series.peak)
     scale = plot_height / top
     baseline = TOP + plot_height
     group = plot_width / len(series.weeks)
@@ -102,7 +80,6 @@ def weekly_chart(series: TopicWeeks, index: int) -> Chart:
         # The newest week is always labelled; the others every n-th back from it.
         if (len(series.weeks) - 1 - i) % every == 0:
             labels.append(Label(round(LEFT + i * group + group / 2, 1), f"{week.week:%d %b}"))
-    ticks = [Tick(round(baseline - v * scale, 1), v) for v in range(0, top + 1, step)]
     opt_in, opt_out = series.totals
     first, last = series.weeks[0].week, series.weeks[-1].week
     busiest = max(series.weeks, key=lambda w: (w.opt_in + w.opt_out, w.week))
@@ -124,6 +101,6 @@ def weekly_chart(series: TopicWeeks, index: int) -> Chart:
         left=LEFT,
         right=WIDTH - RIGHT,
         bars=bars,
-        ticks=ticks,
+        ticks=ticks(top, step, baseline=baseline, scale=scale),
         labels=labels,
     )

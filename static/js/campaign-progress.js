@@ -1,7 +1,7 @@
 /* Keeps a campaign's page current without reloading it: polls the progress JSON and puts
    its server-rendered parts in place (the headline, what is happening now, the counts,
    why deliveries did not arrive, the push services slowed down, the outcome by push
-   service), so the page and its updates never say different things. It announces only
+   service, the delivery funnel), so the page and its updates never say different things. It announces only
    what matters (a new status, every tenth of the way) through a polite live region, so a
    screen reader is not talked over. "Pause updates" stops it (WCAG 2.2.2); without
    JavaScript the Refresh link does the same job by hand. */
@@ -15,6 +15,7 @@
   var EVERY_MS = 5000;
   var live = document.getElementById("progress-live");
   var outcome = document.getElementById("outcome-live");
+  var funnel = document.getElementById("funnel-live");
   var announce = document.getElementById("progress-announce");
   var pause = document.getElementById("progress-pause");
   var updated = document.getElementById("progress-updated");
@@ -22,7 +23,7 @@
   var controls = document.querySelector("section.controls");
   var timer = null;
   var paused = false;
-  var shown = { progress: null, outcome: null };
+  var shown = { progress: null, outcome: null, funnel: null };
   // What the page was rendered with: the first poll speaks only if something moved.
   var lastStatus = section.getAttribute("data-status");
   var lastTenth = tenthOf(
@@ -49,6 +50,7 @@
   function render(data) {
     place(live, "progress", data.html.progress);
     place(outcome, "outcome", data.html.outcome);
+    place(funnel, "funnel", data.html.funnel);
     setText(status, data.statusLabel);
     if (status) { status.className = "tag tag--" + data.tone; }
     var tenth = tenthOf(data.done, data.total);

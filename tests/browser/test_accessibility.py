@@ -639,6 +639,23 @@ def _campaign_outcome(kind: str) -> Reach:
     return reach
 
 
+def _campaign_funnel(kind: str) -> Reach:
+    """The campaign page's delivery funnel with receipts, or before any (the states of
+    test_campaign_funnel.py)."""
+
+    def reach(new_context: Callable[..., Any], server: LiveServer) -> Page:
+        from tests.browser.test_campaign_funnel import seen_campaign, unseen_campaign
+
+        made = seen_campaign if kind == "seen" else unseen_campaign
+        campaign_id = made(server)
+        page = _staff(new_context, server, email="sender@example.test", roles=("campaigns",))
+        page.goto(f"/staff/campaigns/{campaign_id}")
+        page.wait_for_selector("#funnel-counts")
+        return page
+
+    return reach
+
+
 def _banner(page: Page) -> Page:
     page.wait_for_selector(".banner")
     return page
@@ -739,6 +756,8 @@ STAFF_PAGES = [
     PageState("staff-campaign", _campaign_page),
     PageState("staff-campaign-all-failed", _campaign_outcome("failed")),
     PageState("staff-campaign-retrying", _campaign_outcome("retrying")),
+    PageState("staff-campaign-funnel", _campaign_funnel("seen")),
+    PageState("staff-campaign-funnel-no-receipts", _campaign_funnel("unseen")),
     PageState("staff-campaign-launched", _campaign_launched),
     PageState("staff-campaign-test-sent", _campaign_test_sent),
     PageState("staff-campaigns-listed", _campaigns_listed),

@@ -10,8 +10,9 @@ import uuid
 from hypothesis import given
 from hypothesis import strategies as st
 
+from portal.charts import nice_step
 from portal.compliance import services
-from portal.compliance.charts import LABEL_SPACE, _nice_step, weekly_chart
+from portal.compliance.charts import LABEL_SPACE, weekly_chart
 from portal.consent import catalogue, log
 from portal.consent.models import EventKind
 from portal.db import db
@@ -98,7 +99,7 @@ def test_the_chart_is_accessible_svg_with_a_table(app, clock, officer, catalogue
 
 
 def test_chart_geometry():
-    assert [_nice_step(n) for n in (1, 4, 5, 9, 20, 21, 120, 4000)] == [
+    assert [nice_step(n) for n in (1, 4, 5, 9, 20, 21, 120, 4000)] == [
         1, 1, 2, 5, 5, 10, 50, 1000
     ]  # fmt: skip
     topic = type("T", (), {"label": "X"})()

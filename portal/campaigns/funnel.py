@@ -1,0 +1,264 @@
+"""A campaign's delivery funnel: accepted → shown → clicked, as counts and over time.
+
+:func:`read` is the one place that counts it, in two aggregate queries over the
+campaign's deliveries and their receipts (nothing is loaded row by row), on SQLite and
+PostgreSQL alike. The rules (docs/campaigns.md, "Delivery funnel"):
+
+- **Accepted**: deliveries whose push service answered 2xx (status ``accepted``), counted
+  from the time that answer was recorded (``delivery.updated_at``, never changed after).
+- **Shown**: accepted deliveries the browser reported showing, or reported clicked — a
+  click means the notification was on screen, and a worker offline when it showed it
+  sends no ``shown`` receipt. Counted from the earlier of the two receipts.
+- **Clicked**: accepted deliveries the browser reported clicked.
+
+Each counts deliveries, not reports: a receipt is one row per (delivery, event)
+(``uq_delivery_receipt_delivery_event``), so a repeated report is counted once. Receipts
+for deliveries not recorded as accepted (an answer lost, or not yet written) are counted
+apart, in :attr:`Funnel.unaccepted`, so every stage stays within the one before it. A
+delivery counts as accepted no later than its first receipt: the push service had it
+before the browser did.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import Any, cast
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from portal.campaigns.models import Campaign
+from portal.db import is_postgres
+from portal.delivery.models import Delivery, DeliveryReceipt, DeliveryStatus, ReceiptEvent
+
+_d = cast(sa.Table, Delivery.__table__)
+_r = cast(sa.Table, DeliveryReceipt.__table__)
+
+MINUTE, HOUR, DAY = 60, 3600, 86400
+# Period lengths, shortest first: the chart takes the shortest giving at most MAX_BUCKETS
+# periods, so a campaign over in minutes is drawn by the minute, one that runs for days by
+# the day (longer still: whole weeks).
+BUCKET_WIDTHS = (
+    MINUTE,
+    2 * MINUTE,
+    5 * MINUTE,
+    10 * MINUTE,
+    15 * MINUTE,
+    30 * MINUTE,
+    HOUR,
+    2 * HOUR,
+    3 * HOUR,
+    6 * HOUR,
+    12 * HOUR,
+    DAY,
+    2 * DAY,
+    7 * DAY,
+)
+MAX_BUCKETS = 24
+# Periods are whole multiples of their length from a Monday 00:00 UTC: hours start on the
+# hour, days at midnight UTC, weeks on Mondays.
+_ORIGIN = dt.datetime(1970, 1, 5, tzinfo=dt.UTC)
+_ORIGIN_SECONDS = int(_ORIGIN.timestamp())
+
+
+@dataclass(frozen=True)
+class Rate:
+    """A share with its figures: never made from a zero denominator (see :func:`rate`)."""
+
+    numerator: int
+    denominator: int
+
+    @property
+    def percent(self) -> float:
+        return 100 * self.numerator / self.denominator
+
+    def __str__(self) -> str:
+        return f"{self.percent:.1f}%"
+
+
+def rate(numerator: int, denominator: int) -> Rate | None:
+    """``numerator`` ÷ ``denominator``, or None when there is nothing to divide by."""
+    return Rate(numerator, denominator) if denominator > 0 else None
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """One period of the chart: what happened in it, and the running totals at its end."""
+
+    start: dt.datetime
+    end: dt.datetime
+    accepted: int
+    shown: int
+    clicked: int
+    accepted_by: int
+    shown_by: int
+    clicked_by: int
+
+
+@dataclass(frozen=True)
+class Funnel:
+    accepted: int
+    shown: int
+    clicked: int
+    # Of ``shown``: deliveries reported clicked with no ``shown`` receipt.
+    clicked_unreported: int
+    # Deliveries with a receipt but not (yet) recorded as accepted: in no stage above.
+    unaccepted: int
+    now: dt.datetime
+    width: int | None  # seconds per period; None without any accepted delivery
+    buckets: list[Bucket]
+
+    @property
+    def receipts(self) -> bool:
+        """Whether any browser reported anything for this campaign."""
+        return bool(self.shown or self.unaccepted)
+
+    @property
+    def shown_of_accepted(self) -> Rate | None:
+        return rate(self.shown, self.accepted)
+
+    @property
+    def clicked_of_shown(self) -> Rate | None:
+        """The click-through rate of notifications people saw."""
+        return rate(self.clicked, self.shown)
+
+    @property
+    def clicked_of_accepted(self) -> Rate | None:
+        """The click-through rate of everything the push services took."""
+        return rate(self.clicked, self.accepted)
+
+
+def _seconds(session: Session, column: sa.ColumnElement[Any]) -> sa.ColumnElement[int]:
+    """A timestamp as whole seconds since 1970 (UTC), on either database."""
+    if is_postgres(session):
+        return sa.cast(sa.func.floor(sa.extract("epoch", column)), sa.BigInteger)
+    return sa.cast(sa.func.strftime("%s", column), sa.BigInteger)
+
+
+def _earlier(a: sa.ColumnElement[int], b: sa.ColumnElement[int]) -> sa.ColumnElement[int]:
+    """The earlier of two times, either of which may be NULL."""
+    return sa.case((a.is_(None), b), (b.is_(None), a), (b < a, b), else_=a)
+
+
+def choose_width(first: int, last: int) -> tuple[int, int]:
+    """(period length, start of the first period), in seconds since 1970, for events from
+    ``first`` to ``last``: the shortest of BUCKET_WIDTHS giving at most MAX_BUCKETS
+    periods, or whole weeks beyond them."""
+
+    def start(width: int) -> int:
+        return _ORIGIN_SECONDS + (first - _ORIGIN_SECONDS) // width * width
+
+    for width in BUCKET_WIDTHS:
+        if (last - start(width)) // width + 1 <= MAX_BUCKETS:
+            return width, start(width)
+    week = 7 * DAY
+    width = week * -(-(last - first + week) // (week * MAX_BUCKETS))
+    while (last - start(width)) // width + 1 > MAX_BUCKETS:
+        width += week
+    return width, start(width)
+
+
+def _at(seconds: int) -> dt.datetime:
+    return dt.datetime.fromtimestamp(seconds, dt.UTC)
+
+
+def read(session: Session, campaign: Campaign, *, now: dt.datetime) -> Funnel:
+    """The campaign's funnel: the three counts, the receipts outside it and the counts
+    per period since its first acceptance."""
+    shown = _r.alias("shown_receipt")
+    clicked = _r.alias("clicked_receipt")
+    key = sa.cast(_d.c.id, sa.String)
+    shown_at = _seconds(session, shown.c.at)
+    clicked_at = _seconds(session, clicked.c.at)
+    seen_at = _earlier(shown_at, clicked_at)  # shown: its receipt, or the click
+    per_delivery = (
+        sa.select(
+            (_d.c.status == DeliveryStatus.ACCEPTED.value).label("accepted"),
+            _earlier(_seconds(session, _d.c.updated_at), seen_at).label("accepted_at"),
+            seen_at.label("shown_at"),
+            clicked_at.label("clicked_at"),
+            shown.c.id.is_(None).label("no_shown_receipt"),
+        )
+        .select_from(_d)
+        .outerjoin(
+            shown, sa.and_(shown.c.delivery_id == key, shown.c.event == ReceiptEvent.SHOWN.value)
+        )
+        .outerjoin(
+            clicked,
+            sa.and_(clicked.c.delivery_id == key, clicked.c.event == ReceiptEvent.CLICKED.value),
+        )
+        .where(_d.c.campaign_id == campaign.id)
+        .subquery("per_delivery")
+    )
+    p = per_delivery.c
+    accepted = p.accepted.is_(True)
+
+    def count(*conditions: sa.ColumnElement[bool]) -> sa.ColumnElement[Any]:
+        return sa.func.coalesce(sa.func.sum(sa.case((sa.and_(*conditions), 1), else_=0)), 0)
+
+    totals = session.execute(
+        sa.select(
+            count(accepted),
+            count(accepted, p.shown_at.is_not(None)),
+            count(accepted, p.clicked_at.is_not(None)),
+            count(accepted, p.clicked_at.is_not(None), p.no_shown_receipt.is_(True)),
+            count(p.accepted.is_(False), p.shown_at.is_not(None)),
+            sa.func.min(sa.case((accepted, p.accepted_at))),
+            # clicked ≥ shown ≥ accepted for each delivery: its latest event is the first given.
+            sa.func.max(
+                sa.case((accepted, sa.func.coalesce(p.clicked_at, p.shown_at, p.accepted_at)))
+            ),
+        )
+    ).one()
+    n_accepted, n_shown, n_clicked, unreported, unaccepted = (int(x) for x in totals[:5])
+    first, last = totals[5], totals[6]
+    width: int | None = None
+    buckets: list[Bucket] = []
+    if n_accepted and first is not None and last is not None:
+        width, start = choose_width(int(first), int(last))
+        per_bucket: dict[tuple[str, int], int] = {}
+        parts = []
+        for kind, column in (
+            ("accepted", p.accepted_at),
+            ("shown", p.shown_at),
+            ("clicked", p.clicked_at),
+        ):
+            index = ((column - start) // width).label("bucket")
+            parts.append(
+                sa.select(
+                    sa.literal_column(f"'{kind}'").label("kind"), index, sa.func.count().label("n")
+                )
+                .where(accepted, column.is_not(None))
+                .group_by(index)
+            )
+        for kind, index, n in session.execute(sa.union_all(*parts)).all():
+            per_bucket[(str(kind), int(index))] = int(n)
+        running = {"accepted": 0, "shown": 0, "clicked": 0}
+        periods = (int(last) - start) // width + 1
+        for i in range(periods):
+            got = {kind: per_bucket.get((kind, i), 0) for kind in running}
+            for kind in running:
+                running[kind] += got[kind]
+            buckets.append(
+                Bucket(
+                    start=_at(start + i * width),
+                    end=_at(start + (i + 1) * width),
+                    accepted=got["accepted"],
+                    shown=got["shown"],
+                    clicked=got["clicked"],
+                    accepted_by=running["accepted"],
+                    shown_by=running["shown"],
+                    clicked_by=running["clicked"],
+                )
+            )
+    return Funnel(
+        accepted=n_accepted,
+        shown=n_shown,
+        clicked=n_clicked,
+        clicked_unreported=unreported,
+        unaccepted=unaccepted,
+        now=now,
+        width=width,
+        buckets=buckets,
+    )
