@@ -60,7 +60,10 @@ def test_create_prints_the_id_of_a_launched_campaign(catalogue_ready, clock):
     assert (campaign.ttl, campaign.urgency, campaign.collapse_key) == (600, "high", "digest")
     assert campaign.send_at == dt.datetime(2026, 1, 2, 9, 0, tzinfo=dt.UTC)
     assert (campaign.status, campaign.created_by) == ("scheduled", "command line")
-    assert "launched: 0 subscriptions allowed now; sends at 2026-01-02 09:00 UTC" in result.stderr
+    assert "launched: 0 subscriptions allowed now; sends on Fri 2 Jan 2026, 09:00 UTC" in (
+        result.stderr
+    )
+    assert campaign.time_zone == "UTC"  # no --zone: chosen with an offset, shown in UTC
     with db.begin(app) as session:
         (row,) = session.scalars(
             sa.select(StaffAudit).where(StaffAudit.action == "campaign.launched")
