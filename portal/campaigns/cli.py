@@ -43,8 +43,8 @@ def _fail(problems: list[ApiError]) -> None:
 def _instant(
     text: str | None, field: str, problems: list[ApiError], zone: str | None
 ) -> dt.datetime | None:
-    """An ISO 8601 time with an offset; without one, a local time in ``zone`` (when
-    ``--zone`` named a zone the campaign may use)."""
+    """An ISO 8601 time with an offset; without one, a local time in ``zone`` (``--zone``,
+    when given)."""
     if not text:
         return None
     try:
@@ -55,6 +55,8 @@ def _instant(
         )
         return None
     if value.tzinfo is None and zone is not None:
+        if zone not in zone_names():
+            return None  # not read in a zone refused: the zone's problem is the one to say
         try:
             return local_to_utc(text, zone)
         except LocalTimeError as problem:
@@ -116,7 +118,6 @@ def campaign_create(
 ) -> None:
     """Create and launch a campaign; prints its id. Every problem is printed, exit 1."""
     problems: list[ApiError] = []
-    local = zone if zone in zone_names() else None  # local times need a zone we accept
     seconds = int(ttl) if ttl.strip().isdigit() else None
     if seconds is None:
         problems.append(ValidationError("invalid_value", "a whole number of seconds", "ttl"))
@@ -129,8 +130,8 @@ def campaign_create(
         urgency=urgency,
         ttl=seconds if seconds is not None else 86400,
         collapse_key=collapse_key or None,
-        send_at=_instant(send_at, "send_at", problems, local),
-        deliver_until=_instant(deliver_until, "deliver_until", problems, local),
+        send_at=_instant(send_at, "send_at", problems, zone),
+        deliver_until=_instant(deliver_until, "deliver_until", problems, zone),
         time_zone=UTC_ZONE if zone is None else zone,  # validate_draft checks it, as the form's
     )
     now = _now()
