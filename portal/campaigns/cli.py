@@ -10,7 +10,10 @@ from flask.cli import AppGroup
 
 from portal.campaigns import outcome, services
 from portal.campaigns.actions import LAUNCHED
+from portal.campaigns.forms import LocalTimeError, local_to_utc
+from portal.campaigns.presentation import zoned_time
 from portal.campaigns.services import CampaignDraft
+from portal.campaigns.zones import UTC_ZONE, zone_names
 from portal.consent.catalogue import topic_by_slug
 from portal.consent.recipients import audience_breakdown
 from portal.db import db
@@ -27,13 +30,21 @@ def _now() -> dt.datetime:
     return current_portal().clock.now()
 
 
+_OPTIONS = {"timezone": "zone"}  # a draft's field → the option that sets it
+
+
 def _fail(problems: list[ApiError]) -> None:
     for problem in problems:
-        click.echo(f"error: {problem.field or 'campaign'}: {problem.message}", err=True)
+        field = _OPTIONS.get(problem.field or "", problem.field or "campaign")
+        click.echo(f"error: {field}: {problem.message}", err=True)
     sys.exit(1)
 
 
-def _instant(text: str | None, field: str, problems: list[ApiError]) -> dt.datetime | None:
+def _instant(
+    text: str | None, field: str, problems: list[ApiError], zone: str | None
+) -> dt.datetime | None:
+    """An ISO 8601 time with an offset; without one, a local time in ``zone`` (``--zone``,
+    when given)."""
     if not text:
         return None
     try:
@@ -43,11 +54,19 @@ def _instant(text: str | None, field: str, problems: list[ApiError]) -> dt.datet
             ValidationError("invalid_value", "not an ISO 8601 time, like 2026-03-27T09:30Z", field)
         )
         return None
+    if value.tzinfo is None and zone is not None:
+        if zone not in zone_names():
+            return None  # not read in a zone refused: the zone's problem is the one to say
+        try:
+            return local_to_utc(text, zone)
+        except LocalTimeError as problem:
+            problems.append(ValidationError("invalid_value", str(problem), field))
+            return None
     if value.tzinfo is None:
         problems.append(
             ValidationError(
                 "invalid_value",
-                "give a time zone, like 2026-03-27T09:30:00+01:00 or 2026-03-27T08:30Z",
+                "give a time zone, like 2026-03-27T09:30:00+01:00 or 2026-03-27T08:30Z, or --zone",
                 field,
             )
         )
@@ -74,8 +93,16 @@ def _instant(text: str | None, field: str, problems: list[ApiError]) -> dt.datet
     "--urgency", default="normal", show_default=True, help="very-low, low, normal or high."
 )
 @click.option("--collapse-key", help="Replaces an undelivered message with the same key.")
-@click.option("--send-at", help="ISO 8601 with a zone (default: now).")
-@click.option("--deliver-until", help="ISO 8601 with a zone: drop what is undelivered then.")
+@click.option(
+    "--send-at", help="ISO 8601 with an offset, or a local time in --zone (default: now)."
+)
+@click.option("--deliver-until", help="Like --send-at: drop what is undelivered then.")
+@click.option(
+    "--zone",
+    help="The IANA zone the times are chosen in, like Europe/Paris (canonical names only): "
+    "the campaign pages show them in it, and in UTC. Default: UTC, and the times need an "
+    "offset.",
+)
 def campaign_create(
     topic: str,
     title: str,
@@ -87,6 +114,7 @@ def campaign_create(
     collapse_key: str | None,
     send_at: str | None,
     deliver_until: str | None,
+    zone: str | None,
 ) -> None:
     """Create and launch a campaign; prints its id. Every problem is printed, exit 1."""
     problems: list[ApiError] = []
@@ -102,8 +130,9 @@ def campaign_create(
         urgency=urgency,
         ttl=seconds if seconds is not None else 86400,
         collapse_key=collapse_key or None,
-        send_at=_instant(send_at, "send_at", problems),
-        deliver_until=_instant(deliver_until, "deliver_until", problems),
+        send_at=_instant(send_at, "send_at", problems, zone),
+        deliver_until=_instant(deliver_until, "deliver_until", problems, zone),
+        time_zone=UTC_ZONE if zone is None else zone,  # validate_draft checks it, as the form's
     )
     now = _now()
     with db.begin() as session:
@@ -129,11 +158,12 @@ def campaign_create(
                 "byReason": audience,
             },
         )
-        campaign_id, when = campaign.id, campaign.send_at
+        campaign_id, when = campaign.id, zoned_time(campaign.send_at, campaign.time_zone)
+        sends_now = campaign.send_at <= now
     click.echo(str(campaign_id))
     click.echo(
         f"launched: {sum(audience.values())} subscriptions allowed now; "
-        f"sends {'now' if when <= now else f'at {when:%Y-%m-%d %H:%M} UTC'}",
+        f"sends {'now' if sends_now else f'on {when.text}'}",
         err=True,
     )
 

@@ -1,8 +1,9 @@
 """The campaign form: shape checks here, campaign rules in the services.
 
-The form checks what only a form has — whole seconds, a known time zone, a local date
-and time that exists in that zone — and turns it into a :class:`CampaignDraft`; the
-rules every campaign obeys (topic, link, payload size, collapse key …) come from
+The form checks what only a form has — whole seconds, a local date and time that exists
+in the chosen zone — and turns it into a :class:`CampaignDraft`; the
+rules every campaign obeys (topic, link, payload size, collapse key, a canonical time
+zone from :func:`portal.campaigns.zones.check_zone` …) come from
 :func:`portal.campaigns.services.validate_draft`, so the form and the command line
 refuse the same things with the same words.
 """
@@ -10,7 +11,6 @@ refuse the same things with the same words.
 from __future__ import annotations
 
 import datetime as dt
-import functools
 import re
 import uuid
 import zoneinfo
@@ -22,22 +22,12 @@ from wtforms import BooleanField, Field, HiddenField, StringField, TextAreaField
 from portal.campaigns import services
 from portal.campaigns.presentation import URGENCIES
 from portal.campaigns.services import CampaignDraft
+from portal.campaigns.zones import UTC_ZONE, check_zone
 from portal.consent.catalogue import active_topics
+from portal.errors import ValidationError
 from portal.inputs import CheckedForm
 from portal.origins import campaign_link_origins
 
-UTC_ZONE = "UTC"
-_AREAS = (
-    "Africa/",
-    "America/",
-    "Antarctica/",
-    "Asia/",
-    "Atlantic/",
-    "Australia/",
-    "Europe/",
-    "Indian/",
-    "Pacific/",
-)
 _SECONDS = re.compile(r"[0-9]{1,9}")
 SCHEDULE_CHOICES = [("now", "Send now"), ("later", "At a date and time")]
 URGENCY_CHOICES = [(value, label) for value, (label, _) in URGENCIES.items()]
@@ -57,16 +47,6 @@ FIELD_ORDER = (
     "deliver_until",
     "subscription",
 )
-
-
-@functools.cache
-def time_zones() -> tuple[str, ...]:
-    """UTC first, then the IANA zones of the system's database by name."""
-    try:
-        names = zoneinfo.available_timezones()
-    except (OSError, ValueError):  # no time-zone database: UTC only
-        names = set()
-    return (UTC_ZONE, *sorted(n for n in names if n.startswith(_AREAS)))
 
 
 class LocalTimeError(ValueError):
@@ -175,8 +155,10 @@ def _error(field: Field, message: str) -> None:
 def _times(form: CampaignForm) -> tuple[dt.datetime | None, dt.datetime | None]:
     """The send time and the "don't deliver after" time in UTC, as far as they read."""
     zone = form.timezone.data or UTC_ZONE
-    if zone not in time_zones():
-        _error(form.timezone, "Choose a time zone from the list")
+    try:
+        check_zone(zone)  # the rule validate_draft applies again, for every caller
+    except ValidationError as problem:
+        _error(form.timezone, problem.message)
     send_at: dt.datetime | None = None
     deliver_until: dt.datetime | None = None
     if form.schedule.data not in {"now", "later"}:
@@ -220,6 +202,7 @@ def check(form: CampaignForm, session: Session, *, now: dt.datetime) -> Campaign
         collapse_key=form.collapse_key.data or None,
         send_at=send_at,
         deliver_until=deliver_until,
+        time_zone=form.timezone.data or UTC_ZONE,
     )
     time_unclear = bool(form.send_at.errors or form.schedule.errors)
     for problem in services.validate_draft(

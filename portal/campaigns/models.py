@@ -35,6 +35,9 @@ class Campaign(Base):
     collapse_key: Mapped[str | None] = mapped_column(sa.String(32))
     send_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, nullable=False)
     deliver_until: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    # The IANA zone the times were chosen in, for showing them as chosen (they are stored
+    # in UTC). NULL: launched before the zone was kept, and shown in UTC only.
+    time_zone: Mapped[str | None] = mapped_column(sa.String(64))
     status: Mapped[str] = mapped_column(sa.String(16), nullable=False)
     created_by: Mapped[str] = mapped_column(sa.String(255), nullable=False)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, nullable=False)

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import datetime as dt
 import http
+import zoneinfo
 from collections import defaultdict
 from dataclasses import dataclass
 
 from portal.campaigns.models import CircuitState
+from portal.campaigns.zones import UTC_ZONE
 from portal.consent.preferences import Reason
 from portal.delivery.models import DeliveryStatus
 
@@ -120,6 +122,68 @@ def answer_kind(answer: str) -> str:
     if status == DeliveryStatus.QUEUED.value and reason:
         return "retry"
     return "none"
+
+
+_DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+
+
+def _day(at: dt.datetime) -> str:
+    return f"{_DAYS[at.weekday()]} {at.day} {_MONTHS[at.month - 1]} {at.year}"
+
+
+def _clock(at: dt.datetime) -> str:
+    return f"{at:%H:%M:%S}" if at.second else f"{at:%H:%M}"
+
+
+def _offset(at: dt.datetime) -> str:
+    """ "UTC+01:00", "UTC-03:30" (seconds only where a zone had them)."""
+    delta = at.utcoffset() or dt.timedelta(0)
+    sign = "-" if delta < dt.timedelta(0) else "+"
+    minutes, seconds = divmod(abs(int(delta.total_seconds())), 60)
+    text = f"UTC{sign}{minutes // 60:02d}:{minutes % 60:02d}"
+    return text + (f":{seconds:02d}" if seconds else "")
+
+
+@dataclass(frozen=True)
+class ZonedTime:
+    """An instant as it was chosen, in its zone, and in UTC."""
+
+    iso: str  # "2026-12-08T08:00:00Z": a <time datetime="…">
+    local: str  # "Tue 8 Dec 2026, 09:00 Europe/Paris (UTC+01:00)"
+    utc: str  # "08:00 UTC", or with its day when the day differs from the local one
+    zone: str | None  # None: shown in UTC only
+    zone_known: bool  # False: launched before the zone was kept
+
+    @property
+    def text(self) -> str:
+        return f"{self.local} — {self.utc}" if self.zone else self.utc
+
+
+def zoned_time(at: dt.datetime, zone: str | None) -> ZonedTime:
+    """``at`` in ``zone`` with the zone's offset at that moment, and in UTC:
+    "Tue 8 Dec 2026, 09:00 Europe/Paris (UTC+01:00) — 08:00 UTC". ``UTC`` or no zone
+    (NULL: a campaign launched before zones were kept) reads "Tue 8 Dec 2026, 08:00 UTC"."""
+    utc = at.astimezone(dt.UTC)
+    iso = utc.strftime("%Y-%m-%dT%H:%M:%SZ")
+    whole_utc = f"{_day(utc)}, {_clock(utc)} UTC"
+    tz: dt.tzinfo | None = None
+    if zone and zone != UTC_ZONE:
+        try:
+            tz = zoneinfo.ZoneInfo(zone)
+        except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+            tz = None  # a zone a later database dropped: UTC, truthfully
+    if tz is None:
+        return ZonedTime(iso, whole_utc, whole_utc, None, zone is not None)
+    local = utc.astimezone(tz)
+    same_day = local.date() == utc.date()
+    return ZonedTime(
+        iso,
+        f"{_day(local)}, {_clock(local)} {zone} ({_offset(local)})",
+        f"{_clock(utc)} UTC" if same_day else whole_utc,
+        zone,
+        True,
+    )
 
 
 def circuit_sentence(circuit: CircuitState) -> str:

@@ -20,6 +20,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from portal.campaigns.models import Campaign, CampaignStatus
+from portal.campaigns.zones import UTC_ZONE, check_zone
 from portal.consent.catalogue import topic_by_slug
 from portal.consent.models import Topic
 from portal.consent.recipients import recipient_query
@@ -66,6 +67,8 @@ class CampaignDraft:
     collapse_key: str | None = None
     send_at: dt.datetime | None = None
     deliver_until: dt.datetime | None = None
+    # The zone the times were chosen in (:func:`portal.campaigns.zones.check_zone`).
+    time_zone: str = UTC_ZONE
 
 
 def payload(campaign: Campaign, delivery_id: int) -> bytes:
@@ -200,6 +203,10 @@ def validate_draft(
         "The collapse key is at most 32 letters, digits, '-' or '_'",
         "collapse_key",
     )
+    try:
+        check_zone(draft.time_zone)
+    except ValidationError as problem:
+        problems.append(problem)
     send_at = draft.send_at or now
     check(send_at.tzinfo is not None, "invalid_value", "The send time needs a time zone", "send_at")
     if send_at.tzinfo is not None:
@@ -258,6 +265,7 @@ def create_campaign(
         collapse_key=draft.collapse_key or None,
         send_at=draft.send_at or now,
         deliver_until=draft.deliver_until,
+        time_zone=draft.time_zone,
         status=CampaignStatus.SCHEDULED.value,
         created_by=created_by,
         created_at=now,

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 from flask import flash, jsonify, redirect, render_template, request, session, url_for
 from sqlalchemy.exc import IntegrityError
 
-from portal.campaigns import funnel, funnel_chart, outcome, presentation, services
+from portal.campaigns import funnel, funnel_chart, outcome, presentation, services, zones
 from portal.campaigns.actions import CANCELLED, LAUNCHED, PAUSED, RESUMED, TEST_SENT
 from portal.campaigns.forms import (
     FIELD_ORDER,
@@ -25,7 +25,6 @@ from portal.campaigns.forms import (
     CancelForm,
     TestSendForm,
     check,
-    time_zones,
 )
 from portal.campaigns.models import Campaign
 from portal.campaigns.services import CampaignDraft, payload_size
@@ -67,6 +66,11 @@ _KEPT = ("schedule", "send_at", "timezone", "deliver_until", "campaign_id")
 
 def _now() -> dt.datetime:
     return current_portal().clock.now()
+
+
+@bp.app_template_filter("zoned")
+def _zoned(at: dt.datetime, zone: str | None) -> presentation.ZonedTime:
+    return presentation.zoned_time(at, zone)
 
 
 def _signed_in() -> SignedIn:
@@ -115,7 +119,7 @@ def _form_page(form: CampaignForm, *, status: int = 200, previewed: bool = False
         form=form,
         errors=error_list(form, order=FIELD_ORDER),
         topics=form.topic_choices(db.session),
-        zones=[(zone, zone) for zone in time_zones()],
+        zones=zones.zones(),
         schedule_choices=SCHEDULE_CHOICES,
         urgency_choices=URGENCY_CHOICES,
         urgency_hints={
@@ -262,7 +266,7 @@ def _launch(form: CampaignForm, draft: CampaignDraft) -> Any:
     when = (
         "now"
         if campaign.send_at <= _now()
-        else f"at {campaign.send_at.astimezone(dt.UTC):%Y-%m-%d %H:%M} UTC"
+        else f"on {presentation.zoned_time(campaign.send_at, campaign.time_zone).text}"
     )
     flash(f"Campaign launched: it sends {when}.")
     return redirect(url_for("staff.campaign_detail", campaign_id=campaign.id), 303)

@@ -656,6 +656,37 @@ def _campaign_funnel(kind: str) -> Reach:
     return reach
 
 
+def _campaign_zone(state: str) -> Reach:
+    """The campaign form's zone picker listing what was typed ("matches"), the form
+    refusing an alias ("alias-error"), and a campaign scheduled in Europe/Paris on its page
+    ("page") and in the list ("list") (the states of test_campaign_zones.py)."""
+
+    def reach(new_context: Callable[..., Any], server: LiveServer) -> Page:
+        from tests.browser.test_campaign_zones import fill_campaign, send_day, type_zone
+
+        page = _staff(new_context, server, email="sender@example.test", roles=("campaigns",))
+        page.goto("/staff/campaigns/new")
+        page.wait_for_load_state("load")
+        fill_campaign(page, f"{send_day().isoformat()}T09:00")
+        if state == "matches":
+            type_zone(page, "europe")
+            page.wait_for_selector("#timezone-listbox:not([hidden])")
+            return page
+        type_zone(page, "US/Eastern" if state == "alias-error" else "Europe/Paris")
+        page.click("button[value=review]")
+        if state == "alias-error":
+            page.wait_for_selector(".error-summary")
+            return page
+        page.click("button[value=launch]")
+        page.wait_for_selector("#campaign-sends time")
+        if state == "list":
+            page.goto("/staff/campaigns")
+            page.wait_for_selector(".campaign-sends time")
+        return page
+
+    return reach
+
+
 def _banner(page: Page) -> Page:
     page.wait_for_selector(".banner")
     return page
@@ -761,6 +792,12 @@ STAFF_PAGES = [
     PageState("staff-campaign-launched", _campaign_launched),
     PageState("staff-campaign-test-sent", _campaign_test_sent),
     PageState("staff-campaigns-listed", _campaigns_listed),
+    PageState("staff-campaign-new-zone-matches", _campaign_zone("matches")),
+    PageState(
+        "staff-campaign-new-zone-alias-error", _campaign_zone("alias-error"), error_summary=True
+    ),
+    PageState("staff-campaign-scheduled-in-zone", _campaign_zone("page")),
+    PageState("staff-campaigns-listed-in-zone", _campaign_zone("list")),
     PageState("staff-campaign-cancel-error", _campaign_cancel_error, error_summary=True),
     PageState("staff-campaign-not-found", _staff_missing(f"/staff/campaigns/{uuid.uuid4()}")),
     PageState("staff-admin-topics", _staff_page("/staff/admin/topics")),

@@ -60,7 +60,10 @@ def test_create_prints_the_id_of_a_launched_campaign(catalogue_ready, clock):
     assert (campaign.ttl, campaign.urgency, campaign.collapse_key) == (600, "high", "digest")
     assert campaign.send_at == dt.datetime(2026, 1, 2, 9, 0, tzinfo=dt.UTC)
     assert (campaign.status, campaign.created_by) == ("scheduled", "command line")
-    assert "launched: 0 subscriptions allowed now; sends at 2026-01-02 09:00 UTC" in result.stderr
+    assert "launched: 0 subscriptions allowed now; sends on Fri 2 Jan 2026, 09:00 UTC" in (
+        result.stderr
+    )
+    assert campaign.time_zone == "UTC"  # no --zone: chosen with an offset, shown in UTC
     with db.begin(app) as session:
         (row,) = session.scalars(
             sa.select(StaffAudit).where(StaffAudit.action == "campaign.launched")
@@ -226,3 +229,56 @@ def test_create_accepts_this_site_and_the_sites_allowed_for_campaigns(catalogue_
         "https://portal.example/news",
         "https://shop.example/sale",
     ]
+
+
+def _create_zoned(app, *extra):
+    return run(app, "create", "--topic", "offers", "--title", "T", "--body", "B", *extra)
+
+
+def test_zone_gives_the_local_times_their_zone_and_is_kept(catalogue_ready):
+    # 8 December 2026, 09:00 in Paris is 08:00 UTC; the zone is kept to show it as chosen.
+    result = _create_zoned(
+        catalogue_ready,
+        "--zone",
+        "Europe/Paris",
+        "--send-at",
+        "2026-12-08T09:00",
+        "--deliver-until",
+        "2026-12-08T18:00",
+    )
+    assert result.exit_code == 0, result.output
+    (campaign,) = campaigns(catalogue_ready)
+    assert campaign.send_at == dt.datetime(2026, 12, 8, 8, 0, tzinfo=dt.UTC)
+    assert campaign.deliver_until == dt.datetime(2026, 12, 8, 17, 0, tzinfo=dt.UTC)
+    assert campaign.time_zone == "Europe/Paris"
+    assert "sends on Tue 8 Dec 2026, 09:00 Europe/Paris (UTC+01:00) — 08:00 UTC" in (result.stderr)
+    # A time with an offset is taken as given, and shown in the zone named.
+    result = _create_zoned(
+        catalogue_ready, "--zone", "America/New_York", "--send-at", "2026-07-01T13:00Z"
+    )
+    assert result.exit_code == 0, result.output
+    assert "sends on Wed 1 Jul 2026, 09:00 America/New_York (UTC-04:00) — 13:00 UTC" in (
+        result.stderr
+    )
+
+
+def test_an_alias_or_unknown_zone_is_refused_as_the_form_refuses_it(catalogue_ready):
+    for zone, message in (
+        (
+            "US/Eastern",
+            "US/Eastern is an alias: choose America/New_York instead "
+            "(US/Eastern → America/New_York)",
+        ),
+        (
+            "Etc/GMT+5",
+            "Etc/GMT+5 is not the time zone of a place: choose the place's own zone, "
+            "like Europe/Paris, or UTC",
+        ),
+        ("Mars/Base", "There is no time zone Mars/Base: choose one from the list"),
+    ):
+        result = _create_zoned(catalogue_ready, "--zone", zone, "--send-at", "2026-12-08T09:00")
+        assert result.exit_code == 1
+        assert f"error: zone: {message}" in result.stderr
+        # The local time is not read in a zone that was refused: one problem, the zone's.
+        assert result.stderr.count("error:") == 1, result.stderr
+    assert campaigns(catalogue_ready) == []

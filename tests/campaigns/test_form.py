@@ -54,8 +54,16 @@ def test_the_form_offers_active_topics_with_their_class_and_defaults(campaigner,
         in html
     )
     assert '<input id="send_at" name="send_at" type="datetime-local"' in html
-    assert '<option value="UTC" selected>UTC</option>' in html  # the zone, named, by default
-    assert '<option value="Europe/Paris">Europe/Paris</option>' in html
+    # The zone: a text input, UTC by default, suggesting the canonical zones only.
+    assert (
+        '<input id="timezone" name="timezone" type="text" value="UTC" autocomplete="off" '
+        'list="timezone-zones"'
+    ) in html
+    assert '<option value="UTC" label="Coordinated Universal Time">' in html
+    assert '<option value="Europe/Paris" label="Paris (also Monaco) — France, Monaco">' in html
+    assert 'label="Brussels (also Amsterdam, Luxembourg) — Belgium' in html
+    assert 'value="US/Eastern"' not in html and 'value="Europe/Amsterdam"' not in html
+    assert 'value="Etc/GMT+5"' not in html and 'value="GB"' not in html
     assert 'name="ttl" type="text" value="86400" inputmode="numeric"' in html
     assert "That is 1 day." in html
     for value in ("very-low", "low", "normal", "high"):
@@ -246,7 +254,10 @@ def test_a_send_time_in_another_zone_is_converted_to_utc(campaigner, catalogue_r
         campaigner, schedule="later", send_at="2026-03-27T09:30", timezone="Europe/Paris"
     )
     assert response.status_code == 200
-    assert "2026-03-27 09:30 Europe/Paris — 2026-03-27 08:30:00 UTC" in response.text
+    assert (
+        '<time datetime="2026-03-27T08:30:00Z">'
+        "Fri 27 Mar 2026, 09:30 Europe/Paris (UTC+01:00) — 08:30 UTC</time>"
+    ) in response.text
     launched = campaigner.post(
         "/staff/campaigns/new",
         {
@@ -260,6 +271,7 @@ def test_a_send_time_in_another_zone_is_converted_to_utc(campaigner, catalogue_r
     with db.begin(catalogue_ready) as session:
         (campaign,) = session.scalars(sa.select(Campaign)).all()
         assert campaign.send_at == dt.datetime(2026, 3, 27, 8, 30, tzinfo=dt.UTC)
+        assert campaign.time_zone == "Europe/Paris"  # kept, to show the time as chosen
         assert campaign.status == "scheduled"
 
 
@@ -309,7 +321,50 @@ def test_an_unknown_time_zone_is_refused(campaigner):
         campaigner, schedule="later", send_at="2026-03-27T09:30", timezone="Mars/Base"
     )
     assert response.status_code == 422
-    assert field_error(response.text, "timezone") == "Choose a time zone from the list"
+    assert field_error(response.text, "timezone") == (
+        "There is no time zone Mars/Base: choose one from the list, like Europe/Paris, or UTC"
+    )
+
+
+@pytest.mark.parametrize(
+    ("typed", "message"),
+    [
+        (
+            "US/Eastern",
+            "US/Eastern is an alias: choose America/New_York instead "
+            "(US/Eastern → America/New_York)",
+        ),
+        ("GB", "GB is an alias: choose Europe/London instead (GB → Europe/London)"),
+        (
+            "Europe/Amsterdam",
+            "Europe/Amsterdam is an alias: choose Europe/Brussels instead "
+            "(Europe/Amsterdam → Europe/Brussels)",
+        ),
+        (
+            "Etc/GMT+5",
+            "Etc/GMT+5 is not the time zone of a place: choose the place's own zone, "
+            "like Europe/Paris, or UTC",
+        ),
+        ("paris", "There is no time zone paris: did you mean Europe/Paris?"),
+    ],
+)
+def test_an_alias_or_a_name_that_is_no_zone_is_refused_with_the_canonical_name(
+    campaigner, engine, typed, message
+):
+    for action in ("review", "launch"):
+        response = campaigner.post(
+            "/staff/campaigns/new",
+            {
+                **form_data(schedule="later", send_at="2026-03-27T09:30", timezone=typed),
+                "action": action,
+            },
+        )
+        assert response.status_code == 422
+        assert field_error(response.text, "timezone") == message
+        assert ("timezone", message) in summary_links(response.text)
+        # What was typed stays in the field, to correct.
+        assert f'name="timezone" type="text" value="{typed}"' in response.text
+    assert campaigns(engine) == 0
 
 
 def test_deliver_until_must_come_after_the_send_time(campaigner):

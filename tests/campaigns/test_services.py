@@ -52,6 +52,23 @@ def test_deliver_until_without_a_zone_is_refused_not_crashed(catalogue_ready, cl
     )
 
 
+def test_the_zone_is_checked_for_every_caller_and_kept(catalogue_ready, clock):
+    assert ("timezone", "zone_alias") in problems(catalogue_ready, clock, time_zone="US/Eastern")
+    assert ("timezone", "unknown_zone") in problems(catalogue_ready, clock, time_zone="Mars/X")
+    assert problems(catalogue_ready, clock, time_zone="Europe/Paris") == set()
+    with db.begin(catalogue_ready) as session:
+        with pytest.raises(ValidationError, match="US/Eastern → America/New_York"):
+            services.create_campaign(
+                session, draft(time_zone="US/Eastern"), created_by="x", now=clock.now()
+            )
+        made = services.create_campaign(
+            session, draft(time_zone="Asia/Kolkata"), created_by="x", now=clock.now()
+        )
+        assert made.time_zone == "Asia/Kolkata"
+    with db.begin(catalogue_ready) as session:
+        assert session.scalars(sa.select(Campaign.time_zone)).all() == ["Asia/Kolkata"]
+
+
 def _subscribe(app, client=None):
     sub = SubscriptionFactory()()
     response = (client or app.test_client()).post(
