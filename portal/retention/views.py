@@ -12,9 +12,10 @@ from portal.consent.log import Context
 from portal.consent.models import Source
 from portal.consent.views import _current_subscriber, forget_link_visit
 from portal.db import db
-from portal.identity import SUBSCRIBER_COOKIE, subscriber_from_cookie
+from portal.identity import SUBSCRIBER_COOKIE, device_from_cookie, subscriber_from_cookie
 from portal.retention.services import ErasureReceipt, erase_subscriber
 from portal.seams import current_portal
+from portal.subscriptions.services import DeviceStatus, status_of_device
 from portal.useragent import family
 
 bp = Blueprint("erasure", __name__)
@@ -73,7 +74,17 @@ def erase() -> Any:
     session.commit()
     forget_link_visit()
     token = receipt_token(receipt)
-    response = Response(render_template("preferences/erased.html", receipt=receipt, token=token))
+    # What the server knows of this browser now: its subscription erased with the rest,
+    # or (a preference link opened in another person's browser) that browser's own.
+    here = status_of_device(session, device_from_cookie(request), now=current_portal().clock.now())
+    response = Response(
+        render_template(
+            "preferences/erased.html",
+            receipt=receipt,
+            token=token,
+            this_device_receiving=here is DeviceStatus.RECEIVING,
+        )
+    )
     if subscriber_from_cookie(request) == subscriber.id:  # not a link visitor's browser
         response.delete_cookie(SUBSCRIBER_COOKIE, path="/")
     # The device cookie stays: it names only this browser's tombstone, and it is what
