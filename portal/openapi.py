@@ -174,6 +174,15 @@ def _schemas(endpoint_max: int, decided_at_skew: int) -> dict[str, JsonSchema]:
             "required": ["state", "action"],
             "additionalProperties": False,
         },
+        "DeviceStatus": {
+            "type": "object",
+            "properties": {
+                "status": {"enum": ["receiving", "stopped", "erased", "expired", "unknown"]},
+                "action": {"enum": ["none", "resubscribe", "unsubscribe"]},
+            },
+            "required": ["status", "action"],
+            "additionalProperties": False,
+        },
         "ChangeRequest": _object(
             {
                 "oldEndpoint": endpoint,
@@ -495,6 +504,25 @@ def build(settings: Any) -> dict[str, Any]:
                         "unknown, nothing written, and resubscribe when the subscriber "
                         "cookie names a live subscriber, else unsubscribe.",
                         "Heartbeat",
+                    )
+                },
+                max_body=max_body,
+            )
+        },
+        "/api/push/status": {
+            "post": _json_post(
+                "What the server holds for the subscription this browser holds, for a page "
+                "to show on load.",
+                "EndpointRequest",
+                {
+                    "200": _ok(
+                        "receiving (action none), stopped or erased (unsubscribe: the "
+                        "browser drops its subscription now), expired (resubscribe). For "
+                        "an endpoint this browser has not shown it holds (its "
+                        "portal_device cookie or the auth secret), or that nobody "
+                        "registered: unknown and unsubscribe, nothing written; no person "
+                        "or topic is ever named.",
+                        "DeviceStatus",
                     )
                 },
                 max_body=max_body,

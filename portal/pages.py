@@ -9,7 +9,9 @@ from flask import Blueprint, Response, current_app, render_template, request
 
 from portal.consent import catalogue
 from portal.db import db
+from portal.identity import device_from_cookie
 from portal.seams import current_portal
+from portal.subscriptions.services import status_of_device
 
 bp = Blueprint("pages", __name__)
 
@@ -27,6 +29,12 @@ def index() -> str:
         optional_topics=[t for t in topics if not t.is_transactional],
         account_topics=[t for t in topics if t.is_transactional],
         policy=catalogue.current_policy(session),
+        # What the server knows of this browser, for the page without JavaScript and for
+        # a browser that no longer holds its subscription; the script asks with the
+        # subscription itself when there is one.
+        device_status=status_of_device(
+            session, device_from_cookie(request), now=current_portal().clock.now()
+        ).value,
     )
 
 

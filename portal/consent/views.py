@@ -162,6 +162,20 @@ def _devices(subscriber: Subscriber) -> list[PushSubscription]:
     )
 
 
+def _this_device_receiving(subscriber: Subscriber, device_id: uuid.UUID | None) -> bool:
+    """Whether the server's record of this browser (its device cookie) says it gets this
+    person's notifications: the page's wording without JavaScript, until the browser's
+    own subscription is asked about."""
+    if device_id is None:
+        return False
+    sub = db.session.get(PushSubscription, device_id)
+    if sub is None or sub.subscriber_id != subscriber.id:
+        return False
+    now = current_portal().clock.now()
+    status = subscription_services.status_of(sub, now=now)
+    return status is subscription_services.DeviceStatus.RECEIVING
+
+
 def _render(
     subscriber: Subscriber | None,
     *,
@@ -183,6 +197,7 @@ def _render(
         ), status
     views = topic_views(session, subscriber, shown.topics, rows)
     devices = _devices(subscriber)
+    this_device = device_from_cookie(request)
     # What changed: since the notice this form was opened under (a stale save), else
     # since the notice of the person's latest choice made under an older one.
     diff = None
@@ -199,7 +214,8 @@ def _render(
         errors=errors or [],
         messages=get_flashed_messages(with_categories=True),
         devices=devices,
-        this_device=device_from_cookie(request),
+        this_device=this_device,
+        this_device_receiving=_this_device_receiving(subscriber, this_device),
         family=family,
         checked=checked,
         ack_required=checked is not None,

@@ -15,9 +15,10 @@ from portal.consent.log import Context
 from portal.consent.models import Source
 from portal.consent.views import _current_subscriber, forget_link_visit
 from portal.db import db
-from portal.identity import SUBSCRIBER_COOKIE, subscriber_from_cookie
+from portal.identity import SUBSCRIBER_COOKIE, device_from_cookie, subscriber_from_cookie
 from portal.retention.services import ErasureReceipt, erase_subscriber
 from portal.seams import current_portal
+from portal.subscriptions.services import DeviceStatus, status_of_device
 from portal.useragent import family
 
 bp = Blueprint("erasure", __name__)
@@ -106,7 +107,17 @@ def erased() -> Any:
         event_hash=body["consentEventHash"],
         subscriptions=body["subscriptionsEnded"],
     )
-    return render_template("preferences/erased.html", receipt=receipt, token=token)
+    # What the server knows of this browser now: its subscription erased with the rest,
+    # or (a preference link opened in another person's browser) that browser's own.
+    here = status_of_device(
+        db.session, device_from_cookie(request), now=current_portal().clock.now()
+    )
+    return render_template(
+        "preferences/erased.html",
+        receipt=receipt,
+        token=token,
+        this_device_receiving=here is DeviceStatus.RECEIVING,
+    )
 
 
 @bp.get("/preferences/erasure-receipt/<token>")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import enum
 import uuid
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -384,6 +385,76 @@ def heartbeat(
         )
         sub.last_seen_at = now
     return HeartbeatResult(sub.state.value, "none", sub)
+
+
+class DeviceStatus(enum.StrEnum):
+    """What the server holds for one browser's subscription, in the words its pages use.
+
+    Only ever told to the browser that holds the subscription; anyone else hears
+    ``unknown``, as for an endpoint nobody registered."""
+
+    RECEIVING = "receiving"  # live: campaigns it agreed to reach it
+    STOPPED = "stopped"  # unsubscribed, revoked by its push service, or replaced
+    ERASED = "erased"  # its person's data was erased
+    EXPIRED = "expired"  # the push service's subscription ran out: the browser renews it
+    UNKNOWN = "unknown"  # nothing of this browser's (never registered, purged, not proven)
+
+
+def status_of(sub: PushSubscription | None, *, now: dt.datetime) -> DeviceStatus:
+    """The one rule from a subscription row to what its browser is told about it."""
+    if sub is None:
+        return DeviceStatus.UNKNOWN
+    if sub.end_reason == EndReason.ERASED.value:
+        return DeviceStatus.ERASED
+    if sub.deleted_at is not None or sub.state == SubscriptionState.REVOKED:
+        return DeviceStatus.STOPPED
+    expired = sub.expiration_time is not None and sub.expiration_time <= now
+    if sub.state == SubscriptionState.EXPIRED or expired:
+        return DeviceStatus.EXPIRED
+    return DeviceStatus.RECEIVING
+
+
+@dataclass(frozen=True)
+class StatusResult:
+    status: DeviceStatus
+    action: str  # none | resubscribe | unsubscribe
+
+
+def device_status(
+    session: Session,
+    endpoint: str,
+    proof: Proof,
+    *,
+    keys: KeyRing,
+    now: dt.datetime,
+    throttle: dt.timedelta,
+) -> StatusResult:
+    """A page asks, on load, what the server holds for the subscription its browser
+    holds, to show the truth (``POST /api/push/status``).
+
+    It is the heartbeat answered in full: the holder's sign of life is recorded as the
+    heartbeat records it (a stale row revived, ``last_seen_at``, ``browser_told_at`` for
+    an ended one the browser now drops). Anyone who cannot show they hold the
+    subscription hears ``unknown`` and writes nothing, as for an endpoint nobody
+    registered: an endpoint alone reveals no state, person or topic. ``unknown`` always
+    means "let go": the page then offers to subscribe again, rather than registering
+    unasked a subscription the server cannot tie to consent.
+    """
+    beat = heartbeat(
+        session, endpoint, proof, subscriber_id=None, keys=keys, now=now, throttle=throttle
+    )
+    status = status_of(beat.subscription, now=now)
+    return StatusResult(status, beat.action)
+
+
+def status_of_device(
+    session: Session, device_id: uuid.UUID | None, *, now: dt.datetime
+) -> DeviceStatus:
+    """What the server knows of the subscription a browser's device cookie names: what a
+    page says without JavaScript, before (or instead of) asking with the subscription."""
+    if device_id is None:
+        return DeviceStatus.UNKNOWN
+    return status_of(session.get(PushSubscription, device_id), now=now)
 
 
 @dataclass(frozen=True)

@@ -193,6 +193,28 @@ def heartbeat() -> Response:
     return jsonify({"state": result.state, "action": result.action})
 
 
+@bp.post("/status")
+def status() -> Response:
+    """What the server holds for this browser's subscription, for a page to show."""
+    body = json_body()
+    endpoint = _endpoint(body)
+    proof = _proof(body)
+    session = db.session
+    portal = current_portal()
+    result = services.device_status(
+        session,
+        endpoint,
+        proof,
+        keys=portal.keys,
+        now=portal.clock.now(),
+        throttle=dt.timedelta(seconds=portal.settings.last_seen_throttle_seconds),
+    )
+    session.commit()
+    response = jsonify({"status": result.status.value, "action": result.action})
+    response.headers["Cache-Control"] = "no-store"
+    return response
+
+
 @bp.post("/change")
 def change() -> tuple[Response, int]:
     body = json_body()

@@ -177,7 +177,50 @@
     return result.data;
   }
 
-  /* Unsubscribe, subscribe afresh, register the new one. If the server refuses it, the
+  /* What the server holds for this browser's subscription, asked now (not throttled):
+     resolves {status, action} ("receiving", "stopped", "erased", "expired", "unknown"),
+     or null when the server cannot be reached. It counts as the heartbeat. */
+  async function status(subscription) {
+    var result;
+    try {
+      result = await postJSON("/api/push/status", naming(subscription));
+    } catch (_) {
+      return null;
+    }
+    if (!result.ok || !result.data || typeof result.data.status !== "string") {
+      return null;
+    }
+    markHeartbeat();
+    return result.data;
+  }
+
+  /* Ask the server now and act on its answer at once: a subscription it stopped, erased
+     or does not know is dropped by the browser here, not at the next hourly heartbeat.
+     Resolves "none" (no subscription in this browser), "unreachable", or the status the
+     browser is left with: "receiving" (renewed if it had expired), "stopped", "erased"
+     or "unknown" (the last three with the browser's subscription dropped). */
+  async function check(source, policyVersion) {
+    var subscription = await currentSubscription();
+    if (!subscription) {
+      return "none";
+    }
+    var answer = await status(subscription);
+    if (!answer) {
+      return "unreachable";
+    }
+    try {
+      if ((await follow(subscription, answer, source, policyVersion)) === "renewed") {
+        return "receiving";
+      }
+    } catch (_) {
+      // A renewal the server refused was let go of; a drop that failed changes nothing
+      // on the server's side, where the subscription has ended.
+      return answer.status === "expired" ? "none" : answer.status;
+    }
+    return answer.status;
+  }
+
+  /* Unsubscribe, subscribe afresh, register the new one.  /* Unsubscribe, subscribe afresh, register the new one. If the server refuses it, the
      browser lets go of it too. Resolves the new subscription. policyVersion: the notice
      the page shows, when it shows one (the grant is recorded against it). */
   async function renew(subscription, source, policyVersion) {
@@ -234,11 +277,38 @@
     markHeartbeat: markHeartbeat,
     clearHeartbeat: clearHeartbeat,
     heartbeat: heartbeat,
+    status: status,
+    check: check,
     follow: follow,
   };
 
+  /* A page that shows this device's state (the preference centre, the erasure's answer)
+     marks the element that says it with data-device-status; the page's script-less
+     wording is the server's, from the device cookie. Here the browser's own subscription
+     is asked about now, dropped at once if the server ended it, and the wording follows:
+     the element's child with the matching data-device-says is shown, the others hidden. */
+  function tell(element, said) {
+    element.querySelectorAll("[data-device-says]").forEach(function (part) {
+      part.hidden = part.getAttribute("data-device-says") !== said;
+    });
+    element.setAttribute("data-device-status", said);
+  }
+
+  async function checkDevice(element) {
+    var outcome = await check("api");
+    if (outcome === "unreachable") {
+      return; // the server's wording stays
+    }
+    tell(element, outcome === "receiving" ? "receiving" : "not-receiving");
+  }
+
   async function backgroundHeartbeat() {
     if (document.getElementById("subscribe-page") || !supported() || pending()) {
+      return;
+    }
+    var device = document.querySelector("[data-device-status]");
+    if (device) {
+      await checkDevice(device);
       return;
     }
     var subscription = await currentSubscription();

@@ -192,10 +192,19 @@
     document.getElementById("cancel-button").addEventListener("click", cancel);
     document.getElementById("unsubscribe-button").addEventListener("click", unsubscribe);
     document.getElementById("unsubscribe-retry-button").addEventListener("click", unsubscribe);
+    document.getElementById("check-retry-button").addEventListener("click", checkWithServer);
 
     var subscription = await push.currentSubscription();
     if (!subscription) {
       push.clearPending();
+      // Nothing in this browser: what the server last knew of it (its device cookie)
+      // says why, when it knows anything; a first visit is the page as it is.
+      var known = page.dataset.serverStatus;
+      if (known === "stopped" || known === "erased") {
+        show("state-" + known, { form: true });
+      } else if (known === "receiving" || known === "expired") {
+        show("state-not-subscribed", { form: true });
+      }
       return;
     }
     var waiting = push.pending();
@@ -205,15 +214,22 @@
       show("state-failed");
       return;
     }
-    show("state-subscribed");
-    var outcome = await push.follow(
-      subscription,
-      await push.heartbeat(subscription),
-      "subscribe-page",
-      page.dataset.policyVersion
-    );
-    if (outcome === "ended") {
-      show("state-ended", { form: true });
+    await checkWithServer();
+  }
+
+  /* Ask the server now what it holds for this browser's subscription and say that; a
+     subscription it ended or does not know is dropped here and then. */
+  async function checkWithServer() {
+    show("state-checking");
+    var outcome = await push.check("subscribe-page", page.dataset.policyVersion);
+    if (outcome === "receiving") {
+      show("state-subscribed");
+    } else if (outcome === "stopped" || outcome === "erased") {
+      show("state-" + outcome, { form: true });
+    } else if (outcome === "unreachable") {
+      show("state-check-failed", { focus: true });
+    } else {
+      show("state-not-subscribed", { form: true }); // unknown to the server, or none
     }
   }
 

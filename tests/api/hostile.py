@@ -522,6 +522,7 @@ ENDPOINTS: dict[str, st.SearchStrategy[HostileRequest]] = {
         "/api/push/subscribe", subscribe, ["subscription", "topics", "policyVersion"]
     ),
     "heartbeat": json_requests("/api/push/heartbeat", heartbeat, ["endpoint"]),
+    "status": json_requests("/api/push/status", heartbeat, ["endpoint"]),
     "change": json_requests("/api/push/change", change, ["oldEndpoint", "subscription"]),
     "unsubscribe": json_requests("/api/push/unsubscribe", unsubscribe, ["endpoint"]),
     "preferences": json_requests(

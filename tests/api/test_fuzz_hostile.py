@@ -21,6 +21,7 @@ BUDGET = {
     "change": 1400,
     "preferences": 1700,
     "heartbeat": 900,
+    "status": 400,
     "unsubscribe": 900,
     "receipt": 1000,
     "feedback": 1200,

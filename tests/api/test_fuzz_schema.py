@@ -39,6 +39,7 @@ BUDGET = {
     ("/api/push/vapid-public-key", "GET"): 30,
     ("/api/push/subscribe", "POST"): 100,
     ("/api/push/heartbeat", "POST"): 60,
+    ("/api/push/status", "POST"): 40,
     ("/api/push/change", "POST"): 100,
     ("/api/push/unsubscribe", "POST"): 60,
     ("/api/push/preferences", "POST"): 100,

@@ -108,6 +108,7 @@ def test_happy_answers_match_the_document(api_app, api_schema, world):
     for endpoint in (new["endpoint"], world.endpoints[2], ENDPOINT_BASE + "never-seen"):
         body = {"endpoint": endpoint, "auth": AUTH}
         _conforms(api_schema, "/api/push/heartbeat", "POST", 200, body=body)
+        _conforms(api_schema, "/api/push/status", "POST", 200, body=body)
     _conforms(
         api_schema,
         "/api/push/preferences",
@@ -189,6 +190,8 @@ def test_error_answers_match_the_document(api_schema, world):
             {"body": "endpoint=x", "media_type": "application/x-www-form-urlencoded"},
         ),
         ("/api/push/heartbeat", "POST", 422, {"body": {"endpoint": "e" * 5000}}),
+        ("/api/push/status", "POST", 400, {"body": {"endpoint": 5}}),
+        ("/api/push/status", "POST", 422, {"body": {"endpoint": "e" * 5000}}),
         ("/api/push/unsubscribe", "POST", 403, {"body": {"endpoint": ENDPOINT_BASE + "nobody"}}),
         # Someone else's subscription: refused like one nobody registered.
         ("/api/push/unsubscribe", "POST", 403, {"body": {"endpoint": world.endpoints[0]}}),

@@ -83,7 +83,9 @@ def _open(path: str, **context_options: Any) -> Reach:
     return reach
 
 
-def _without_javascript(path: str) -> Reach:
+def _without_javascript(
+    path: str, prepare: Callable[[Any, LiveServer], None] | None = None
+) -> Reach:
     """The page as a browser without JavaScript shows it, in a browser with JavaScript
     (axe-core runs on the page's timers, which a script-less page never fires): the
     server's HTML with its scripts removed and its <noscript> contents shown, served at
@@ -92,6 +94,8 @@ def _without_javascript(path: str) -> Reach:
 
     def reach(new_context: Callable[..., Any], server: LiveServer) -> Page:
         context = new_context(stub=False, permission=False)
+        if prepare is not None:
+            prepare(context, server)
         served = context.request.get(path)
         assert served.status == 200, served.status
         html = re.sub(r"<script\b[^>]*>.*?</script>", "", served.text(), flags=re.S)
@@ -169,14 +173,61 @@ def _cancelled(new_context: Callable[..., Any], server: LiveServer) -> Page:
     return page
 
 
-def _ended(new_context: Callable[..., Any], server: LiveServer) -> Page:
+def _after_the_server_ended_it(
+    end: Callable[[LiveServer], None], state: str, **context_options: Any
+) -> Reach:
+    """The subscribe page of a subscribed browser whose subscription the server ended
+    behind it: the page asks on load, the browser lets go, the page says why."""
+
+    def reach(new_context: Callable[..., Any], server: LiveServer) -> Page:
+        page = new_context(**context_options).new_page()
+        subscribe_through_page(page)
+        end(server)
+        page.reload()
+        page.wait_for_selector(f"#{state}:not([hidden])")
+        return page
+
+    return reach
+
+
+def _stop_behind_the_browser(server: LiveServer) -> None:
+    with server.session() as session, session.begin():
+        session.execute(
+            sa.text(
+                "UPDATE push_subscription SET state = 'revoked', end_reason = 'unsubscribed',"
+                " revoked_at = CURRENT_TIMESTAMP, ended_at = CURRENT_TIMESTAMP"
+            )
+        )
+
+
+def _purge_behind_the_browser(server: LiveServer) -> None:
+    with server.session() as session, session.begin():
+        session.execute(sa.text("DELETE FROM push_subscription"))
+
+
+def _check_failed(new_context: Callable[..., Any], server: LiveServer) -> Page:
     page = new_context().new_page()
     subscribe_through_page(page)
-    erase_behind_the_browser(server)
-    page.evaluate("localStorage.removeItem('portal.heartbeatAt')")
+    page.route("**/api/push/status", lambda route: route.abort("internetdisconnected"))
     page.reload()
-    page.wait_for_selector("#state-ended:not([hidden])")
+    page.wait_for_selector("#state-check-failed:not([hidden])")
     return page
+
+
+def _subscribed_without_javascript(context: Any, server: LiveServer) -> None:
+    from tests.factories import SubscriptionFactory
+
+    subscribe_through_api(context, SubscriptionFactory()())
+
+
+def _stopped_without_javascript(context: Any, server: LiveServer) -> None:
+    _subscribed_without_javascript(context, server)
+    _stop_behind_the_browser(server)
+
+
+def _erased_without_javascript(context: Any, server: LiveServer) -> None:
+    _subscribed_without_javascript(context, server)
+    erase_behind_the_browser(server)
 
 
 def _known(new_context: Callable[..., Any]) -> Page:
@@ -201,10 +252,21 @@ def _preferences_saved(new_context: Callable[..., Any], server: LiveServer) -> P
     return page
 
 
+def _known_device(new_context: Callable[..., Any]) -> Page:
+    """The preference centre of a browser that holds its subscription (the stop control
+    is offered only to a device that receives)."""
+    page = new_context().new_page()
+    subscribe_through_page(page)
+    page.goto("/preferences")
+    page.wait_for_load_state("networkidle")
+    return page
+
+
 def _preferences_device_stopped(new_context: Callable[..., Any], server: LiveServer) -> Page:
-    page = _known(new_context)
+    page = _known_device(new_context)
     page.click("text=Stop notifications on this device")
     page.wait_for_selector(".banner--success")
+    page.wait_for_selector("#this-device[data-device-status=not-receiving]")
     return page
 
 
@@ -234,7 +296,7 @@ def _policy_digest_open(new_context: Callable[..., Any], server: LiveServer) -> 
 
 
 def _preferences_unknown_device(new_context: Callable[..., Any], server: LiveServer) -> Page:
-    page = _known(new_context)
+    page = _known_device(new_context)
     page.context.clear_cookies(name="portal_device")
     page.click("text=Stop notifications on this device")
     page.wait_for_selector(".error-summary")
@@ -896,7 +958,35 @@ PAGES = [
         _subscribe_page_after("state-browser-error", init=REFUSING_PUSH_SERVICE),
     ),
     PageState("subscribe-cancelled", _cancelled),
-    PageState("subscribe-ended", _ended),
+    PageState(
+        "subscribe-stopped", _after_the_server_ended_it(_stop_behind_the_browser, "state-stopped")
+    ),
+    PageState(
+        "subscribe-erased", _after_the_server_ended_it(erase_behind_the_browser, "state-erased")
+    ),
+    PageState(
+        "subscribe-not-subscribed",
+        _after_the_server_ended_it(_purge_behind_the_browser, "state-not-subscribed"),
+    ),
+    PageState(
+        "subscribe-stopped-390",
+        _after_the_server_ended_it(_stop_behind_the_browser, "state-stopped", viewport=PHONE),
+    ),
+    PageState("subscribe-check-failed", _check_failed),
+    PageState(
+        "subscribe-no-javascript-subscribed",
+        _without_javascript("/", _subscribed_without_javascript),
+    ),
+    PageState(
+        "subscribe-no-javascript-stopped", _without_javascript("/", _stopped_without_javascript)
+    ),
+    PageState(
+        "subscribe-no-javascript-erased", _without_javascript("/", _erased_without_javascript)
+    ),
+    PageState(
+        "preferences-this-device-no-javascript",
+        _without_javascript("/preferences", _subscribed_without_javascript),
+    ),
     PageState("subscribe-unsupported", _subscribe_page_with(NO_PUSH, "state-unsupported")),
     PageState(
         "subscribe-ios",

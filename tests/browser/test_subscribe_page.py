@@ -359,36 +359,36 @@ def test_cancelling_after_a_failed_post_lets_go_of_the_browser_subscription(
     assert not page.is_visible("#state-failed")
 
 
-def test_the_heartbeat_is_sent_at_most_hourly(page):
+def test_the_page_asks_every_time_and_other_pages_check_in_at_most_hourly(page):
     subscribe_through_page(page)
     heartbeats: list[str] = []
     page.on("request", lambda r: heartbeats.append(r.url) if "/heartbeat" in r.url else None)
-    page.reload()
+    with page.expect_response("**/api/push/status") as asked:
+        page.reload()
+    assert asked.value.json() == {"status": "receiving", "action": "none"}
     page.wait_for_selector("#state-subscribed:not([hidden])")
-    page.goto("/preferences")
+    page.goto("/policy/2026-01")
     page.wait_for_load_state("networkidle")
-    assert heartbeats == []  # subscribing counts as the latest sign of life
+    assert heartbeats == []  # subscribing, and asking, count as the latest sign of life
     page.evaluate("localStorage.removeItem('portal.heartbeatAt')")
     with page.expect_response("**/api/push/heartbeat") as answered:
-        page.goto("/")
+        page.goto("/policy/2026-01")
     assert answered.value.json() == {"state": "pending", "action": "none"}
-    page.wait_for_selector("#state-subscribed:not([hidden])")
 
 
-def test_a_heartbeat_after_erasure_unsubscribes_the_browser(page, server, browser_subscription):
+def test_the_page_after_erasure_unsubscribes_the_browser(page, server, browser_subscription):
     subscribe_through_page(page)
     erase_behind_the_browser(server)
-    page.evaluate("localStorage.removeItem('portal.heartbeatAt')")
-    with page.expect_response("**/api/push/heartbeat") as answered:
+    with page.expect_response("**/api/push/status") as answered:
         page.reload()
-    assert answered.value.json()["action"] == "unsubscribe"
-    page.wait_for_selector("#state-ended:not([hidden])")
+    assert answered.value.json() == {"status": "erased", "action": "unsubscribe"}
+    page.wait_for_selector("#state-erased:not([hidden])")
     assert len(calls(page, "unsubscribe")) == 1
     assert page.evaluate("window.PortalPush.currentSubscription()") is None
     assert page.is_visible("#subscribe-button")
 
 
-def test_a_heartbeat_for_an_expired_subscription_renews_it(page, server, browser_subscription):
+def test_an_expired_subscription_is_renewed_when_the_page_asks(page, server, browser_subscription):
     subscribe_through_page(page)
     with server.session() as session, session.begin():
         session.execute(sa.text("UPDATE push_subscription SET state = 'expired'"))
@@ -418,19 +418,18 @@ def test_a_heartbeat_for_an_expired_subscription_renews_it(page, server, browser
 def test_a_browser_whose_cookies_were_cleared_proves_itself_with_its_auth(
     page, server, browser_subscription
 ):
-    """Heartbeat, unsubscribe and subscribing again all work without cookies: the page
+    """Asking, unsubscribe and subscribing again all work without cookies: the page
     sends the subscription's auth secret, which only this browser has."""
     subscribe_through_page(page, topics=("offers",))
     first = _subscription_row(server, browser_subscription)
     page.context.clear_cookies()
-    page.evaluate("localStorage.removeItem('portal.heartbeatAt')")
-    with page.expect_response("**/api/push/heartbeat") as answered:
+    with page.expect_response("**/api/push/status") as answered:
         page.reload()
     assert answered.value.request.post_data_json == {
         "endpoint": browser_subscription.endpoint,
         "auth": browser_subscription.auth_b64,
     }
-    assert answered.value.json() == {"state": "pending", "action": "none"}
+    assert answered.value.json() == {"status": "receiving", "action": "none"}
     page.wait_for_selector("#state-subscribed:not([hidden])")
 
     with page.expect_response("**/api/push/unsubscribe") as stopped:
@@ -459,11 +458,10 @@ def test_a_subscription_the_server_cannot_tie_to_this_browser_is_let_go(
     subscribe_through_page(page)
     erase_behind_the_browser(server)
     page.context.clear_cookies()
-    page.evaluate("localStorage.removeItem('portal.heartbeatAt')")
-    with page.expect_response("**/api/push/heartbeat") as answered:
+    with page.expect_response("**/api/push/status") as answered:
         page.reload()
-    assert answered.value.json() == {"state": "unknown", "action": "unsubscribe"}
-    page.wait_for_selector("#state-ended:not([hidden])")
+    assert answered.value.json() == {"status": "unknown", "action": "unsubscribe"}
+    page.wait_for_selector("#state-not-subscribed:not([hidden])")
     assert len(calls(page, "unsubscribe")) == 1
     assert page.evaluate("window.PortalPush.currentSubscription()") is None
     assert len(calls(page, "subscribe")) == 1  # not subscribed again
