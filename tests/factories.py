@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import secrets
 from dataclasses import dataclass, field
@@ -73,3 +74,23 @@ class SubscriptionFactory:
             auth=os.urandom(16),
             **kwargs,
         )
+
+
+def make_subscriber(
+    session: Any,
+    external_user_id: str | None = None,
+    *,
+    reference: str | None = None,
+    created_at: dt.datetime | None = None,
+) -> Any:
+    """A subscriber row (an account when ``external_user_id`` is given), flushed."""
+    from portal.subscriptions.models import Subscriber
+
+    subscriber = Subscriber(
+        external_user_id=external_user_id,
+        reference=reference,
+        created_at=created_at or dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
+    )
+    session.add(subscriber)
+    session.flush()
+    return subscriber
