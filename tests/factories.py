@@ -86,10 +86,11 @@ def make_subscriber(
     """A subscriber row (an account when ``external_user_id`` is given), flushed."""
     from portal.subscriptions.models import Subscriber
 
+    columns: dict[str, Any] = {"reference": reference} if reference is not None else {}
     subscriber = Subscriber(
         external_user_id=external_user_id,
-        reference=reference,
         created_at=created_at or dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
+        **columns,
     )
     session.add(subscriber)
     session.flush()

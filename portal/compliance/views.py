@@ -143,7 +143,6 @@ def _lookup_page(
         result=result,
         # An endpoint typed into the search box never comes back in the page.
         keep_query=not services.looks_like_endpoint(form.q.data or ""),
-        page_size=services.PAGE_SIZE,
         prefix_minimum=services.PREFIX_MINIMUM,
     ), status
 
