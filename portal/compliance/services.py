@@ -27,6 +27,7 @@ from portal.consent.models import ConsentEvent, EventKind, Source, Topic
 from portal.consent.preferences import Reason, TopicView, topic_views
 from portal.db import is_postgres
 from portal.delivery.models import Delivery
+from portal.inputs import text_problem
 from portal.operations.models import JobRun, JobState
 from portal.retention.services import (
     ErasureReceipt,
@@ -236,6 +237,9 @@ def _search_terms(session: Session, query: str, page: int) -> _Terms:
         )
     if len(text) > QUERY_MAXIMUM:
         raise SearchRefused(f"The search is at most {QUERY_MAXIMUM} characters")
+    problem = text_problem(text)
+    if problem is not None:  # a NUL byte would not even reach PostgreSQL's parser
+        raise SearchRefused(f"The search {problem}")
     if looks_like_endpoint(text):
         raise SearchRefused(
             "To look up a push endpoint, use the endpoint form: it keeps the endpoint out of "

@@ -155,6 +155,7 @@ def test_receipt_ids_parse_leniently():
         ("   ", 1, 422, "Enter a reference"),
         ("x" * 256, 1, 422, "at most 255 characters"),
         ("https://fcm.googleapis.com/fcm/send/abc", 1, 422, "use the endpoint form"),
+        ("acct\x00-1", 1, 422, "must not contain control characters"),
         ("acct-", 0, 400, "whole number"),
         ("acct-", -1, 400, "whole number"),
         ("acct-", 10**9, 400, "whole number"),
