@@ -4,8 +4,9 @@ Three things in a request are bearer tokens — whoever holds one acts as the pe
 ``token`` of a preference link and the ``assertion`` of a host product's sign-in link
 (query parameters, on ``/preferences``), and the token of an erasure receipt (the last
 segment of ``/preferences/erasure-receipt/<token>``). :func:`redact_target` takes them out
-of a request target (the parameters by name on every route, their names percent-decoded
-as the application decodes them), and :func:`escape_log_text` writes control characters
+of a request target, with the compliance look-up's search text (``q``), whom an officer
+looked for (the parameters by name on every route, their names percent-decoded as the
+application decodes them), and :func:`escape_log_text` writes control characters
 as ``\\xNN`` so a decoded ``%0a`` cannot start a forged line. Every place a target reaches
 a log line goes through them: gunicorn's access log (:class:`AccessLogger`, named in
 ``gunicorn.conf.py``), the development server's request log (:func:`install`, a filter on
@@ -20,6 +21,10 @@ from typing import Any
 from urllib.parse import quote, unquote, unquote_plus
 
 SECRET_PARAMETERS = frozenset({"token", "assertion"})
+# Not tokens, but whom a compliance officer looked for: the look-up's search text
+# (``/staff/compliance/lookup?q=``), kept out of the logs like them.
+SEARCH_PARAMETERS = frozenset({"q"})
+_REDACTED_PARAMETERS = SECRET_PARAMETERS | SEARCH_PARAMETERS
 RECEIPT_PATH = "/preferences/erasure-receipt/"
 REDACTED = "[redacted]"
 _PATH_SAFE = "/:@!$&'()*+,;=-._~%"
@@ -67,13 +72,13 @@ def escape_log_text(text: str) -> str:
 
 def _redact_pair(pair: str) -> str:
     name, equals, _value = pair.partition("=")
-    if not equals or unquote_plus(name).strip().lower() not in SECRET_PARAMETERS:
+    if not equals or unquote_plus(name).strip().lower() not in _REDACTED_PARAMETERS:
         return pair
     return f"{name}={REDACTED}"
 
 
 def redact_query(query: str) -> str:
-    """A query string with the value of every bearer-token parameter replaced."""
+    """A query string with the value of every bearer-token (and search) parameter replaced."""
     return "&".join(_redact_pair(pair) for pair in query.split("&"))
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import secrets
 from dataclasses import dataclass, field
@@ -146,3 +147,24 @@ class FunnelFactory:
     def many(self, n: int, status: str = "accepted", **options: Any) -> None:
         for _ in range(n):
             self.delivery(status, **options)
+
+
+def make_subscriber(
+    session: Any,
+    external_user_id: str | None = None,
+    *,
+    reference: str | None = None,
+    created_at: dt.datetime | None = None,
+) -> Any:
+    """A subscriber row (an account when ``external_user_id`` is given), flushed."""
+    from portal.subscriptions.models import Subscriber
+
+    columns: dict[str, Any] = {"reference": reference} if reference is not None else {}
+    subscriber = Subscriber(
+        external_user_id=external_user_id,
+        created_at=created_at or dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
+        **columns,
+    )
+    session.add(subscriber)
+    session.flush()
+    return subscriber

@@ -201,6 +201,15 @@ def test_the_portal_s_own_lines_escape_the_path(caplog, tmp_path):
             f"https://portal.example/preferences?token={REDACTED}",
         ),
         ("/staff/audit?action=x&page=2", "/staff/audit?action=x&page=2"),
+        # Whom the compliance look-up searched for stays out of the logs; its page does not.
+        (
+            "/staff/compliance/lookup?q=acct-42&page=2",
+            f"/staff/compliance/lookup?q={REDACTED}&page=2",
+        ),
+        (
+            "/staff/compliance/lookup?page=2&%71=K7QM",
+            f"/staff/compliance/lookup?page=2&%71={REDACTED}",
+        ),
         ("/static/css/portal.css", "/static/css/portal.css"),
     ],
 )

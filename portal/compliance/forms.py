@@ -1,5 +1,5 @@
-"""Compliance forms. Every one posts (CSRF-checked): search values and export filters stay
-out of URLs, browser history and access logs."""
+"""Compliance forms. The look-up's search is a GET (bookmarkable); the others post
+(CSRF-checked), so a push endpoint and export filters stay out of URLs and browser history."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from typing import Any
 from wtforms import BooleanField, Field, StringField
 from wtforms.validators import DataRequired, Length, ValidationError
 
-from portal.compliance.services import LOOKUP_LABELS, LookupKind
 from portal.inputs import CheckedForm
 from portal.staff.catalogue_forms import RadioChoice
 from portal.staff.forms import DateRangeChecks, parse_date, strip
@@ -24,36 +23,40 @@ def parse_uuid(text: str | None) -> uuid.UUID | None:
         return None
 
 
-class LookupForm(CheckedForm):
-    kind = RadioChoice(
-        "Look up by",
-        [(kind.value, LOOKUP_LABELS[kind]) for kind in LookupKind],
-        message="Choose what you are looking up by",
+class SearchForm(CheckedForm):
+    """The look-up's search, in the query string (``?q=…&page=N``) so a result can be
+    bookmarked and reloaded: reading changes nothing, so no CSRF token."""
+
+    class Meta:
+        csrf = False
+
+    q = StringField(
+        "Reference, account ID, subscriber ID or erasure receipt ID",
+        filters=[strip],
+        validators=[Length(max=4096, message="The search is at most 4096 characters")],
     )
-    value = StringField(
-        "Value to look up",
+    page = StringField("Page", filters=[strip])
+
+
+class EndpointLookupForm(CheckedForm):
+    """A push endpoint is looked up by a form post: it never lands in a URL."""
+
+    endpoint = StringField(
+        "Push endpoint",
         filters=[strip],
         validators=[
-            DataRequired("Enter the value to look up"),
-            Length(max=4096, message="The value is at most 4096 characters"),
+            DataRequired("Enter the push endpoint"),
+            Length(max=4096, message="The endpoint is at most 4096 characters"),
         ],
     )
 
-    def validate_value(self, field: Field) -> None:
-        if self.kind.data == LookupKind.SUBSCRIBER_ID and parse_uuid(field.data) is None:
-            raise ValidationError("A subscriber ID looks like 0190d1c0-5b6a-7c3e-9f00-1a2b3c4d5e6f")
-        if self.kind.data == LookupKind.ENDPOINT:
-            try:
-                canonical_endpoint(field.data or "")
-            except EndpointRefused:
-                raise ValidationError(
-                    "A push endpoint is an https:// URL, such as "
-                    "https://fcm.googleapis.com/fcm/send/…"
-                ) from None
-
-    @property
-    def lookup_kind(self) -> LookupKind:
-        return LookupKind(self.kind.data or "")
+    def validate_endpoint(self, field: Field) -> None:
+        try:
+            canonical_endpoint(field.data or "")
+        except EndpointRefused:
+            raise ValidationError(
+                "A push endpoint is an https:// URL, such as https://fcm.googleapis.com/fcm/send/…"
+            ) from None
 
 
 class EraseForm(CheckedForm):

@@ -14,7 +14,7 @@ import uuid
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
@@ -27,10 +27,17 @@ from portal.consent.models import ConsentEvent, EventKind, Source, Topic
 from portal.consent.preferences import Reason, TopicView, topic_views
 from portal.db import is_postgres
 from portal.delivery.models import Delivery
+from portal.inputs import text_problem
 from portal.operations.models import JobRun, JobState
-from portal.retention.services import ErasureReceipt, erase_subscriber
+from portal.retention.services import (
+    ErasureReceipt,
+    erase_subscriber,
+    erasure_by_receipt_id,
+    receipt_id,
+)
 from portal.staff import audit
 from portal.staff.models import StaffUser
+from portal.subscriptions import reference
 from portal.subscriptions.models import EndReason, PushSubscription, Subscriber
 from portal.subscriptions.services import find_by_endpoint
 from portal.useragent import family
@@ -102,6 +109,236 @@ def find_subscriber(
         {"by": kind.value, "found": found is not None},
     )
     return found
+
+
+# -- the search: by reference, account ID or its start, subscriber ID, erasure receipt ID --
+
+PAGE_SIZE = 20
+PREFIX_MINIMUM = 3  # shorter, an account ID prefix would list almost everyone
+QUERY_MAXIMUM = 255  # the longest external user ID
+PAGE_MAXIMUM = 999_999
+
+
+class SearchRefused(ValueError):
+    """A search the look-up will not run, with the words for the officer and the status."""
+
+    def __init__(self, message: str, status: int = 422, field: str = "q") -> None:
+        super().__init__(message)
+        self.message, self.status, self.field = message, status, field
+
+
+class Match(enum.StrEnum):
+    SUBSCRIBER_ID = "subscriber_id"
+    REFERENCE = "reference"
+    RECEIPT = "erasure_receipt"
+    ACCOUNT_ID = "external_user_id"
+    ACCOUNT_PREFIX = "external_user_id_prefix"
+
+
+MATCH_LABELS = {
+    Match.SUBSCRIBER_ID: "Subscriber ID",
+    Match.REFERENCE: "Reference",
+    Match.RECEIPT: "Erasure receipt ID",
+    Match.ACCOUNT_ID: "Account ID",
+    Match.ACCOUNT_PREFIX: "Start of the account ID",
+}
+
+
+@dataclass(frozen=True)
+class Found:
+    subscriber_id: uuid.UUID
+    external_user_id: str | None
+    reference: str | None  # as people read it
+    created_at: dt.datetime
+    erased_at: dt.datetime | None
+    matched: tuple[Match, ...]
+
+    @property
+    def matched_labels(self) -> list[str]:
+        return [MATCH_LABELS[m] for m in self.matched]
+
+
+@dataclass(frozen=True)
+class SearchPage:
+    query: str
+    page: int
+    total: int
+    results: list[Found]
+    size: int = PAGE_SIZE
+
+    @property
+    def pages(self) -> int:
+        return max(1, -(-self.total // self.size))
+
+    @property
+    def first(self) -> int:
+        return (self.page - 1) * self.size + 1 if self.results else 0
+
+    @property
+    def last(self) -> int:
+        return self.first + len(self.results) - 1 if self.results else 0
+
+    @property
+    def previous_page(self) -> int | None:
+        return self.page - 1 if self.page > 1 else None
+
+    @property
+    def next_page(self) -> int | None:
+        return self.page + 1 if self.page < self.pages else None
+
+
+def parse_page(text: str | None) -> int:
+    """The page a ``page`` parameter asks for (1 when there is none)."""
+    if text is None or text == "":
+        return 1
+    if not text.isascii() or not text.isdigit() or len(text) > 6 or int(text) < 1:
+        raise SearchRefused(
+            f"The page is a whole number from 1 to {PAGE_MAXIMUM:,}", status=400, field="page"
+        )
+    return int(text)
+
+
+def looks_like_endpoint(text: str) -> bool:
+    """A URL, so perhaps a push endpoint: the search refuses it and never shows it back."""
+    return "://" in text
+
+
+@dataclass(frozen=True)
+class _Terms:
+    """What a search's text is read as."""
+
+    text: str
+    subscriber_id: uuid.UUID | None
+    reference: str | None  # normalised
+    erased: uuid.UUID | None  # whose erasure receipt ID it is
+    by_prefix: bool
+
+    def matched(self, row: Any) -> tuple[Match, ...]:
+        found = []
+        if row.id == self.subscriber_id:
+            found.append(Match.SUBSCRIBER_ID)
+        if self.reference is not None and row.reference == self.reference:
+            found.append(Match.REFERENCE)
+        if row.id == self.erased:
+            found.append(Match.RECEIPT)
+        if row.external_user_id == self.text:
+            found.append(Match.ACCOUNT_ID)
+        elif row.external_user_id is not None and row.external_user_id.startswith(self.text):
+            found.append(Match.ACCOUNT_PREFIX)
+        return tuple(found)
+
+
+def _search_terms(session: Session, query: str, page: int) -> _Terms:
+    text = query.strip()
+    if not text:
+        raise SearchRefused(
+            "Enter a reference, an account ID or its start, a subscriber ID or an erasure "
+            "receipt ID"
+        )
+    if len(text) > QUERY_MAXIMUM:
+        raise SearchRefused(f"The search is at most {QUERY_MAXIMUM} characters")
+    problem = text_problem(text)
+    if problem is not None:  # a NUL byte would not even reach PostgreSQL's parser
+        raise SearchRefused(f"The search {problem}")
+    if looks_like_endpoint(text):
+        raise SearchRefused(
+            "To look up a push endpoint, use the endpoint form: it keeps the endpoint out of "
+            "the address bar"
+        )
+    if not 1 <= page <= PAGE_MAXIMUM:
+        raise SearchRefused(
+            f"The page is a whole number from 1 to {PAGE_MAXIMUM:,}", status=400, field="page"
+        )
+    return _Terms(
+        text,
+        _uuid_or_none(text),
+        reference.normalise(text),
+        erasure_by_receipt_id(session, text),
+        len(text) >= PREFIX_MINIMUM,
+    )
+
+
+def search_subscribers(
+    session: Session, query: str, page: int = 1, *, actor: audit.Actor | None
+) -> SearchPage:
+    """Everyone ``query`` names, ``PAGE_SIZE`` a page in a stable order — exact matches
+    first, then by account ID — each with what it matched. Audited (without the value)
+    when it runs; a refused search (``SearchRefused``) writes nothing.
+
+    What the query is read as, all at once: a subscriber ID; a short reference however
+    typed; an erasure receipt ID; an account ID, exactly, and by its first characters
+    (at least ``PREFIX_MINIMUM``, ``%`` and ``_`` meaning themselves, case as typed).
+    A push endpoint is refused: it is looked up by ``find_subscriber``, kept out of URLs.
+    """
+    terms = _search_terms(session, query, page)
+    text = terms.text
+    s = cast(sa.Table, Subscriber.__table__)
+    exact: list[sa.ColumnElement[bool]] = [s.c.external_user_id == text]
+    if terms.subscriber_id is not None:
+        exact.append(s.c.id == terms.subscriber_id)
+    if terms.reference is not None:
+        exact.append(s.c.reference == terms.reference)
+    if terms.erased is not None:
+        exact.append(s.c.id == terms.erased)
+    matches = list(exact)
+    if terms.by_prefix:
+        matches.append(
+            sa.and_(
+                s.c.external_user_id.startswith(text, autoescape=True),
+                # LIKE ignores case on SQLite; a prefix keeps it, as on PostgreSQL.
+                sa.func.substr(s.c.external_user_id, 1, len(text)) == text,
+            )
+        )
+    where = sa.or_(*matches)
+    total = int(
+        session.execute(sa.select(sa.func.count()).select_from(s).where(where)).scalar_one()
+    )
+    if total == 0 and len(exact) == 1 and not terms.by_prefix:
+        raise SearchRefused(
+            f"No account ID is exactly “{text}”. To search by the start of an account ID, "
+            f"type at least {PREFIX_MINIMUM} characters"
+        )
+    pages = max(1, -(-total // PAGE_SIZE))
+    if page > pages:
+        raise SearchRefused(
+            f"There is no page {page}: this search has {pages} page{'s' if pages > 1 else ''}",
+            status=404,
+            field="page",
+        )
+    rank = sa.case((sa.or_(*exact), 0), else_=1)
+    rows = session.execute(
+        sa.select(s.c.id, s.c.external_user_id, s.c.reference, s.c.created_at, s.c.erased_at)
+        .where(where)
+        .order_by(rank, sa.func.coalesce(s.c.external_user_id, ""), s.c.id)
+        .limit(PAGE_SIZE)
+        .offset((page - 1) * PAGE_SIZE)
+    ).all()
+    results = [
+        Found(
+            subscriber_id=row.id,
+            external_user_id=row.external_user_id,
+            reference=reference.display(row.reference) if row.reference else None,
+            created_at=row.created_at,
+            erased_at=row.erased_at,
+            matched=terms.matched(row),
+        )
+        for row in rows
+    ]
+    audit.record(
+        session,
+        actor,
+        Action.LOOKED_UP,
+        subscriber_target(results[0].subscriber_id) if total == 1 else None,
+        {"by": "search", "found": total, "page": page},
+    )
+    return SearchPage(text, page, total, results)
+
+
+def _uuid_or_none(text: str) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(text)
+    except ValueError:
+        return None
 
 
 def known_subscriber(session: Session, subscriber_id: uuid.UUID) -> bool:
@@ -206,6 +443,21 @@ class History:
     @property
     def erased(self) -> bool:
         return self.subscriber is not None and self.subscriber.erased_at is not None
+
+    @property
+    def reference(self) -> str | None:
+        """The person's short reference as they read it, once they were given one."""
+        if self.subscriber is None or self.subscriber.reference is None:
+            return None
+        return reference.display(self.subscriber.reference)
+
+    @property
+    def erasure_receipt_id(self) -> str | None:
+        """The ID on the receipt of this person's erasure (their latest, if several)."""
+        for event in reversed(self.events):
+            if event.kind == EventKind.ERASED.value:
+                return receipt_id(event.seq, event.hash)
+        return None
 
 
 def _context(raw: str) -> dict[str, str]:

@@ -12,12 +12,18 @@ from flask import Response, flash, redirect, render_template, request, url_for
 from portal.compliance import services
 from portal.compliance.charts import weekly_chart
 from portal.compliance.export import ExportError, ExportFilter, bundle_name, stream_zip
-from portal.compliance.forms import EraseForm, ExportForm, LookupForm, parse_uuid
+from portal.compliance.forms import (
+    EndpointLookupForm,
+    EraseForm,
+    ExportForm,
+    SearchForm,
+    parse_uuid,
+)
 from portal.compliance.services import REASON_LABELS, LookupKind
 from portal.compliance.signing import SigningKey, SigningKeyMissing
 from portal.consent import catalogue
 from portal.db import db
-from portal.inputs import error_list
+from portal.inputs import error_list, query_form
 from portal.retention.views import RECEIPT_FLASH, receipt_token
 from portal.seams import current_portal
 from portal.staff.access import (
@@ -45,7 +51,8 @@ PAGES = (
     StaffPage(
         "staff.compliance_lookup",
         "Consent look-up",
-        "One person's consent history, by external user ID, subscriber ID or endpoint.",
+        "One person's consent history, by their reference, account ID or its start, "
+        "subscriber ID, erasure receipt ID or endpoint.",
     ),
     StaffPage(
         "staff.compliance_export",
@@ -73,40 +80,70 @@ def _exporter(staff: SignedIn) -> dict[str, str]:
 # -- look-up --------------------------------------------------------------------------------
 
 
-@bp.route("/compliance/lookup", methods=["GET", "POST"])
+@bp.get("/compliance/lookup")
 @staff_required(Role.COMPLIANCE)
+@query_form
 def compliance_lookup() -> Any:
-    form = LookupForm()
-    status = 200
-    not_found = False
-    if request.method == "GET":
-        form.kind.data = LookupKind.EXTERNAL_USER_ID.value
-    else:
-        status = 422
-        if form.validate():
-            found = services.find_subscriber(
-                db.session, form.lookup_kind, form.value.data, actor=_staff()
-            )
-            db.session.commit()
-            if found is not None:
-                return redirect(url_for("staff.compliance_subscriber", subscriber_id=found), 303)
-            status, not_found = 404, True
-            form.value.errors = [
-                f"No subscriber has this {services.LOOKUP_LABELS[form.lookup_kind].lower()}"
-                + (
-                    " (erased people are found by subscriber ID or endpoint)"
-                    if form.lookup_kind is LookupKind.EXTERNAL_USER_ID
-                    else ""
+    """The search: ``?q=…&page=N``. No ``q``: the empty form."""
+    form = SearchForm(request.args)
+    status, result, problems = 200, None, []
+    if "q" in request.args or "page" in request.args:
+        if not form.validate():
+            status = 422
+        else:
+            try:
+                page = services.parse_page(form.page.data)
+                result = services.search_subscribers(
+                    db.session, form.q.data or "", page, actor=_staff()
                 )
-            ]
-    # An endpoint typed into the form never comes back in the page.
-    keep = form.kind.data != LookupKind.ENDPOINT
+            except services.SearchRefused as refused:
+                db.session.rollback()
+                status, problems = refused.status, [(refused.field, refused.message)]
+            else:
+                db.session.commit()
+    return _lookup_page(form, EndpointLookupForm(formdata=None), status, result, problems)
+
+
+@bp.post("/compliance/lookup")
+@staff_required(Role.COMPLIANCE)
+def compliance_lookup_endpoint() -> Any:
+    """By push endpoint, posted: found, straight to the person's history."""
+    endpoint_form = EndpointLookupForm()
+    status = 422
+    if endpoint_form.validate():
+        found = services.find_subscriber(
+            db.session, LookupKind.ENDPOINT, endpoint_form.endpoint.data or "", actor=_staff()
+        )
+        db.session.commit()
+        if found is not None:
+            return redirect(url_for("staff.compliance_subscriber", subscriber_id=found), 303)
+        status = 404
+        endpoint_form.endpoint.errors = ["No subscriber has this push endpoint"]
+    return _lookup_page(SearchForm(formdata=None), endpoint_form, status, None, [])
+
+
+def _lookup_page(
+    form: SearchForm,
+    endpoint_form: EndpointLookupForm,
+    status: int,
+    result: services.SearchPage | None,
+    problems: list[tuple[str, str]],
+) -> Any:
+    # The page number has no box of its own: its problems show by the search box.
+    messages = [message for _field, message in problems] + list(form.page.errors)
+    if messages:
+        form.q.errors = [*form.q.errors, *messages]
+        form.page.errors = []
+    errors = error_list(form) + error_list(endpoint_form)
     return render_template(
         "staff/compliance/lookup.html",
         form=form,
-        errors=error_list(form),
-        keep_value=keep,
-        not_found=not_found,
+        endpoint_form=endpoint_form,
+        errors=errors,
+        result=result,
+        # An endpoint typed into the search box never comes back in the page.
+        keep_query=not services.looks_like_endpoint(form.q.data or ""),
+        prefix_minimum=services.PREFIX_MINIMUM,
     ), status
 
 

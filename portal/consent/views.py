@@ -20,6 +20,7 @@ from flask import (
     url_for,
 )
 from flask import session as signed_session
+from sqlalchemy.orm.attributes import set_committed_value
 
 from portal.api import check_same_origin, json_body
 from portal.consent import catalogue
@@ -61,6 +62,8 @@ from portal.seams import current_portal
 from portal.subscriptions import services as subscription_services
 from portal.subscriptions.models import PushSubscription, Subscriber
 from portal.subscriptions.possession import proof_from
+from portal.subscriptions.reference import display as display_reference
+from portal.subscriptions.reference import reference_for
 from portal.subscriptions.validation import require_object, require_string
 from portal.useragent import family
 
@@ -222,6 +225,7 @@ def _render(
         ack_error=ack_error,
         diff=diff,
         confirm_offered=diff is not None and opened_under is None,
+        reference=display_reference(subscriber.reference) if subscriber.reference else None,
     ), status
 
 
@@ -232,6 +236,11 @@ def centre() -> Any:
     if token or assertion:
         return _identify(token, assertion)
     subscriber, rows = _visitor()
+    if subscriber is not None and subscriber.reference is None:
+        # Given once, the first time the page shows it, and kept from then on.
+        given = reference_for(db.session, subscriber.id)
+        db.session.commit()
+        set_committed_value(subscriber, "reference", given)
     return _render(subscriber, rows=rows)
 
 

@@ -9,6 +9,7 @@ batches and run again.
 from __future__ import annotations
 
 import datetime as dt
+import re
 import threading
 import uuid
 from collections import Counter
@@ -23,7 +24,7 @@ from sqlalchemy.orm import Session
 
 from portal.config import RetentionSettings
 from portal.consent import log
-from portal.consent.models import EventKind, Source, TopicPreference
+from portal.consent.models import ConsentEvent, EventKind, Source, TopicPreference
 from portal.db import affected_rows, is_postgres
 from portal.jobreport import JobReport, Progress
 from portal.retention.models import RetentionCounter
@@ -241,6 +242,48 @@ def purge(
     return report
 
 
+def receipt_id(event_seq: int, event_hash: str) -> str:
+    """An erasure receipt's ID, ``ER-<event>-<first 8 hex of its hash>``: the consent log's
+    erasure event, with a check so a mistyped number names no other erasure. Every receipt
+    ever issued holds both parts (``consentEventSeq``, ``consentEventHash``)."""
+    return f"ER-{event_seq}-{event_hash[:RECEIPT_CHECK].upper()}"
+
+
+RECEIPT_CHECK = 8
+_RECEIPT_ID = re.compile(r"ER-?([0-9]{1,18})-([0-9A-F]{8,64})")
+_RECEIPT_GAPS = re.compile(r"[\s_-]+")
+_HEX_LOOKALIKES = str.maketrans({"O": "0", "I": "1", "L": "1"})
+
+
+def parse_receipt_id(text: str) -> tuple[int, str] | None:
+    """The event number and hash prefix (lowercase hex) a typed receipt ID names, however
+    it is cased or spaced (``er 1042 3fa9c2d1``); None when ``text`` is no receipt ID."""
+    value = _RECEIPT_GAPS.sub("-", text.strip().upper())
+    if not value.startswith("ER"):
+        return None
+    found = _RECEIPT_ID.fullmatch("ER" + value[2:].translate(_HEX_LOOKALIKES))
+    if found is None:
+        return None
+    return int(found.group(1)), found.group(2).lower()
+
+
+def erasure_by_receipt_id(session: Session, text: str) -> uuid.UUID | None:
+    """The erased subscriber a receipt ID names; None when it names no erasure."""
+    parsed = parse_receipt_id(text)
+    if parsed is None:
+        return None
+    seq, check = parsed
+    e = ConsentEvent.__table__
+    row = session.execute(
+        sa.select(e.c.subscriber_id, e.c.hash).where(
+            e.c.seq == seq, e.c.kind == EventKind.ERASED.value
+        )
+    ).first()
+    if row is None or row.subscriber_id is None or not bytes(row.hash).hex().startswith(check):
+        return None
+    return uuid.UUID(str(row.subscriber_id))
+
+
 @dataclass(frozen=True)
 class ErasureReceipt:
     subscriber_id: uuid.UUID
@@ -248,6 +291,10 @@ class ErasureReceipt:
     event_seq: int
     event_hash: str
     subscriptions: int
+
+    @property
+    def receipt_id(self) -> str:
+        return receipt_id(self.event_seq, self.event_hash)
 
 
 def erase_subscriber(
@@ -268,7 +315,10 @@ def erase_subscriber(
     data, so nothing in it needs editing.
     """
     log.lock_chain(session)
-    subscriber = session.get(Subscriber, subscriber_id, with_for_update=True)
+    # Read afresh: what this session holds of the row may be older than the lock.
+    subscriber = session.get(
+        Subscriber, subscriber_id, with_for_update=True, populate_existing=True
+    )
     if subscriber is None or subscriber.erased_at is not None:
         raise LookupError("no such subscriber, or already erased")
     ended = affected_rows(
@@ -291,6 +341,7 @@ def erase_subscriber(
         sa.delete(TopicPreference).where(TopicPreference.subscriber_id == subscriber_id)
     )
     subscriber.external_user_id = None
+    subscriber.reference = None
     subscriber.locale = None
     subscriber.region_code = None
     subscriber.erased_at = now

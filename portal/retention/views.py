@@ -16,7 +16,7 @@ from portal.consent.models import Source
 from portal.consent.views import _current_subscriber, forget_link_visit
 from portal.db import db
 from portal.identity import SUBSCRIBER_COOKIE, device_from_cookie, subscriber_from_cookie
-from portal.retention.services import ErasureReceipt, erase_subscriber
+from portal.retention.services import ErasureReceipt, erase_subscriber, receipt_id
 from portal.seams import current_portal
 from portal.subscriptions.services import DeviceStatus, status_of_device
 from portal.useragent import family
@@ -128,6 +128,7 @@ def receipt(token: str) -> Response:
         return Response("This receipt link is not valid.", status=404, mimetype="text/plain")
     document = {
         "receipt": "erasure",
+        "receiptId": receipt_id(body["consentEventSeq"], body["consentEventHash"]),
         **body,
         "note": "Your data was erased. The consent log keeps only that consent existed and "
         "ended, under a random identifier; the event above is its record.",

@@ -62,6 +62,11 @@ class Subscriber(Base):
     locale: Mapped[str | None] = mapped_column(sa.String(35))
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, nullable=False)
     erased_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    # The short reference the person quotes to staff (portal/subscriptions/reference.py):
+    # given when their preference centre first shows it, removed by erasure.
+    reference: Mapped[str | None] = mapped_column(sa.String(8))
+
+    __table_args__ = (sa.Index("ix_subscriber_reference", "reference", unique=True),)
 
 
 # The partial index's predicate; its text must stay as the migration wrote it.

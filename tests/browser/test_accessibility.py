@@ -550,11 +550,46 @@ def _lookup_by_no_endpoint(new_context: Callable[..., Any], server: LiveServer) 
     """The look-up by endpoint given text that is no push endpoint: its form error."""
     page = _staff(new_context, server)
     page.goto("/staff/compliance/lookup")
-    page.locator("input[name=kind][value=endpoint]").check()
-    page.locator("input[name=value]").fill("not an endpoint")
+    page.locator("input[name=endpoint]").fill("not an endpoint")
     page.locator("main button[type=submit]").last.click()
     page.wait_for_selector(".error-summary")
     return page
+
+
+def _lookup_search(kind: str) -> Reach:
+    """The look-up's search: a person by the reference their preference centre shows, a
+    second page of account IDs that start alike, an erased person by their receipt ID,
+    a search that finds nobody, and one refused (too short to be a prefix)."""
+
+    def reach(new_context: Callable[..., Any], server: LiveServer) -> Page:
+        from portal.db import db
+        from tests.factories import make_subscriber
+
+        query = {"empty": "nobody-by-this-name", "refused": "ab"}.get(kind, "")
+        if kind in ("reference", "receipt"):
+            person = _known(new_context)
+            query = person.locator(".reference-line .reference").inner_text()
+            if kind == "receipt":
+                person.goto("/preferences/erase")
+                person.check("#erase-confirm")
+                person.click("button[type=submit]")
+                query = person.locator(".reference").inner_text()
+        if kind == "prefix":
+            with db.begin(server.app) as session:
+                for n in range(1, 26):
+                    make_subscriber(session, f"shop-{n:03d}")
+            query = "shop-"
+        page = _staff(new_context, server)
+        page.goto("/staff/compliance/lookup")
+        page.fill("#q", query)
+        page.locator("form[role=search] button[type=submit]").click()
+        page.wait_for_selector(".error-summary" if kind == "refused" else "#results-count")
+        if kind == "prefix":
+            page.click("a[rel=next]")
+            page.wait_for_url("**page=2")
+        return page
+
+    return reach
 
 
 def _compliance_subscriber(new_context: Callable[..., Any], server: LiveServer) -> Page:
@@ -900,6 +935,13 @@ STAFF_PAGES = [
         error_summary=True,
     ),
     PageState("staff-compliance-lookup-endpoint-error", _lookup_by_no_endpoint, error_summary=True),
+    PageState("staff-compliance-lookup-by-reference", _lookup_search("reference")),
+    PageState("staff-compliance-lookup-page-2", _lookup_search("prefix")),
+    PageState("staff-compliance-lookup-by-receipt", _lookup_search("receipt")),
+    PageState("staff-compliance-lookup-no-results", _lookup_search("empty")),
+    PageState(
+        "staff-compliance-lookup-search-error", _lookup_search("refused"), error_summary=True
+    ),
     PageState("staff-compliance-subscriber", _compliance_subscriber),
     PageState("staff-compliance-erase", _compliance_erase("confirm")),
     PageState("staff-compliance-erase-error", _compliance_erase("error"), error_summary=True),

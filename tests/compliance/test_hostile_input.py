@@ -20,24 +20,39 @@ def _post(browser, url, data, token):
     return browser.client.post(url, data={"csrf_token": token, **data})
 
 
+SEARCH = "Reference, account ID, subscriber ID or erasure receipt ID"
+
+
 @pytest.mark.parametrize(
-    ("kind", "value", "what"),
+    ("value", "what"),
     [
-        ("external_user_id", "user\x00-42", "a NUL at character 5"),
-        ("external_user_id", "user-42\r\n", "a line break at character 8"),
-        ("subscriber_id", "0190d1c0-5b6a-7c3e-9f00-1a2b3c4d5e6f\x00", "a NUL at character 37"),
-        ("endpoint", "https://fcm.googleapis.com/fcm/send/\x00", "a NUL at character 37"),
+        ("user\x00-42", "a NUL at character 5"),
+        ("user-42\r\n", "a line break at character 8"),
+        ("0190d1c0-5b6a-7c3e-9f00-1a2b3c4d5e6f\x00", "a NUL at character 37"),
+        ("k7qm-3xpa\x00", "a NUL at character 10"),
     ],
 )
-def test_the_look_up_refuses_control_characters(engine, officer, person, kind, value, what):
-    token = officer.token()  # (a signed-in page moves the session's idle deadline on)
+def test_the_search_refuses_control_characters(engine, officer, person, value, what):
+    officer.token()  # (a signed-in page moves the session's idle deadline on)
     unchanged = Unchanged(engine)
-    response = _post(officer, "/staff/compliance/lookup", {"kind": kind, "value": value}, token)
+    response = officer.get("/staff/compliance/lookup", query_string={"q": value})
     assert response.status_code == 422
-    message = f"Value to look up {CONTROL} (there is {what})"
-    assert field_error(response.text, "value") == message
-    assert error_summary(response.text) == [("value", message)]
+    message = f"{SEARCH} {CONTROL} (there is {what})"
+    assert field_error(response.text, "q") == message
+    assert error_summary(response.text) == [("q", message)]
     assert unchanged.changed() == []  # not even the audit row of a look-up
+
+
+def test_the_endpoint_look_up_refuses_control_characters(engine, officer, person):
+    token = officer.token()
+    unchanged = Unchanged(engine)
+    value = "https://fcm.googleapis.com/fcm/send/\x00"
+    response = _post(officer, "/staff/compliance/lookup", {"endpoint": value}, token)
+    assert response.status_code == 422
+    message = f"Push endpoint {CONTROL} (there is a NUL at character 37)"
+    assert field_error(response.text, "endpoint") == message
+    assert error_summary(response.text) == [("endpoint", message)]
+    assert unchanged.changed() == []
 
 
 def test_an_erasure_reference_with_a_nul_is_refused(engine, officer, person):

@@ -35,33 +35,50 @@ def _set_external_id(app, subscriber_id, value="acct-42"):
 
 
 def _look_up(officer, kind, value):
-    return officer.post("/staff/compliance/lookup", {"kind": kind, "value": value})
+    if kind == "endpoint":
+        return officer.post("/staff/compliance/lookup", {"endpoint": value})
+    return officer.get("/staff/compliance/lookup", query_string={"q": value})
 
 
-def test_the_form_posts_and_defaults_to_the_external_id(app, officer):
-    page = officer.get("/staff/compliance/lookup").text
-    assert '<form method="post" action="/staff/compliance/lookup"' in page
-    assert 'id="kind" name="kind" value="external_user_id" checked' in page
-    assert "<legend>Look up by</legend>" in page
+def test_the_search_is_a_get_form_and_the_endpoint_form_posts(app, officer):
+    page = officer.get("/staff/compliance/lookup")
+    assert page.status_code == 200
+    assert '<form method="get" action="/staff/compliance/lookup"' in page.text
+    assert '<input id="q" name="q" type="text"' in page.text
+    assert '<form method="post" action="/staff/compliance/lookup"' in page.text
+    assert "Results" not in page.text
 
 
-@pytest.mark.parametrize("kind", ["external_user_id", "subscriber_id", "endpoint"])
-def test_each_key_finds_the_person(app, engine, officer, person, kind):
+def _history_links(html: str) -> list[str]:
+    return re.findall(r'href="/staff/compliance/subscribers/([0-9a-f-]{36})"', html)
+
+
+@pytest.mark.parametrize("kind", ["external_user_id", "subscriber_id"])
+def test_an_id_finds_the_person_in_the_results(app, engine, officer, person, kind):
     _set_external_id(app, person.subscriber_id)
-    value = {
-        "external_user_id": "acct-42",
-        "subscriber_id": str(person.subscriber_id),
-        "endpoint": person.sub.endpoint,
-    }[kind]
+    value = {"external_user_id": "acct-42", "subscriber_id": str(person.subscriber_id)}[kind]
     response = _look_up(officer, kind, value)
-    assert response.status_code == 303
-    assert response.location.endswith(f"/staff/compliance/subscribers/{person.subscriber_id}")
+    assert response.status_code == 200
+    assert _history_links(response.text) == [str(person.subscriber_id)]
+    assert "Showing 1–1 of 1 person" in response.text
+    label = {"external_user_id": "Account ID", "subscriber_id": "Subscriber ID"}[kind]
+    assert f'<td data-label="Matched by">{label}</td>' in response.text
     (row,) = _audit(engine, "consent.looked_up")
     assert row["actor_email"] == "officer@example.test"
     assert row["target"] == f"subscriber:{person.subscriber_id}"
-    assert row["detail"] == {"by": kind, "found": True}
-    if kind != "subscriber_id":  # the value searched with is never recorded
+    assert row["detail"] == {"by": "search", "found": 1, "page": 1}
+    if kind == "external_user_id":  # the value searched with is never recorded
         assert value not in json.dumps(all_rows(engine, "staff_audit"), default=str)
+
+
+def test_an_endpoint_goes_straight_to_the_person(app, engine, officer, person):
+    response = _look_up(officer, "endpoint", person.sub.endpoint)
+    assert response.status_code == 303
+    assert response.location.endswith(f"/staff/compliance/subscribers/{person.subscriber_id}")
+    (row,) = _audit(engine, "consent.looked_up")
+    assert row["target"] == f"subscriber:{person.subscriber_id}"
+    assert row["detail"] == {"by": "endpoint", "found": True}
+    assert person.sub.endpoint not in json.dumps(all_rows(engine, "staff_audit"), default=str)
 
 
 def test_an_endpoint_is_found_however_it_is_spelled(app, officer, person):
@@ -76,7 +93,15 @@ def test_an_endpoint_is_found_however_it_is_spelled(app, officer, person):
 def test_a_value_that_is_no_push_endpoint_is_a_form_error(app, engine, officer, person):
     response = _look_up(officer, "endpoint", "not an endpoint")
     assert response.status_code == 422
-    assert "A push endpoint is an https:// URL" in response.text
+    assert '<a href="#endpoint">A push endpoint is an https:// URL' in response.text
+    assert _audit(engine, "consent.looked_up") == []
+
+
+def test_an_endpoint_in_the_search_box_is_sent_to_its_own_form(app, engine, officer, person):
+    response = _look_up(officer, "subscriber_id", person.sub.endpoint)
+    assert response.status_code == 422
+    assert "use the endpoint form" in response.text
+    assert person.sub.endpoint not in response.text  # not echoed back into the page
     assert _audit(engine, "consent.looked_up") == []
 
 
@@ -123,17 +148,90 @@ def test_searching_by_endpoint_stores_nothing_of_it(app, engine, officer, person
 
 def test_not_found_and_bad_input(app, engine, officer, person):
     missing = _look_up(officer, "external_user_id", "nobody")
-    assert missing.status_code == 404
-    assert "No subscriber has this external user id" in missing.text
-    assert 'value="nobody"' in missing.text  # an id (not an endpoint) is kept for correcting
-    bad = _look_up(officer, "subscriber_id", "not-a-uuid")
-    assert bad.status_code == 422
-    assert '<a href="#value">A subscriber ID looks like' in bad.text
-    empty = _look_up(officer, "", "")
+    assert missing.status_code == 200
+    assert "Nobody matches “nobody”." in missing.text
+    assert 'value="nobody"' in missing.text  # kept in the box for correcting
+    short = _look_up(officer, "external_user_id", "ab")
+    assert short.status_code == 422
+    assert '<a href="#q">No account ID is exactly “ab”. To search by the start' in short.text
+    empty = _look_up(officer, "external_user_id", "")
     assert empty.status_code == 422
-    assert '<a href="#kind">Choose what you are looking up by</a>' in empty.text
+    assert '<a href="#q">Enter a reference, an account ID or its start' in empty.text
     assert officer.get(f"/staff/compliance/subscribers/{uuid.uuid4()}").status_code == 404
-    assert [r["detail"]["found"] for r in _audit(engine, "consent.looked_up")] == [False]
+    assert [r["detail"]["found"] for r in _audit(engine, "consent.looked_up")] == [0]
+
+
+@pytest.mark.parametrize(
+    ("query", "status", "words"),
+    [
+        ({"q": "acct", "page": "0"}, 400, "The page is a whole number from 1"),
+        ({"q": "acct", "page": "-1"}, 400, "The page is a whole number from 1"),
+        ({"q": "acct", "page": "abc"}, 400, "The page is a whole number from 1"),
+        ({"q": "acct", "page": "9" * 40}, 400, "The page is a whole number from 1"),
+        ({"q": "acct", "page": "2"}, 404, "There is no page 2: this search has 1 page"),
+        ({"q": "acct\x00x"}, 422, "must not contain control characters"),
+        ({"q": "acct", "page": "1\x00"}, 422, "must not contain control characters"),
+        ({"page": "2"}, 422, "Enter a reference"),
+        ({"q": "x" * 5000}, 422, "at most 4096 characters"),
+    ],
+)
+def test_bad_search_input_is_refused_and_writes_nothing(
+    app, engine, officer, person, query, status, words
+):
+    _set_external_id(app, person.subscriber_id)
+    before = all_rows(engine, "staff_audit")
+    response = officer.get("/staff/compliance/lookup", query_string=query)
+    assert response.status_code == status
+    assert words in response.text
+    assert '<div class="error-summary"' in response.text
+    assert all_rows(engine, "staff_audit") == before
+
+
+def test_a_reference_from_the_preference_centre_finds_the_person(app, officer, person):
+    centre = person.client.get("/preferences").text
+    shown = re.search(r'Your reference: <strong class="reference">([0-9A-Z-]{9})</strong>', centre)
+    assert shown is not None
+    response = _look_up(officer, "reference", shown.group(1).lower().replace("-", " "))
+    assert _history_links(response.text) == [str(person.subscriber_id)]
+    assert '<td data-label="Matched by">Reference</td>' in response.text
+    assert f"<code>{shown.group(1)}</code>" in response.text
+    history = officer.get(f"/staff/compliance/subscribers/{person.subscriber_id}").text
+    assert f"<dt>Reference</dt><dd><code>{shown.group(1)}</code></dd>" in history
+    # The same reference on every visit.
+    assert shown.group(1) in person.client.get("/preferences").text
+
+
+def test_results_paginate_with_links_that_keep_the_search(app, officer):
+    from tests.factories import make_subscriber
+
+    with db.begin(app) as session:
+        for n in range(1, 58):
+            make_subscriber(session, f"shop_{n:03d}")
+        make_subscriber(session, "shopX001")  # '_' is no wildcard
+    first = _look_up(officer, "external_user_id", "shop_")
+    assert "Showing 1–20 of 57 people" in first.text
+    assert 'href="/staff/compliance/lookup?q=shop_&amp;page=2" rel="next"' in first.text
+    assert 'rel="prev"' not in first.text
+    second = officer.get("/staff/compliance/lookup?q=shop_&page=2")
+    assert "Showing 21–40 of 57 people" in second.text
+    assert 'href="/staff/compliance/lookup?q=shop_&amp;page=1" rel="prev"' in second.text
+    assert 'href="/staff/compliance/lookup?q=shop_&amp;page=3" rel="next"' in second.text
+    last = officer.get("/staff/compliance/lookup?q=shop_&page=3")
+    assert "Showing 41–57 of 57 people" in last.text
+    assert 'rel="next"' not in last.text
+    assert "shopX001" not in first.text + second.text + last.text
+
+
+def test_an_erasure_receipt_id_finds_the_erased_person(app, clock, officer, person):
+    with db.begin(app) as session:
+        receipt = erase_subscriber(session, person.subscriber_id, now=clock.now())
+    response = _look_up(officer, "receipt", receipt.receipt_id.lower())
+    assert response.status_code == 200
+    assert _history_links(response.text) == [str(person.subscriber_id)]
+    assert '<td data-label="Matched by">Erasure receipt ID</td>' in response.text
+    assert "Erased on 2026-01-01 00:20:00 UTC" in response.text
+    history = officer.get(f"/staff/compliance/subscribers/{person.subscriber_id}").text
+    assert f"<dt>Erasure receipt ID</dt><dd><code>{receipt.receipt_id}</code></dd>" in history
 
 
 def test_the_history_page(app, engine, clock, officer, person):
@@ -295,9 +393,17 @@ def test_another_subscriber_is_not_mixed_in(app, subscriptions, officer, person)
     assert html.count('class="timeline__item"') == 6
 
 
-def test_lookups_are_refused_to_other_roles(app, browser, make_staff):
-    make_staff("camp@example.test", Role.CAMPAIGNS)
+@pytest.mark.parametrize("role", [Role.CAMPAIGNS, Role.ADMIN])
+def test_lookups_are_refused_to_other_roles(app, engine, browser, make_staff, person, role):
+    make_staff("other@example.test", role)
     other = browser()
-    other.sign_in("camp@example.test")
-    refused = other.post("/staff/compliance/lookup", {"kind": "endpoint", "value": "x"})
+    other.sign_in("other@example.test")
+    assert other.get("/staff/compliance/lookup").status_code == 403
+    searched = other.get("/staff/compliance/lookup", query_string={"q": str(person.subscriber_id)})
+    assert searched.status_code == 403
+    assert str(person.subscriber_id) not in searched.text
+    refused = other.post("/staff/compliance/lookup", {"endpoint": person.sub.endpoint})
     assert refused.status_code == 403
+    assert _audit(engine, "consent.looked_up") == []
+    stranger = app.test_client().get("/staff/compliance/lookup?q=acct")
+    assert stranger.status_code == 302  # to sign-in

@@ -1,0 +1,38 @@
+"""subscriber.reference: the short reference a person reads on their preference centre
+and quotes to staff, who find them by it.
+
+Nullable without a default (no table rewrite): a person is given one the first time their
+preference centre shows it. The unique index is built concurrently on PostgreSQL; every
+row is NULL when it is built, so it cannot fail on existing data.
+
+Revision ID: 0015
+Revises: 0014
+Create Date: 2026-12-02
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0015"
+down_revision = "0014"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    op.add_column("subscriber", sa.Column("reference", sa.String(8), nullable=True))
+    with op.get_context().autocommit_block():
+        op.create_index(
+            "ix_subscriber_reference",
+            "subscriber",
+            ["reference"],
+            unique=True,
+            postgresql_concurrently=True,
+        )
+
+
+def downgrade() -> None:
+    op.drop_index("ix_subscriber_reference", table_name="subscriber")
+    op.drop_column("subscriber", "reference")
