@@ -2,8 +2,10 @@
 and quotes to staff, who find them by it.
 
 Nullable without a default (no table rewrite): a person is given one the first time their
-preference centre shows it. The unique index is built concurrently on PostgreSQL; every
-row is NULL when it is built, so it cannot fail on existing data.
+preference centre shows it. Every row is NULL when the unique index is built, so it cannot
+fail on existing data. Not built CONCURRENTLY: that waits for every other open
+transaction, among them those of processes queued on the migration lock, which wait in
+turn for this one.
 
 Revision ID: 0015
 Revises: 0014
@@ -23,14 +25,7 @@ depends_on = None
 
 def upgrade() -> None:
     op.add_column("subscriber", sa.Column("reference", sa.String(8), nullable=True))
-    with op.get_context().autocommit_block():
-        op.create_index(
-            "ix_subscriber_reference",
-            "subscriber",
-            ["reference"],
-            unique=True,
-            postgresql_concurrently=True,
-        )
+    op.create_index("ix_subscriber_reference", "subscriber", ["reference"], unique=True)
 
 
 def downgrade() -> None:
