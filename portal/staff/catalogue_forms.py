@@ -15,7 +15,7 @@ from wtforms.validators import (
 )
 
 from portal.consent.catalogue import CATEGORY_MAX, LABEL_MAX, SLUG, VERSION
-from portal.inputs import CheckedForm
+from portal.inputs import CheckedForm, PlainText
 from portal.staff.catalogue import normalise_text
 from portal.staff.forms import strip
 
@@ -65,7 +65,8 @@ class CategoryChoice(Field):
     service's to check (they may change between the form and the final POST)."""
 
     def __init__(self, label: str, **kwargs: Any) -> None:
-        super().__init__(label, **kwargs)
+        # Its value is text, checked as every text field of a CheckedForm is.
+        super().__init__(label, validators=[PlainText()], **kwargs)
         self.data: str | None = None
 
     def process_formdata(self, valuelist: list[Any]) -> None:
