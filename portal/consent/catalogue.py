@@ -8,6 +8,7 @@ import hashlib
 import re
 import threading
 import time
+import unicodedata
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,8 +36,70 @@ def add_topic(
     description: str = "",
     transactional: bool = False,
     default_state: str = "opt_out",
+    new_category: bool | None = None,
     now: dt.datetime,
 ) -> Topic:
+    """Add a topic after :func:`check_new_topic` (see it for ``new_category``)."""
+    draft = check_new_topic(
+        session,
+        slug=slug,
+        category=category,
+        label=label,
+        description=description,
+        transactional=transactional,
+        default_state=default_state,
+        new_category=new_category,
+    )
+    position = session.execute(
+        sa.select(sa.func.coalesce(sa.func.max(Topic.position), 0))
+    ).scalar_one()
+    topic = Topic(
+        slug=draft.slug,
+        category=draft.category,
+        label=draft.label,
+        description=draft.description,
+        is_transactional=draft.transactional,
+        default_state=draft.default_state,
+        position=position + 1,
+        created_at=now,
+    )
+    session.add(topic)
+    session.flush()
+    return topic
+
+
+@dataclass(frozen=True)
+class TopicDraft:
+    """A topic as :func:`add_topic` would store it, every rule checked; nothing written."""
+
+    slug: str
+    category: str
+    category_is_new: bool
+    label: str
+    description: str
+    transactional: bool
+    default_state: str
+
+
+def check_new_topic(
+    session: Session,
+    *,
+    slug: str,
+    category: str,
+    label: str,
+    description: str = "",
+    transactional: bool = False,
+    default_state: str = "opt_out",
+    new_category: bool | None = None,
+) -> TopicDraft:
+    """Every rule a new topic must meet, read in the caller's transaction; writes nothing.
+
+    ``new_category``: True, the category is a new one (refused when one in use has the
+    same name, whatever its capitals or spaces); False, it is one in use, named as the
+    catalogue names it; None (seeds and fixtures), either. A name that is a category in
+    use written differently ("news" beside "News") is refused in every case
+    (:func:`category_for_new_topic`).
+    """
     if not SLUG.fullmatch(slug) or len(slug) > 64:
         raise ValidationError(
             "invalid_slug",
@@ -45,30 +108,138 @@ def add_topic(
         )
     if default_state not in ("opt_in", "opt_out"):
         raise ValidationError("invalid_default", "the default is opt_in or opt_out", "default")
-    if not category.strip() or not label.strip():
-        raise ValidationError("missing_field", "category and label are required", "label")
-    _check_text(category=category, label=label, description=description)
-    _check_lengths(category=category, label=label)
+    if not label.strip():
+        raise ValidationError("missing_field", "the label is required", "label")
+    _check_text(label=label, description=description)
+    _check_lengths(label=label)
+    _serialise_catalogue_writes(session)
     if session.scalars(sa.select(Topic).where(Topic.slug == slug)).first() is not None:
         raise Conflict(
             "slug_taken", f"topic {slug!r} exists already (slugs are never reused)", "slug"
         )
-    position = session.execute(
-        sa.select(sa.func.coalesce(sa.func.max(Topic.position), 0))
-    ).scalar_one()
-    topic = Topic(
+    known = category_names(all_topics(session))
+    chosen = category_for_new_topic(category, known, new=new_category)
+    return TopicDraft(
         slug=slug,
-        category=category.strip(),
+        category=chosen,
+        category_is_new=category_key(chosen) not in known,
         label=label.strip(),
         description=description.strip(),
-        is_transactional=transactional,
+        transactional=transactional,
         default_state=default_state,
-        position=position + 1,
-        created_at=now,
     )
-    session.add(topic)
-    session.flush()
-    return topic
+
+
+# Any constant; names the advisory lock that orders topic creations on PostgreSQL, so two
+# admins cannot both add "news" and "News" as new categories, or take one position. SQLite
+# holds its write lock from BEGIN (portal.db), which orders them already.
+_CATALOGUE_LOCK = 0x746F706963  # "topic"
+
+
+def _serialise_catalogue_writes(session: Session) -> None:
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(sa.select(sa.func.pg_advisory_xact_lock(_CATALOGUE_LOCK)))
+
+
+# -- categories -----------------------------------------------------------------------------
+
+
+def category_key(name: str) -> str:
+    """What two category names are compared by: the same words, whatever their capitals,
+    spacing or Unicode compatibility form ("News", " news ", "NEWS" are one category)."""
+    return " ".join(unicodedata.normalize("NFKC", name).split()).casefold()
+
+
+def category_names(topics: Sequence[Topic]) -> dict[str, str]:
+    """Each category's key and the name it goes by, in page order.
+
+    A database may hold near-duplicates written before categories were compared (topics
+    under "News" and under "news"); their category cannot change, so nothing is rewritten:
+    they are one category, named as its first active topic (in page order) spells it, or
+    its first retired one when none is active. People see one heading by that name
+    (:func:`by_category`), new topics can only choose that name, and the staff topic list
+    warns of the other spellings (:func:`categories_in_use`).
+    """
+    names: dict[str, str] = {}
+    ordered = sorted(topics, key=lambda t: (t.retired_at is not None, t.position, t.id or 0))
+    for topic in ordered:
+        names.setdefault(category_key(topic.category), topic.category)
+    # Keep page order (first appearance), whatever the active-first choice of names.
+    order = {category_key(t.category): i for i, t in reversed(list(enumerate(topics)))}
+    return dict(sorted(names.items(), key=lambda item: order[item[0]]))
+
+
+def category_for_new_topic(name: str, known: dict[str, str], *, new: bool | None) -> str:
+    """The category a new topic goes under, as stored: the rule every caller uses (the
+    staff form, ``portal topic add``, seeds). ``known`` is :func:`category_names` of every
+    topic; ``new`` as in :func:`check_new_topic`."""
+    field = "new_category" if new else "category"
+    spelled = " ".join(name.split())
+    if not spelled:
+        raise ValidationError(
+            "missing_field",
+            "name the new category" if new else "choose a category",
+            field,
+        )
+    problem = text_problem(name)
+    if problem:
+        raise ValidationError(
+            "invalid_text", f"the {'new category' if new else 'category'} {problem}", field
+        )
+    _check_lengths(category=spelled, field=field)
+    found = known.get(category_key(spelled))
+    if new:
+        if found is None:
+            return spelled
+        if found == spelled:
+            raise Conflict(
+                "category_exists",
+                f'there is a category "{found}" already: choose it rather than adding it again',
+                field,
+            )
+        raise Conflict(
+            "category_exists",
+            f'there is a category "{found}" already: choose "{found}" rather than adding '
+            f'"{spelled}"',
+            field,
+        )
+    if found is None:
+        if new is None:
+            return spelled
+        raise ValidationError(
+            "unknown_category",
+            f'there is no category "{spelled}": choose one in use, or add it as a new category',
+            field,
+        )
+    if found != spelled:
+        raise Conflict(
+            "category_near_duplicate",
+            f'"{spelled}" is the category "{found}" written differently: choose "{found}"',
+            field,
+        )
+    return found
+
+
+@dataclass(frozen=True)
+class CategoryInUse:
+    """A category as the staff pages list it."""
+
+    name: str
+    topics: int  # every topic under it, retired ones included
+    active: int
+    other_spellings: tuple[str, ...]  # near-duplicates stored on some of its topics
+
+
+def categories_in_use(session: Session) -> list[CategoryInUse]:
+    """Every category of every topic (retired ones included), in page order."""
+    topics = all_topics(session)
+    found = []
+    for key, name in category_names(topics).items():
+        under = [t for t in topics if category_key(t.category) == key]
+        spellings = tuple(dict.fromkeys(t.category for t in under if t.category != name))
+        active = sum(1 for t in under if t.retired_at is None)
+        found.append(CategoryInUse(name, len(under), active, spellings))
+    return found
 
 
 # The columns' sizes: refused here with a message rather than by the database.
@@ -87,11 +258,11 @@ def _check_text(**fields: str | None) -> None:
 _MULTILINE = frozenset({"description", "text"})
 
 
-def _check_lengths(*, category: str | None = None, label: str | None = None) -> None:
+def _check_lengths(
+    *, category: str | None = None, label: str | None = None, field: str = "category"
+) -> None:
     if category is not None and len(category.strip()) > CATEGORY_MAX:
-        raise ValidationError(
-            "too_long", f"a category is at most {CATEGORY_MAX} characters", "category"
-        )
+        raise ValidationError("too_long", f"a category is at most {CATEGORY_MAX} characters", field)
     if label is not None and len(label.strip()) > LABEL_MAX:
         raise ValidationError("too_long", f"a label is at most {LABEL_MAX} characters", "label")
 
@@ -184,11 +355,13 @@ class Category:
 
 
 def by_category(topics: Sequence[Topic]) -> list[Category]:
-    """Categories in the order their first topic appears."""
+    """Categories in the order their first topic appears, near-duplicates under one
+    heading (:func:`category_names`)."""
+    names = category_names(topics)
     groups: dict[str, list[Topic]] = {}
     for topic in topics:
-        groups.setdefault(topic.category, []).append(topic)
-    return [Category(name, items) for name, items in groups.items()]
+        groups.setdefault(category_key(topic.category), []).append(topic)
+    return [Category(names[key], items) for key, items in groups.items()]
 
 
 def text_digest(text: str) -> str:

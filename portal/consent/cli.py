@@ -31,7 +31,11 @@ def _fail(error: ApiError) -> None:
 
 @topic_cli.command("add")
 @click.argument("slug")
-@click.option("--category", required=True)
+@click.option("--category", help="A category in use, named as `portal topic list` shows it.")
+@click.option(
+    "--new-category",
+    help="A new category (refused when one in use has the same name, whatever its capitals).",
+)
 @click.option("--label", required=True)
 @click.option("--description", default="")
 @click.option("--transactional", is_flag=True, help="Account messages the permission grant covers.")
@@ -39,15 +43,25 @@ def _fail(error: ApiError) -> None:
     "--default", "default_state", type=click.Choice(["opt_in", "opt_out"]), default="opt_out"
 )
 def topic_add(
-    slug: str, category: str, label: str, description: str, transactional: bool, default_state: str
+    slug: str,
+    category: str | None,
+    new_category: str | None,
+    label: str,
+    description: str,
+    transactional: bool,
+    default_state: str,
 ) -> None:
-    """Add a topic to the catalogue."""
+    """Add a topic to the catalogue, under a category in use or a new one."""
+    name = category if new_category is None else new_category
+    if name is None or (category is not None and new_category is not None):
+        raise click.UsageError("give either --category (one in use) or --new-category")
     try:
         with db.begin() as session:
             topic = catalogue.add_topic(
                 session,
                 slug=slug,
-                category=category,
+                category=name,
+                new_category=new_category is not None,
                 label=label,
                 description=description,
                 transactional=transactional,

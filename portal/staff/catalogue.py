@@ -45,8 +45,10 @@ def create_topic(
     description: str,
     transactional: bool,
     default_state: str,
+    new_category: bool,
     now: dt.datetime,
 ) -> Topic:
+    """Add a topic (the rules: :func:`portal.consent.catalogue.check_new_topic`)."""
     topic = catalogue.add_topic(
         session,
         slug=slug,
@@ -55,6 +57,7 @@ def create_topic(
         description=description,
         transactional=transactional,
         default_state=default_state,
+        new_category=new_category,
         now=now,
     )
     audit.record(

@@ -15,7 +15,7 @@ from wtforms.validators import (
 )
 
 from portal.consent.catalogue import CATEGORY_MAX, LABEL_MAX, SLUG, VERSION
-from portal.inputs import CheckedForm
+from portal.inputs import CheckedForm, PlainText
 from portal.staff.catalogue import normalise_text
 from portal.staff.forms import strip
 
@@ -56,6 +56,27 @@ class RadioChoice(Field):
         return self.id
 
 
+# The value of the "A new category" radio: no category's name can be empty.
+NEW_CATEGORY = ""
+
+
+class CategoryChoice(Field):
+    """A category in use, by name, or :data:`NEW_CATEGORY`; which names are in use is the
+    service's to check (they may change between the form and the final POST)."""
+
+    def __init__(self, label: str, **kwargs: Any) -> None:
+        # Its value is text, checked as every text field of a CheckedForm is.
+        super().__init__(label, validators=[PlainText()], **kwargs)
+        self.data: str | None = None
+
+    def process_formdata(self, valuelist: list[Any]) -> None:
+        self.data = str(valuelist[0]) if valuelist else None
+
+    def pre_validate(self, form: Any) -> None:
+        if self.data is None:
+            raise ValidationError("Choose a category, or add a new one")
+
+
 CLASS_CHOICES = [("marketing", "Marketing"), ("transactional", "Transactional (account messages)")]
 DEFAULT_CHOICES = [("opt_out", "Off until the person turns it on"), ("opt_in", "On by default")]
 
@@ -70,11 +91,13 @@ class TopicForm(CheckedForm):
             Regexp(SLUG, message="Use lowercase letters and digits, words joined by hyphens"),
         ],
     )
-    category = StringField(
-        "Category",
+    # One of the categories in use (by the name the catalogue gives it), or NEW_CATEGORY
+    # with the name in ``new_category``; the rule is the service's (check_new_topic).
+    category = CategoryChoice("Category")
+    new_category = StringField(
+        "Name of the new category",
         filters=[strip],
         validators=[
-            DataRequired("Enter a category"),
             Length(max=CATEGORY_MAX, message=f"The category is at most {CATEGORY_MAX} characters"),
         ],
     )
@@ -100,6 +123,19 @@ class TopicForm(CheckedForm):
     default_state = RadioChoice(
         "Default for people who have not chosen", DEFAULT_CHOICES, message="Choose a default"
     )
+
+    def validate_new_category(self, field: Field) -> None:
+        if self.category.data == NEW_CATEGORY and not field.data:
+            raise ValidationError("Name the new category")
+
+    @property
+    def adds_category(self) -> bool:
+        return self.category.data == NEW_CATEGORY
+
+    @property
+    def category_name(self) -> str:
+        """The category as typed or chosen (the service checks and tidies it)."""
+        return (self.new_category.data if self.adds_category else self.category.data) or ""
 
 
 class TopicEditForm(CheckedForm):

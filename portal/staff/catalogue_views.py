@@ -20,7 +20,7 @@ from portal.staff.access import (
     staff_required,
 )
 from portal.staff.blueprint import bp
-from portal.staff.catalogue_forms import PolicyForm, TopicEditForm, TopicForm
+from portal.staff.catalogue_forms import NEW_CATEGORY, PolicyForm, TopicEditForm, TopicForm
 from portal.staff.forms import ConfirmForm
 from portal.staff.models import Role
 
@@ -72,9 +72,13 @@ def _topic_or_404(slug: str) -> Topic | None:
 @bp.get("/admin/topics")
 @staff_required(Role.ADMIN)
 def topics() -> Any:
+    topics = consent_catalogue.all_topics(db.session)
     return render_template(
         "staff/admin/topics.html",
-        categories=consent_catalogue.by_category(consent_catalogue.all_topics(db.session)),
+        categories=consent_catalogue.by_category(topics),
+        near_duplicates=[
+            c for c in consent_catalogue.categories_in_use(db.session) if c.other_spellings
+        ],
         errors=[],
     )
 
@@ -82,33 +86,78 @@ def topics() -> Any:
 @bp.route("/admin/topics/new", methods=["GET", "POST"])
 @staff_required(Role.ADMIN)
 def topic_new() -> Any:
+    """Fill in, review (nothing written), then create: ``action`` is ``review`` (the
+    form's button), ``edit`` (back to the form, values kept) or ``create`` (the review's
+    button). Every step checks every field afresh: the review carries them as hidden
+    fields, and the final POST redirects (303), so a reload creates nothing."""
     form = TopicForm()
-    status = 200
-    if request.method == "POST":
-        status = 422
-        if form.validate():
-            try:
-                topic = catalogue.create_topic(
-                    db.session,
-                    actor=current_staff(),
-                    slug=form.slug.data,
-                    category=form.category.data,
-                    label=form.label.data,
-                    description=form.description.data or "",
-                    transactional=form.topic_class.data == "transactional",
-                    default_state=form.default_state.data or "opt_out",
-                    now=_now(),
-                )
-            except ApiError as error:
-                db.session.rollback()
-                _refuse(form, error)
-            else:
-                db.session.commit()
-                flash(f"Topic {topic.slug} added.")
-                return redirect(url_for("staff.topics"), 303)
-    categories = sorted({t.category for t in consent_catalogue.all_topics(db.session)})
+    if request.method == "GET":
+        return _new_page(form, 200)
+    action = request.form.get("action", "review")
+    if action == "edit":
+        return _new_page(form, 200)
+    if not form.validate():
+        return _new_page(form, 422)
+    fields = {
+        "slug": form.slug.data,
+        "category": form.category_name,
+        "label": form.label.data,
+        "description": form.description.data or "",
+        "transactional": form.topic_class.data == "transactional",
+        "default_state": form.default_state.data,
+        "new_category": form.adds_category,
+    }
+    if action != "create":
+        try:
+            draft = consent_catalogue.check_new_topic(db.session, **fields)
+        except ApiError as error:
+            _refuse(form, error)
+            return _new_page(form, 422)
+        finally:
+            db.session.rollback()  # the review reads only; end its transaction
+        return render_template(
+            "staff/admin/topic_review.html", form=form, draft=draft, errors=[]
+        ), 200
+    try:
+        topic = catalogue.create_topic(db.session, actor=current_staff(), now=_now(), **fields)
+    except ApiError as error:
+        db.session.rollback()
+        if error.code == "slug_taken" and _created_already(fields):
+            # The same Create topic sent again (a reload of the review's POST).
+            flash(f"Topic {form.slug.data} was created already: nothing changed.")
+            return redirect(url_for("staff.topics"), 303)
+        _refuse(form, error)
+        return _new_page(form, 422)
+    db.session.commit()
+    flash(f"Topic {topic.slug} added under {topic.category}.")
+    return redirect(url_for("staff.topics"), 303)
+
+
+def _created_already(fields: dict[str, Any]) -> bool:
+    """An active topic exactly as these fields would create it."""
+    topic = _topic_or_404(fields["slug"])
+    return (
+        topic is not None
+        and topic.retired_at is None
+        and consent_catalogue.category_key(topic.category)
+        == consent_catalogue.category_key(fields["category"])
+        and (topic.label, topic.description, topic.is_transactional, topic.default_state)
+        == (
+            fields["label"].strip(),
+            fields["description"].strip(),
+            fields["transactional"],
+            fields["default_state"],
+        )
+    )
+
+
+def _new_page(form: TopicForm, status: int) -> Any:
     return render_template(
-        "staff/admin/topic_new.html", form=form, errors=error_list(form), categories=categories
+        "staff/admin/topic_new.html",
+        form=form,
+        errors=error_list(form),
+        categories=consent_catalogue.categories_in_use(db.session),
+        new_category=NEW_CATEGORY,
     ), status
 
 

@@ -492,6 +492,37 @@ def _staff_form(
     return reach
 
 
+def _topic_review(
+    category: str,
+    *,
+    new_category: str = "",
+    then: str | None = None,
+    done: str = "main h1",
+) -> Reach:
+    """The new-topic form filled in under ``category`` (a category's radio value; "" for
+    "A new category", named ``new_category``) and continued to its review; then the
+    review's button ``then``, if any."""
+
+    def reach(new_context: Callable[..., Any], server: LiveServer) -> Page:
+        page = _staff(new_context, server)
+        page.goto("/staff/admin/topics/new")
+        page.fill("#slug", "monthly-summary")
+        page.locator(f"input[name=category][value='{category}']").check()
+        if new_category:
+            page.fill("#new_category", new_category)
+        page.fill("#label", "Monthly summary")
+        page.check("#topic_class")
+        page.check("#default_state")
+        page.click("button[value=review]")
+        page.wait_for_selector(done)
+        if then is not None:
+            page.get_by_role("button", name=then).click()
+            page.wait_for_selector(".banner" if then == "Create topic" else "#slug")
+        return page
+
+    return reach
+
+
 def _policy_preview(new_context: Callable[..., Any], server: LiveServer) -> Page:
     page = _staff(new_context, server)
     page.goto("/staff/admin/policies/new")
@@ -902,14 +933,15 @@ STAFF_PAGES = [
     PageState(
         "staff-admin-topic-new-error", _staff_submit("/staff/admin/topics/new"), error_summary=True
     ),
+    PageState("staff-admin-topic-review", _topic_review("News")),
+    PageState("staff-admin-topic-review-new-category", _topic_review("", new_category="Events")),
+    PageState("staff-admin-topic-back", _topic_review("News", then="Go back and change")),
     PageState(
-        "staff-admin-topic-added",
-        _staff_form(
-            "/staff/admin/topics/new",
-            {"#slug": "monthly-summary", "#category": "News", "#label": "Monthly summary"},
-            check=("#topic_class", "#default_state"),
-        ),
+        "staff-admin-topic-new-near-duplicate",
+        _topic_review("", new_category="news", done=".error-summary"),
+        error_summary=True,
     ),
+    PageState("staff-admin-topic-added", _topic_review("News", then="Create topic")),
     PageState("staff-admin-topic-edit", _staff_page("/staff/admin/topics/offers/edit")),
     PageState(
         "staff-admin-topic-edit-error",

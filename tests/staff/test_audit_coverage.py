@@ -75,6 +75,7 @@ def done(app, engine, clock, catalogue_ready, subscriptions, make_staff, browser
         "description": "Once a month.",
         "topic_class": "marketing",
         "default_state": "opt_out",
+        "action": "create",  # the review's button
     }
     assert person.post("/staff/admin/topics/new", new_topic).status_code == 303
     step("topic.created", "topic:product-news")

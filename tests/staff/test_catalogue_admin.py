@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from html import unescape
 
 import pytest
 import sqlalchemy as sa
@@ -31,19 +32,31 @@ def _topic(app, slug) -> Topic:
 
 NEW_TOPIC = {
     "slug": "product-news",
-    "category": "News",
+    "category": "",  # the "A new category" radio
+    "new_category": "News",
     "label": "Product news",
     "description": "New features, once a month.",
     "topic_class": "marketing",
     "default_state": "opt_out",
 }
+# Under a category the test catalogue has.
+UNDER_NEWS = {**NEW_TOPIC, "category": "News", "new_category": ""}
+
+
+def _hidden(html: str) -> dict[str, str]:
+    """The hidden fields of the review's form, as a browser would send them back."""
+    return {
+        name: unescape(value)
+        for name, value in re.findall(r'<input type="hidden" name="(\w+)" value="([^"]*)">', html)
+        if name != "csrf_token"
+    }
 
 
 def test_an_admin_adds_a_topic_and_it_is_audited(app, engine, admin_browser):
-    response = admin_browser.post("/staff/admin/topics/new", NEW_TOPIC)
+    response = admin_browser.post("/staff/admin/topics/new", {**NEW_TOPIC, "action": "create"})
     assert response.status_code == 303
     page = admin_browser.get(response.location).text
-    assert "Topic product-news added." in page
+    assert "Topic product-news added under News." in page
     assert "<caption>News</caption>" in page
     topic = _topic(app, "product-news")
     assert (topic.label, topic.is_transactional, topic.default_state) == (
@@ -62,15 +75,124 @@ def test_an_admin_adds_a_topic_and_it_is_audited(app, engine, admin_browser):
     }
 
 
-def test_the_new_topic_form_names_every_problem(app, engine, admin_browser):
+def test_the_review_shows_what_cannot_change_and_writes_nothing(
+    app, engine, admin_browser, catalogue_ready
+):
+    before = {t: count_rows(engine, t) for t in ("topic", "staff_audit")}
+    review = admin_browser.post("/staff/admin/topics/new", UNDER_NEWS)  # action: review
+    assert review.status_code == 200
+    html = review.text
+    assert "Check the new topic before you create it" in html
+    fixed = html[html.index("Cannot change once created") : html.index("Can change later")]
+    for shown in ("<code>product-news</code>", "News", "Marketing", "Off until the person"):
+        assert shown in fixed
+    assert fixed.count("Cannot change</strong>") == 4
+    assert "A category in use: the topic joins its heading." in fixed
+    later = html[html.index("Can change later") :]
+    assert "Product news" in later and "New features, once a month." in later
+    assert 'name="action" value="create">Create topic' in html
+    assert 'name="action" value="edit" class="secondary">Go back and change' in html
+    assert 'name="csrf_token"' in html
+    assert {t: count_rows(engine, t) for t in before} == before
+    # The review's own form creates it, and nothing else is needed.
+    created = admin_browser.post("/staff/admin/topics/new", {**_hidden(html), "action": "create"})
+    assert created.status_code == 303
+    assert created.location.endswith("/staff/admin/topics")
+    assert _topic(app, "product-news").category == "News"
+
+
+def test_a_new_category_is_named_as_new_on_the_review(app, engine, admin_browser, catalogue_ready):
+    review = admin_browser.post(
+        "/staff/admin/topics/new", {**NEW_TOPIC, "new_category": "  Product   updates "}
+    )
+    assert review.status_code == 200
+    assert "A new category: people will see a new heading, “Product updates”." in review.text
+    created = admin_browser.post(
+        "/staff/admin/topics/new", {**_hidden(review.text), "action": "create"}
+    )
+    assert created.status_code == 303
+    assert _topic(app, "product-news").category == "Product updates"
+    listing = admin_browser.get("/staff/admin/topics").text
+    assert "<caption>Product updates</caption>" in listing
+
+
+def test_going_back_keeps_every_value(app, engine, admin_browser, catalogue_ready):
+    data = {**UNDER_NEWS, "category": "Offers", "description": "Line one.\nLine two."}
+    review = admin_browser.post("/staff/admin/topics/new", data)
+    back = admin_browser.post("/staff/admin/topics/new", {**_hidden(review.text), "action": "edit"})
+    assert back.status_code == 200
+    html = back.text
+    assert 'id="slug" name="slug" type="text" value="product-news"' in html
+    assert re.search(r'value="Offers"\s+checked', html)
+    assert 'value="Product news"' in html
+    assert ">\nLine one.\nLine two.</textarea>" in html
+    assert 'id="topic_class" name="topic_class" value="marketing" checked' in html
+    assert 'id="default_state" name="default_state" value="opt_out" checked' in html
+    assert "There is a problem" not in html
+    assert count_rows(engine, "topic") == 4
+
+
+@pytest.mark.parametrize("typed", ["news", " NEWS ", "News", "ｎｅｗｓ"])
+def test_a_new_category_like_one_in_use_is_refused(
+    app, engine, admin_browser, catalogue_ready, typed
+):
+    for action in ("review", "create"):
+        response = admin_browser.post(
+            "/staff/admin/topics/new", {**NEW_TOPIC, "new_category": typed, "action": action}
+        )
+        assert response.status_code == 422
+        links = re.findall(r'<li><a href="#([\w-]+)">([^<]+)</a></li>', response.text)
+        ((anchor, message),) = links
+        assert anchor == "new_category"
+        assert message.startswith("There is a category &#34;News&#34; already: choose")
+    assert count_rows(engine, "topic") == 4
+    assert _audit(engine, "topic.created") == []
+
+
+def test_a_category_in_use_written_differently_is_refused(
+    app, engine, admin_browser, catalogue_ready
+):
     response = admin_browser.post(
-        "/staff/admin/topics/new", {"slug": "Not A Slug", "category": "", "label": "x" * 121}
+        "/staff/admin/topics/new", {**UNDER_NEWS, "category": "news", "action": "create"}
+    )
+    assert response.status_code == 422
+    assert (
+        "&#34;news&#34; is the category &#34;News&#34; written differently: choose &#34;News&#34;"
+        in response.text
+    )
+    unknown = admin_browser.post(
+        "/staff/admin/topics/new", {**UNDER_NEWS, "category": "Events", "action": "create"}
+    )
+    assert unknown.status_code == 422
+    assert "There is no category &#34;Events&#34;" in unknown.text
+    assert count_rows(engine, "topic") == 4
+
+
+def test_the_form_lists_the_categories_in_use(app, admin_browser, catalogue_ready):
+    html = admin_browser.get("/staff/admin/topics/new").text
+    values = re.findall(
+        r'<input type="radio" id="category[\w-]*" name="category" value="([^"]*)"', html
+    )
+    assert values == ["Your account", "News", "Offers", ""]
+    assert '<label for="category-new">A new category</label>' in html
+    assert 'id="new_category" name="new_category"' in html
+
+
+def test_the_first_topic_starts_the_first_category(app, admin_browser):
+    html = admin_browser.get("/staff/admin/topics/new").text
+    assert '<input type="hidden" name="category" value="">' in html
+    assert "There are no categories yet" in html
+
+
+def test_the_new_topic_form_names_every_problem(app, engine, admin_browser, catalogue_ready):
+    response = admin_browser.post(
+        "/staff/admin/topics/new", {"slug": "Not A Slug", "label": "x" * 121}
     )
     assert response.status_code == 422
     links = re.findall(r'<li><a href="#([\w-]+)">([^<]+)</a></li>', response.text)
     assert links == [
         ("slug", "Use lowercase letters and digits, words joined by hyphens"),
-        ("category", "Enter a category"),
+        ("category", "Choose a category, or add a new one"),
         ("label", "The label is at most 120 characters"),
         ("topic_class", "Choose whether the topic is marketing or transactional"),
         ("default_state", "Choose a default"),
@@ -78,15 +200,79 @@ def test_the_new_topic_form_names_every_problem(app, engine, admin_browser):
     assert 'id="topic_class" name="topic_class" value="marketing"' in response.text
     assert "<legend>Class</legend>" in response.text
     assert "<title>Error: Add a topic" in response.text
-    assert count_rows(engine, "topic") == 0
+    unnamed = admin_browser.post("/staff/admin/topics/new", {**NEW_TOPIC, "new_category": "  "})
+    assert unnamed.status_code == 422
+    assert '<a href="#new_category">Name the new category</a>' in unnamed.text
+    assert count_rows(engine, "topic") == 4
     assert _audit(engine, "topic.created") == []
 
 
 def test_a_slug_is_never_reused(app, engine, admin_browser, catalogue_ready):
-    response = admin_browser.post("/staff/admin/topics/new", {**NEW_TOPIC, "slug": "offers"})
-    assert response.status_code == 422
-    assert "exists already (slugs are never reused)" in response.text
+    for action in ("review", "create"):
+        response = admin_browser.post(
+            "/staff/admin/topics/new", {**UNDER_NEWS, "slug": "offers", "action": action}
+        )
+        assert response.status_code == 422
+        assert "exists already (slugs are never reused)" in response.text
     assert count_rows(engine, "topic") == 4
+
+
+def test_the_create_post_sent_again_creates_nothing(app, engine, admin_browser, catalogue_ready):
+    first = admin_browser.post("/staff/admin/topics/new", {**UNDER_NEWS, "action": "create"})
+    assert first.status_code == 303
+    again = admin_browser.post("/staff/admin/topics/new", {**UNDER_NEWS, "action": "create"})
+    assert again.status_code == 303
+    assert "Topic product-news was created already: nothing changed." in (
+        admin_browser.get(again.location).text
+    )
+    # The same slug with other words is a conflict, not the same topic.
+    other = admin_browser.post(
+        "/staff/admin/topics/new", {**UNDER_NEWS, "label": "Other", "action": "create"}
+    )
+    assert other.status_code == 422
+    assert count_rows(engine, "topic") == 5
+    assert len(_audit(engine, "topic.created")) == 1
+
+
+def test_only_admins_reach_the_review(app, engine, make_staff, browser, catalogue_ready):
+    from portal.staff.models import Role
+
+    make_staff("sender@example.test", Role.CAMPAIGNS, Role.COMPLIANCE)
+    person = browser()
+    assert person.sign_in("sender@example.test").status_code == 303
+    for action in ("review", "create", "edit"):
+        answer = person.post("/staff/admin/topics/new", {**UNDER_NEWS, "action": action})
+        assert answer.status_code == 403
+    assert person.get("/staff/admin/topics/new").status_code == 403
+    assert count_rows(engine, "topic") == 4
+
+
+def test_near_duplicates_in_the_database_are_shown_once_with_a_warning(
+    app, engine, clock, admin_browser, catalogue_ready
+):
+    # As an older version allowed: "news" beside "News", written straight to the table.
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO topic (slug, category, label, description, is_transactional, "
+                "default_state, position, created_at) VALUES ('old-news', 'news ', 'Old news', "
+                "'', :f, 'opt_out', 9, :now)"
+            ),
+            {"f": False, "now": clock.now()},
+        )
+    listing = admin_browser.get("/staff/admin/topics").text
+    assert listing.count("<caption>News</caption>") == 1
+    assert "<caption>news" not in listing
+    assert "Categories written more than one way" in listing
+    assert "“News”, also stored as “news ”" in listing
+    assert "Category stored as “news ”" in listing
+    form = admin_browser.get("/staff/admin/topics/new").text
+    assert 'value="news ' not in form
+    assert "some are stored as “news ”, shown to people as “News”" in form
+    refused = admin_browser.post(
+        "/staff/admin/topics/new", {**UNDER_NEWS, "category": "news ", "action": "create"}
+    )
+    assert refused.status_code == 422
 
 
 def test_editing_changes_only_the_wording(app, engine, admin_browser, catalogue_ready):

@@ -170,6 +170,7 @@ def test_a_description_keeps_its_line_breaks_and_tabs(engine, catalogue_ready, a
             "description": "New features.\r\nOnce a month.\tNo more.",
             "topic_class": "marketing",
             "default_state": "opt_out",
+            "action": "create",
         },
     )
     assert response.status_code == 303

@@ -34,6 +34,9 @@ def test_every_rule_is_walked(world):
     )
     assert "subscription" in forms[("/staff/campaigns/test-send", "POST")].fields
     assert "previewed" in forms[("/staff/admin/policies/new", "POST")].fields
+    assert {"create", "edit", "review"} <= forms[("/staff/admin/topics/new", "POST")].fields[
+        "action"
+    ]
     assert {"action", "actor", "date_from", "date_to"} <= set(
         forms[("/staff/admin/audit", "GET")].fields
     )
@@ -72,6 +75,7 @@ def test_the_oracle_sees_a_crash_a_traceback_and_a_refusal_that_wrote(world):
             "label": "Written",
             "topic_class": "marketing",
             "default_state": "opt_out",
+            "action": "create",
         },
     )
     assert answer.status_code == 303

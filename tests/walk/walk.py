@@ -3,7 +3,7 @@ values for every route parameter, query string and form field.
 
 - :func:`targets` lists every (rule, method) of ``app.url_map``; :func:`harvest` opens
   every page as every persona (and the steps only a form reaches: a campaign's review,
-  a policy's preview) and reads the forms each offers (tests/walk/forms.py).
+  a policy's preview, a topic's review) and reads the forms each offers (tests/walk/forms.py).
   :func:`uncovered` names a rule the walk cannot fill in or a form it never saw.
 - :func:`requests` draws one request: a target, its route parameters (a value that names
   something, or a hostile one), a query string, and for a POST the form's fields — mostly
@@ -102,6 +102,16 @@ def harvest(world: World) -> dict[Target, Form]:
         seeds: list[tuple[str, dict[str, Any]]] = [
             ("/staff/campaigns/new", {**form_data(), "action": "review"}),
             ("/staff/admin/policies/new", {"version": "v2", "text": "We send less."}),
+            (
+                "/staff/admin/topics/new",
+                {
+                    "slug": "walked",
+                    "category": "News",
+                    "label": "Walked",
+                    "topic_class": "marketing",
+                    "default_state": "opt_out",
+                },
+            ),
         ]
         for path, data in seeds:
             answer = persona.client.post(path, data={"csrf_token": persona.token, **data})
