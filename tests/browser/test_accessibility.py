@@ -323,6 +323,7 @@ def _staff(
                 passwords=current_portal(app).passwords,
                 now=current_portal(app).clock.now(),
                 via="test",
+                must_replace_password=False,
             )
     page = new_context().new_page()
     page.goto("/staff/login")
@@ -642,6 +643,7 @@ def _colleague(server: LiveServer) -> str:
             passwords=current_portal(app).passwords,
             now=current_portal(app).clock.now(),
             via="test",
+            must_replace_password=False,
         )
         return str(user.id)
 
