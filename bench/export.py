@@ -101,6 +101,7 @@ def seed(url: str, events: int, instance: Path) -> None:
             passwords=current_portal(app).passwords,
             now=current_portal(app).clock.now(),
             via="bench",
+            must_replace_password=False,
         )
     started = time.perf_counter()
     with psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://")) as conn:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from portal.accesslog import loggable_path
 from portal.clock import Clock, SystemClock
 from portal.config import Settings
 from portal.db import db
-from portal.seams import EXTENSION, Portal, TransportFactory
+from portal.seams import EXTENSION, Portal, TransportFactory, system_user
 from portal.staff.passwords import Passwords
 from portal.subscriptions.sealing import KeyRing
 
@@ -43,6 +44,7 @@ def create_app(
     keys: KeyRing | None = None,
     passwords: Passwords | None = None,
     transport_factory: TransportFactory | None = None,
+    os_user: Callable[[], str] | None = None,
 ) -> Flask:
     """The application. Each keyword replaces one seam (see :mod:`portal.seams`); left
     out, it is built from the settings (themselves read from the environment)."""
@@ -73,6 +75,7 @@ def create_app(
         keys=keys or KeyRing(settings.auth_keys, settings.auth_key_version),
         passwords=passwords or Passwords(),
         transport_factory=transport_factory,
+        os_user=os_user or system_user,
     )
 
     accesslog.install()  # the development server's request log

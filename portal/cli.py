@@ -75,7 +75,9 @@ class ClickProgress:
 def run_job_command(name: str) -> None:
     """Run one background job once, with progress."""
     from portal.jobs import job_names
+    from portal.operations.actions import RAN_BY_HAND
     from portal.operations.scheduler import JobBusy, run_recorded
+    from portal.staff import audit
 
     if name not in job_names():
         raise click.BadParameter(
@@ -95,6 +97,14 @@ def run_job_command(name: str) -> None:
     finally:
         progress.close()
     assert report is not None
+    with db.begin() as session:  # as the jobs page's button does
+        audit.record(
+            session,
+            audit.command_line_actor(),
+            RAN_BY_HAND,
+            f"job:{name}",
+            {"changed": report.changed},
+        )
     click.echo(report.summary())
     for problem in report.problems:
         click.echo(f"  problem: {problem}", err=True)

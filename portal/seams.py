@@ -10,8 +10,10 @@ A leaf: it imports only the types it holds, so any module may import it.
 
 from __future__ import annotations
 
+import getpass
+import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from flask import Flask, current_app
@@ -30,6 +32,18 @@ EXTENSION = "portal"
 TransportFactory = Callable[["Portal"], "PushTransport"]
 
 
+def system_user() -> str:
+    """The operating-system user running this process, for the audit trail of commands:
+    ``getpass.getuser()``, else the numeric uid, else ``unknown`` (a container may have
+    neither ``$USER`` nor a passwd entry)."""
+    try:
+        name = getpass.getuser()
+    except (OSError, KeyError, ImportError):
+        uid = getattr(os, "getuid", None)
+        name = f"uid {uid()}" if uid else ""
+    return name or "unknown"
+
+
 @dataclass
 class Portal:
     """The seams services reach through the app."""
@@ -39,6 +53,8 @@ class Portal:
     keys: KeyRing
     passwords: Passwords
     transport_factory: TransportFactory
+    # Who runs a ``portal …`` command (the audit trail's "command line (os user: …)").
+    os_user: Callable[[], str] = field(default=system_user)
 
 
 def current_portal(app: Flask | None = None) -> Portal:

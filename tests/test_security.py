@@ -64,6 +64,7 @@ def staff_browser(app: Flask) -> Browser:
             passwords=passwords,
             now=current_portal(app).clock.now(),
             via="test",
+            must_replace_password=False,
         )
     person = Browser(app.test_client())
     assert person.sign_in("all@example.test", "a long enough staff password").status_code == 303

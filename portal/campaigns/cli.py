@@ -146,7 +146,7 @@ def campaign_create(
         )
         audit.record(
             session,
-            None,
+            audit.command_line_actor(),
             LAUNCHED,
             f"campaign:{campaign.id}",
             {

@@ -7,7 +7,6 @@ BUNDLE`` runs the same check where only the package is installed.
 from __future__ import annotations
 
 import datetime as dt
-import getpass
 import socket
 import sys
 import uuid
@@ -28,7 +27,7 @@ from portal.compliance.signing import SigningKey, SigningKeyMissing, parse_publi
 from portal.compliance.verify import BundleError, verify_bundle
 from portal.db import db
 from portal.seams import current_portal
-from portal.staff.audit import Anonymous
+from portal.staff.audit import command_line_actor
 
 
 def _fail(message: str) -> None:
@@ -85,14 +84,15 @@ def export_command(
         out = Path(bundle_name(filters, data_format))
     if out.exists():
         _fail(f"{out} exists already: choose a new folder")
-    user = f"{getpass.getuser()}@{socket.gethostname()}"
+    actor = command_line_actor()
+    user = f"{actor.os_user}@{socket.gethostname()}"
     try:
         with db.begin() as session:
             plan = services.start_export(
                 session,
                 filters,
                 data_format=data_format,
-                actor=Anonymous(),
+                actor=actor,
                 via=f"command line ({user})",
             )
         manifest = write_bundle(

@@ -636,7 +636,7 @@ def start_export(
     filters: ExportFilter,
     *,
     data_format: str,
-    actor: audit.Actor | audit.Anonymous | None,
+    actor: audit.AnyActor,
     via: str,
 ) -> ExportPlan:
     """Fix the export's snapshot and audit it before any row leaves: who, the filters and

@@ -1,4 +1,7 @@
-"""``portal topic …``, ``portal policy publish`` and ``portal verify-log``."""
+"""``portal topic …``, ``portal policy publish`` and ``portal verify-log``.
+
+What changes the catalogue goes through :mod:`portal.staff.catalogue`, as the console's
+forms do, so each change is in the audit trail with the command line as its actor."""
 
 from __future__ import annotations
 
@@ -15,6 +18,8 @@ from portal.consent.log import verify_chain
 from portal.db import db
 from portal.errors import ApiError
 from portal.seams import current_portal
+from portal.staff import catalogue as audited
+from portal.staff.audit import command_line_actor
 
 topic_cli = AppGroup("topic", help="The topic catalogue.")
 policy_cli = AppGroup("policy", help="Policy versions (immutable once published).")
@@ -57,8 +62,9 @@ def topic_add(
         raise click.UsageError("give either --category (one in use) or --new-category")
     try:
         with db.begin() as session:
-            topic = catalogue.add_topic(
+            topic = audited.create_topic(
                 session,
+                actor=command_line_actor(),
                 slug=slug,
                 category=name,
                 new_category=new_category is not None,
@@ -79,7 +85,9 @@ def topic_retire(slug: str) -> None:
     """Retire a topic: it leaves pages and audiences; its history stays."""
     try:
         with db.begin() as session:
-            topic = catalogue.retire_topic(session, slug, now=_now())
+            audited.retire_topic(session, actor=command_line_actor(), slug=slug, now=_now())
+            topic = catalogue.topic_by_slug(session, slug)
+            assert topic.retired_at is not None
             click.echo(f"retired {topic.slug} at {topic.retired_at:%Y-%m-%d %H:%M} UTC")
     except ApiError as error:
         _fail(error)
@@ -114,7 +122,9 @@ def policy_publish(version: str, path: Path) -> None:
         sys.exit(1)
     try:
         with db.begin() as session:
-            policy = catalogue.publish_policy(session, version=version, text=text, now=_now())
+            policy = audited.publish_policy(
+                session, actor=command_line_actor(), version=version, text=text, now=_now()
+            )
             click.echo(f"published {policy.version} sha256={policy.text_sha256}")
     except ApiError as error:
         _fail(error)

@@ -13,6 +13,7 @@ from werkzeug.wrappers import Response
 
 from portal.db import db
 from portal.jobs import job_names, scheduled_jobs
+from portal.operations.actions import RAN_BY_HAND
 from portal.operations.models import JobRun
 from portal.operations.scheduler import JobBusy, run_recorded
 from portal.operations.status import statuses
@@ -23,10 +24,7 @@ from portal.staff.blueprint import bp
 from portal.staff.forms import ConfirmForm
 from portal.staff.models import Role
 
-RAN_BY_HAND = "operations.job_run"
 RECENT = 100
-
-audit.register_action(RAN_BY_HAND, "Background job run by hand")
 # Its pages on the staff dashboard (create_app lists them, in its order).
 PAGES = (
     StaffPage(

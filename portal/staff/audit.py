@@ -89,6 +89,26 @@ class Anonymous:
     email: str | None = None
 
 
+CLI = "cli"
+_OS_USER_MAX = 64
+
+
+@dataclass(frozen=True)
+class CommandLine:
+    """A ``portal …`` command: recorded as actor ``cli`` with the operating-system user
+    who ran it (no staff account signs in on the command line)."""
+
+    os_user: str
+
+
+def command_line_actor() -> CommandLine:
+    """The actor every ``portal …`` command records, with the operating-system user from
+    the seam (:attr:`portal.seams.Portal.os_user`, which tests replace)."""
+    name = current_portal().os_user()
+    name = "".join(ch for ch in name if ch.isprintable()).strip()[:_OS_USER_MAX]
+    return CommandLine(name or "unknown")
+
+
 # Words in a key that would put a secret into an append-only table nobody can clean up.
 _SECRET_WORDS = frozenset(
     {"password", "passwd", "passphrase", "secret", "token", "cookie", "credential", "private"}
@@ -97,6 +117,10 @@ _SECRET_WORDS = frozenset(
 
 class SecretInAudit(ValueError):
     """``detail`` carried something that looks like a secret."""
+
+
+# Whoever an audit row names: staff, the command line, an unknown email, or the system.
+AnyActor = Actor | Anonymous | CommandLine | None
 
 
 def _check_detail(detail: Any, path: str = "detail") -> None:
@@ -120,7 +144,7 @@ def _now() -> dt.datetime:
 
 def record(
     session: Session,
-    actor: Actor | Anonymous | None,
+    actor: AnyActor,
     action: str,
     target: str | None = None,
     detail: dict[str, Any] | None = None,
@@ -129,11 +153,16 @@ def record(
 ) -> StaffAudit:
     """Add one audit row to ``session`` (the caller commits).
 
+    ``actor`` is a member of staff, :func:`command_line_actor` for a ``portal …``
+    command, or None for the system.
     ``target`` names what was acted on (``staff:ann@example.com``, ``campaign:<id>``).
     ``detail`` is a small JSON object; keys that look like secrets are refused.
     """
     _check_detail(detail)
-    if actor is None or isinstance(actor, Anonymous):
+    via = os_user = None
+    if isinstance(actor, CommandLine):
+        actor_id, actor_email, via, os_user = None, None, CLI, actor.os_user[:_OS_USER_MAX]
+    elif actor is None or isinstance(actor, Anonymous):
         actor_id, actor_email = None, actor.email if actor else None
     else:
         actor_id, actor_email = actor.id, actor.email
@@ -144,6 +173,8 @@ def record(
         action=action[:64],
         target=target[:255] if target else None,
         detail=detail or None,
+        actor_via=via,
+        actor_os_user=os_user,
     )
     session.add(row)
     return row

@@ -8,7 +8,7 @@ imported. A leaf of the staff console: it imports no page module.
 
 from __future__ import annotations
 
-from flask import Blueprint, current_app, g, render_template, request
+from flask import Blueprint, current_app, g, redirect, render_template, request, url_for
 from flask_wtf.csrf import CSRFError
 from werkzeug.wrappers import Response
 
@@ -21,6 +21,9 @@ from portal.staff.services import StaffPolicy
 bp = Blueprint("staff", __name__, url_prefix="/staff")
 
 _UNPROTECTED = {"staff.login"}
+# While a member of staff still has a password someone else chose, only these open; every
+# other staff page or form redirects to the password page and does nothing.
+_OPEN_BEFORE_REPLACING = {"staff.login", "staff.logout", "staff.password"}
 
 
 def policy() -> StaffPolicy:
@@ -43,6 +46,13 @@ def _load_signed_in() -> Response | None:
     view = current_app.view_functions.get(endpoint)
     if view is not None and endpoint not in _UNPROTECTED and not hasattr(view, "staff_roles"):
         return Response("This staff page has no access rule.", 500)
+    if (
+        view is not None
+        and g.staff is not None
+        and g.staff.must_replace_password
+        and endpoint not in _OPEN_BEFORE_REPLACING
+    ):
+        return redirect(url_for("staff.password"), 303)  # type: ignore[return-value]
     return None
 
 

@@ -38,7 +38,7 @@ def topic_target(slug: str) -> str:
 def create_topic(
     session: Session,
     *,
-    actor: audit.Actor | None,
+    actor: audit.AnyActor,
     slug: str,
     category: str,
     label: str,
@@ -79,7 +79,7 @@ def create_topic(
 def edit_topic(
     session: Session,
     *,
-    actor: audit.Actor | None,
+    actor: audit.AnyActor,
     slug: str,
     label: str,
     description: str,
@@ -101,9 +101,7 @@ def edit_topic(
     return True
 
 
-def retire_topic(
-    session: Session, *, actor: audit.Actor | None, slug: str, now: dt.datetime
-) -> bool:
+def retire_topic(session: Session, *, actor: audit.AnyActor, slug: str, now: dt.datetime) -> bool:
     """Retire (never delete); False when it was retired already."""
     topic = catalogue.topic_by_slug(session, slug)
     if topic.retired_at is not None:
@@ -175,7 +173,7 @@ def line_diff(old: str, new: str, *, context: int = 3) -> LineDiff:
 def publish_policy(
     session: Session,
     *,
-    actor: audit.Actor | None,
+    actor: audit.AnyActor,
     version: str,
     text: str,
     now: dt.datetime,

@@ -10,6 +10,7 @@ from flask.cli import AppGroup, with_appcontext
 
 from portal.db import db
 from portal.seams import current_portal
+from portal.staff.audit import command_line_actor
 from portal.staff.models import Role
 from portal.staff.passwords import Passwords, password_problem
 from portal.staff.services import StaffError, create_staff
@@ -49,7 +50,7 @@ def _password_from_prompt() -> str:
 )
 @with_appcontext
 def create_staff_command(email: str, roles: tuple[str, ...], password_stdin: bool) -> None:
-    """Create a staff user with the given roles."""
+    """Create a staff user with the given roles; they replace the password at first sign-in."""
     password = _password_from_stdin() if password_stdin else _password_from_prompt()
     passwords: Passwords = current_portal(current_app).passwords
     try:
@@ -59,15 +60,18 @@ def create_staff_command(email: str, roles: tuple[str, ...], password_stdin: boo
                 email=email,
                 password=password,
                 roles=[Role(r) for r in roles],
-                actor=None,
+                actor=command_line_actor(),
                 passwords=passwords,
                 now=current_portal().clock.now(),
+                # Whoever typed it is not the person: they choose their own at first sign-in.
+                must_replace_password=True,
                 via="cli",
             )
             created = (user.email, sorted(r.value for r in user.roles))
     except StaffError as error:
         raise click.ClickException(error.message) from None
     click.echo(f"created staff user {created[0]} with roles {', '.join(created[1])}")
+    click.echo("they will be asked to choose a new password when they first sign in", err=True)
 
 
 def register(group: AppGroup) -> None:

@@ -37,6 +37,11 @@ class StaffUser(Base):
     )
     locked_until: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
     last_login_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    # Someone else chose the password (an admin, or whoever ran ``portal create-staff``):
+    # the person replaces it at first sign-in before any other staff page opens.
+    must_replace_password: Mapped[bool] = mapped_column(
+        sa.Boolean, nullable=False, default=False, server_default=sa.false()
+    )
 
     role_rows: Mapped[list[StaffRole]] = relationship(
         back_populates="user", cascade="all, delete-orphan", lazy="selectin"
@@ -138,6 +143,9 @@ class StaffAudit(Base):
     action: Mapped[str] = mapped_column(sa.String(64), nullable=False)
     target: Mapped[str | None] = mapped_column(sa.String(255))
     detail: Mapped[dict[str, Any] | None] = mapped_column(sa.JSON)
+    # "cli" for a ``portal …`` command, with the operating-system user who ran it.
+    actor_via: Mapped[str | None] = mapped_column(sa.String(16))
+    actor_os_user: Mapped[str | None] = mapped_column(sa.String(64))
 
     __table_args__ = (
         sa.Index("ix_staff_audit_at", "at"),

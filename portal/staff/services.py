@@ -108,6 +108,8 @@ class SignedIn:
     email: str
     roles: frozenset[Role]
     session_id: bytes
+    # Signed in with a password someone else chose: only the password page opens.
+    must_replace_password: bool = False
 
     def has_any(self, roles: Iterable[Role]) -> bool:
         """Roles are checked strictly: admin grants the admin pages, not the others."""
@@ -167,12 +169,15 @@ def create_staff(
     email: str,
     password: str,
     roles: Iterable[Role],
-    actor: SignedIn | None,
+    actor: SignedIn | audit.CommandLine | None,
     passwords: Passwords,
     now: dt.datetime,
+    must_replace_password: bool,
     via: str = "console",
 ) -> StaffUser:
-    """Add a member of staff. ``actor`` is None on the command line."""
+    """Add a member of staff. ``actor`` is :func:`audit.command_line_actor` on the command
+    line. ``must_replace_password``: the password was chosen by someone other than the
+    person (an admin, the command line), who must replace it at first sign-in."""
     email = normalise_email(email)
     problem = email_problem(email)
     if problem:
@@ -185,7 +190,12 @@ def create_staff(
         raise StaffError(problem, "password")
     if find_by_email(session, email) is not None:
         raise StaffError("A staff user with this email address already exists", "email")
-    user = StaffUser(email=email, password_hash=passwords.hash(password), created_at=now)
+    user = StaffUser(
+        email=email,
+        password_hash=passwords.hash(password),
+        created_at=now,
+        must_replace_password=must_replace_password,
+    )
     user.set_roles(role_set)
     session.add(user)
     session.flush()
@@ -194,7 +204,7 @@ def create_staff(
         actor,
         Action.CREATED,
         staff_target(email),
-        {"roles": sorted(role_set), "via": via},
+        {"roles": sorted(role_set), "via": via, "must_choose_own": must_replace_password},
         at=now,
     )
     return user
@@ -294,15 +304,28 @@ def change_password(
     problem = password_problem(new)
     if problem:
         raise StaffError(problem, "new_password")
+    if passwords.verify(user.password_hash, new):
+        raise StaffError(
+            "Your new password must be different from your current one", "new_password"
+        )
     cleared = after_success(state)
     user.failed_logins, user.locked_until = cleared.failures, cleared.locked_until
     user.password_hash = passwords.hash(new)
+    required = user.must_replace_password
+    user.must_replace_password = False
     session.execute(
         sa.delete(StaffSession).where(
             StaffSession.staff_user_id == user.id, StaffSession.id != actor.session_id
         )
     )
-    audit.record(session, actor, Action.PASSWORD_CHANGED, staff_target(user.email), at=now)
+    audit.record(
+        session,
+        actor,
+        Action.PASSWORD_CHANGED,
+        staff_target(user.email),
+        {"replaced_one_set_for_them": True} if required else None,
+        at=now,
+    )
 
 
 # -- sign-in ------------------------------------------------------------------------------
@@ -524,7 +547,13 @@ def authenticate(
         session.delete(staff_session)
         return None
     staff_session.last_seen_at = now
-    return SignedIn(id=user.id, email=user.email, roles=user.roles, session_id=staff_session.id)
+    return SignedIn(
+        id=user.id,
+        email=user.email,
+        roles=user.roles,
+        session_id=staff_session.id,
+        must_replace_password=user.must_replace_password,
+    )
 
 
 def sign_out(session: Session, signed_in: SignedIn, *, now: dt.datetime) -> None:

@@ -22,7 +22,7 @@ from werkzeug.wrappers import Response
 from portal.db import db
 from portal.inputs import error_list, query_form
 from portal.seams import current_portal
-from portal.staff import audit, services
+from portal.staff import audit, audit_view, services
 from portal.staff.access import (
     ROLE_DESCRIPTIONS,
     STAFF_COOKIE,
@@ -97,7 +97,9 @@ def login() -> Any:
                 session.pop("csrf_token", None)
                 g.pop("csrf_token", None)
                 g.drop_staff_cookie = False
-                response = redirect(next_path or url_for("staff.dashboard"), 303)
+                first = result.user is not None and result.user.must_replace_password
+                landing = url_for("staff.password") if first else next_path
+                response = redirect(landing or url_for("staff.dashboard"), 303)
                 set_cookie(response, result.token)
                 return response
             message, status = _refusal(result)
@@ -210,13 +212,17 @@ def staff_list() -> Any:
                     actor=_signed_in(),
                     passwords=passwords(),
                     now=current_portal().clock.now(),
+                    must_replace_password=True,
                 )
             except StaffError as error:
                 db.session.rollback()
                 _field(form, error).errors = [error.message]
             else:
                 db.session.commit()
-                flash(f"Staff user {user.email} added.")
+                flash(
+                    f"Staff user {user.email} added. They will be asked to choose a new "
+                    "password when they first sign in."
+                )
                 return redirect(url_for("staff.staff_list"), 303)
     return render_template(
         "staff/admin/staff_list.html",
@@ -347,6 +353,7 @@ def audit_trail() -> Any:
         form=form,
         errors=error_list(form, anchors=FIELD_ANCHORS),
         page=page,
+        entries=audit_view.describe(db.session, page.rows, _signed_in()),
         filters=filters,
         labels=audit.action_labels(),
     ), status
@@ -356,7 +363,8 @@ def audit_trail() -> Any:
 def _staff_context() -> dict[str, Any]:
     def staff_pages() -> list[StaffPage]:
         staff = current_staff()
-        return pages_for(staff) if staff else []
+        # Nothing else opens until a password someone else chose is replaced.
+        return pages_for(staff) if staff and not staff.must_replace_password else []
 
     return {
         "staff_pages": staff_pages,

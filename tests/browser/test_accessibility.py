@@ -385,6 +385,7 @@ def _staff(
                 passwords=current_portal(app).passwords,
                 now=current_portal(app).clock.now(),
                 via="test",
+                must_replace_password=False,
             )
     page = new_context().new_page()
     page.goto("/staff/login")
@@ -844,6 +845,7 @@ def _colleague(server: LiveServer) -> str:
             passwords=current_portal(app).passwords,
             now=current_portal(app).clock.now(),
             via="test",
+            must_replace_password=False,
         )
         return str(user.id)
 
@@ -904,6 +906,53 @@ def _log_check_requested(new_context: Callable[..., Any], server: LiveServer) ->
     page.goto("/staff/compliance/")
     page.click("text=Check the whole log now")
     return _banner(page)
+
+
+NEWCOMER = "newcomer@example.test"
+GIVEN_PASSWORD = "a password an admin typed"
+
+
+def first_sign_in(new_context: Callable[..., Any], server: LiveServer) -> Page:
+    """Someone whose account was made with ``portal create-staff``, signing in for the
+    first time: sent to choose their own password."""
+    made = server.app.test_cli_runner().invoke(
+        args=["portal", "create-staff", NEWCOMER, "--role", "admin", "--password-stdin"],
+        input=GIVEN_PASSWORD + "\n",
+    )
+    assert made.exit_code == 0, made.output
+    page = new_context().new_page()
+    page.goto("/staff/login")
+    page.fill("#email", NEWCOMER)
+    page.fill("#password", GIVEN_PASSWORD)
+    page.click("main button[type=submit]")
+    page.wait_for_url("**/staff/password")
+    return page
+
+
+def _first_password_kept(new_context: Callable[..., Any], server: LiveServer) -> Page:
+    """At first sign-in, the password one was given typed again as the new one."""
+    page = first_sign_in(new_context, server)
+    for field in ("#current_password", "#new_password", "#confirm_password"):
+        page.fill(field, GIVEN_PASSWORD)
+    page.click("main button[type=submit]")
+    page.wait_for_selector(".error-summary")
+    return page
+
+
+def audit_after_cli_publish(new_context: Callable[..., Any], server: LiveServer) -> Page:
+    """The audit trail, filtered to policy versions, after ``portal policy publish`` run
+    by the operating-system user ``deploy``."""
+    current_portal(server.app).os_user = lambda: "deploy"
+    with tempfile.TemporaryDirectory() as folder:
+        notice = Path(folder) / "notice.txt"
+        notice.write_text("We send only what you choose.\nStop at any time.\n", encoding="utf-8")
+        published = server.app.test_cli_runner().invoke(
+            args=["portal", "policy", "publish", "2026-02", "--file", str(notice)]
+        )
+    assert published.exit_code == 0, published.output
+    page = _staff(new_context, server)
+    page.goto("/staff/admin/audit?action=policy.published")
+    return page
 
 
 STAFF_PAGES = [
@@ -1013,6 +1062,9 @@ STAFF_PAGES = [
     PageState("staff-ops-feedback-test-refused", _staff_feedback_test(refused=True)),
     PageState("staff-admin-staff-detail-saved", _staff_detail(("compliance",))),
     PageState("staff-password-changed", _password_changed),
+    PageState("staff-first-password", first_sign_in),
+    PageState("staff-first-password-error", _first_password_kept, error_summary=True),
+    PageState("staff-audit-command-line", audit_after_cli_publish),
     PageState("staff-admin-topic-retired", _topic_retired),
     PageState("staff-compliance-log-check-requested", _log_check_requested),
 ]

@@ -51,6 +51,7 @@ def sign_in() -> Callable[..., Browser]:
                 passwords=passwords,
                 now=current_portal(application).clock.now(),
                 via="test",
+                must_replace_password=False,
             )
         person = Browser(application.test_client())
         assert person.sign_in(email).status_code == 303

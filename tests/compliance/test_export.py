@@ -102,7 +102,8 @@ def test_export_then_verify_passes(app, engine, tmp_path, person, data_format):
 
     (row,) = _audit(engine, "consent.exported")
     assert row["actor_email"] is None
-    assert row["detail"]["via"].startswith("command line (")
+    assert row["actor_via"] == "cli" and row["actor_os_user"]  # who ran the command
+    assert row["detail"]["via"].startswith(f"command line ({row['actor_os_user']}@")
     assert row["detail"]["rows"] == 6
     assert row["detail"]["format"] == data_format
     assert row["detail"]["filters"] == {

@@ -70,6 +70,7 @@ def make_staff(app: Flask) -> Callable[..., StaffUser]:
         *roles: Role,
         password: str = PASSWORD,
         disabled: bool = False,
+        must_replace_password: bool = False,
     ) -> StaffUser:
         with app.app_context(), db.begin() as session:
             user = services.create_staff(
@@ -81,6 +82,7 @@ def make_staff(app: Flask) -> Callable[..., StaffUser]:
                 passwords=current_portal(app).passwords,
                 now=current_portal(app).clock.now(),
                 via="test",
+                must_replace_password=must_replace_password,
             )
             if disabled:
                 user.disabled_at = current_portal(app).clock.now()

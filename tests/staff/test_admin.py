@@ -52,7 +52,11 @@ def test_an_admin_adds_a_staff_user(app, engine, admin_browser, browser):
     (created,) = [r for r in _audit(engine, "staff.created") if r["actor_email"]]
     assert created["actor_email"] == "admin@example.test"
     assert created["target"] == "staff:new.person@example.test"
-    assert created["detail"] == {"roles": ["campaigns", "compliance"], "via": "console"}
+    assert created["detail"] == {
+        "roles": ["campaigns", "compliance"],
+        "via": "console",
+        "must_choose_own": True,
+    }
     newcomer = browser()
     assert newcomer.sign_in("new.person@example.test", NEW_PASSWORD).status_code == 303
 

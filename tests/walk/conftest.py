@@ -201,6 +201,7 @@ def _staff(app: Flask, email: str, role: Role, *, disabled: bool = False) -> uui
             passwords=current_portal(app).passwords,
             now=current_portal(app).clock.now(),
             via="test",
+            must_replace_password=False,
         )
         if disabled:
             user.disabled_at = NOW
