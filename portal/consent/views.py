@@ -165,18 +165,22 @@ def _devices(subscriber: Subscriber) -> list[PushSubscription]:
     )
 
 
-def _this_device_receiving(subscriber: Subscriber, device_id: uuid.UUID | None) -> bool:
+def _this_device(subscriber: Subscriber, device_id: uuid.UUID | None) -> tuple[bool, bool]:
     """Whether the server's record of this browser (its device cookie) says it gets this
-    person's notifications: the page's wording without JavaScript, until the browser's
-    own subscription is asked about."""
+    person's notifications — the page's wording without JavaScript, until the browser's
+    own subscription is asked about — and whether that record is someone else's (a
+    preference link opened in another person's browser: its subscription is not this
+    person's to show or stop, so the browser is not asked about it here)."""
     if device_id is None:
-        return False
+        return False, False
     sub = db.session.get(PushSubscription, device_id)
-    if sub is None or sub.subscriber_id != subscriber.id:
-        return False
+    if sub is None:
+        return False, False
+    if sub.subscriber_id != subscriber.id:
+        return False, True
     now = current_portal().clock.now()
     status = subscription_services.status_of(sub, now=now)
-    return status is subscription_services.DeviceStatus.RECEIVING
+    return status is subscription_services.DeviceStatus.RECEIVING, False
 
 
 def _render(
@@ -201,6 +205,7 @@ def _render(
     views = topic_views(session, subscriber, shown.topics, rows)
     devices = _devices(subscriber)
     this_device = device_from_cookie(request)
+    this_device_receiving, this_device_elsewhere = _this_device(subscriber, this_device)
     # What changed: since the notice this form was opened under (a stale save), else
     # since the notice of the person's latest choice made under an older one.
     diff = None
@@ -218,7 +223,8 @@ def _render(
         messages=get_flashed_messages(with_categories=True),
         devices=devices,
         this_device=this_device,
-        this_device_receiving=_this_device_receiving(subscriber, this_device),
+        this_device_receiving=this_device_receiving,
+        this_device_elsewhere=this_device_elsewhere,
         family=family,
         checked=checked,
         ack_required=checked is not None,

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from portal.identity import preference_link_token
 from tests.helpers import all_rows, csrf_token
 
 SUBSCRIBE = "/api/push/subscribe"
@@ -193,3 +194,24 @@ def test_not_json_and_cross_site_are_refused(client):
     )
     assert cross.status_code == 403
     assert client.get(STATUS).status_code == 405
+
+
+def test_a_preference_link_in_someone_elses_browser_does_not_show_that_browser_as_theirs(
+    app, engine, subscribed, subscriptions
+):
+    """The browser holds a subscription of its own person; the link's person is shown
+    their choices, but this browser's subscription is neither said to be theirs nor
+    asked about for them."""
+    with engine.connect() as conn:
+        (person,) = conn.execute(sa.text("SELECT id FROM subscriber")).scalars()
+    other = app.test_client()
+    own = subscriptions()
+    assert other.post(SUBSCRIBE, json={"subscription": own.to_json()}).status_code == 201
+    with app.test_request_context():
+        token = preference_link_token(person)
+    other.get(f"/preferences?token={token}")
+    html = other.get("/preferences").text
+    assert "topic-offers" in html  # the link's person's centre
+    assert "data-device-status" not in html
+    assert "This device does not get your notifications" in html
+    assert '<div data-device-says="receiving" hidden>' in html  # no stop offered
