@@ -23,6 +23,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from portal.campaigns.models import Campaign, CampaignStatus, CircuitState
+from portal.campaigns.presentation import zoned_time
 from portal.delivery.models import Delivery, DeliveryStatus, Unsendable
 
 _d = cast(sa.Table, Delivery.__table__)
@@ -76,6 +77,7 @@ class Facts:
     reasons: list[Reason] = field(default_factory=list)
     dispatch_every: int = 30
     max_attempts: int = 5  # a delivery fails after this many (RetrySettings)
+    time_zone: str | None = None  # the zone the send time was chosen in (None: UTC only)
 
     @property
     def total(self) -> int:
@@ -145,6 +147,7 @@ def from_counts(
             now=now,
             counts=counts,
             materialised=campaign.materialised_at is not None,
+            time_zone=campaign.time_zone,
             dispatch_every=dispatch_every,
         )
     )
@@ -185,8 +188,8 @@ def _under_way(facts: Facts) -> Headline:
     if facts.status == CampaignStatus.SCHEDULED.value:
         parts.append(("to go", waiting))
         if facts.send_at > facts.now:
-            when = facts.send_at.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M")
-            text = f"Scheduled for {when} UTC: nothing sent yet."
+            when = zoned_time(facts.send_at, facts.time_zone).text
+            text = f"Scheduled for {when}: nothing sent yet."
             return Headline("Scheduled", Tone.INFO, text, parts, [], False)
         every = _plural(facts.dispatch_every, "second")
         return Headline(
@@ -399,6 +402,7 @@ def read(
         now=now,
         counts=counts,
         materialised=campaign.materialised_at is not None,
+        time_zone=campaign.time_zone,
         retrying=retrying,
         next_retry_at=next_retry,
         recent=recent_total,

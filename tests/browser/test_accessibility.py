@@ -1302,6 +1302,18 @@ DESCRIPTIONS = """() => {
     });
     if (!error) problems.push(`${name(el)} is invalid but names no error message`);
   }
+  // A date field shows the browser's own format (11/01/2026 here), so a hint that gives an
+  // example in another (2026-01-01) contradicts the field it describes.
+  for (const el of document.querySelectorAll('input[type=date]')) {
+    for (const id of ids(el)) {
+      const hint = document.getElementById(id);
+      if (hint && hint.classList.contains('hint') &&
+          /\\b\\d{4}-\\d{2}-\\d{2}\\b/.test(hint.textContent)) {
+        problems.push(`${name(el)}'s hint gives a date as the field never shows one: ` +
+                      `"${hint.textContent.trim().slice(0, 60)}"`);
+      }
+    }
+  }
   return problems;
 }"""
 

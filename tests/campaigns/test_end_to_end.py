@@ -160,7 +160,7 @@ def test_a_test_send_reaches_only_the_staff_members_own_browser(
     assert follow
     # The draft as it was left, schedule included (the session keeps what the test has
     # no column for), ready to launch.
-    assert "2026-06-01 09:00 UTC" in sent.text
+    assert "Mon 1 Jun 2026, 09:00 UTC" in sent.text
     assert '<input type="hidden" name="send_at" value="2026-06-01T09:00">' in sent.text
     assert '<input type="hidden" name="title" value="Monday digest">' in sent.text
     assert staff.get(response.headers["Location"]).text.count("Test queued") == 1  # a reload

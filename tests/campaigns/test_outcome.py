@@ -91,7 +91,14 @@ def test_scheduled_for_later_and_due_now_read_differently():
     later = outcome.headline(facts("scheduled", send_at=NOW + dt.timedelta(hours=2)))
     assert (later.label, later.text) == (
         "Scheduled",
-        "Scheduled for 2026-01-01 14:00 UTC: nothing sent yet.",
+        "Scheduled for Thu 1 Jan 2026, 14:00 UTC: nothing sent yet.",
+    )
+    paris = outcome.headline(
+        facts("scheduled", send_at=NOW + dt.timedelta(hours=2), time_zone="Europe/Paris")
+    )
+    assert paris.text == (
+        "Scheduled for Thu 1 Jan 2026, 15:00 Europe/Paris (UTC+01:00) — 14:00 UTC: "
+        "nothing sent yet."
     )
     due = outcome.headline(facts("scheduled", send_at=NOW, dispatch_every=5))
     assert (due.label, due.tone, due.finished) == ("Starting", Tone.INFO, False)

@@ -463,7 +463,7 @@ def test_a_campaign_with_no_deliveries_says_so(campaigner, catalogue_ready, cloc
         catalogue_ready, clock, send_at=clock.now() + dt.timedelta(hours=2, minutes=5)
     )
     page = campaigner.get(f"/staff/campaigns/{campaign_id}").text
-    assert "Scheduled for 2026-01-01 02:05 UTC: nothing sent yet." in page
+    assert "Scheduled for Thu 1 Jan 2026, 02:05 UTC: nothing sent yet." in page
     with db.begin(catalogue_ready) as session:
         found = session.get(Campaign, campaign_id)
         found.status = "sending"

@@ -54,7 +54,7 @@ def test_policy_publish(app, engine, catalogue_ready, tmp_path):
 
 
 def test_topic_add_and_retire(app, engine):
-    _run(app, "topic", "add", "flash-sales", "--category", "Offers", "--label", "Flash sales")
+    _run(app, "topic", "add", "flash-sales", "--new-category", "Offers", "--label", "Flash sales")
     (created,) = _entries(engine, "topic.created")
     assert _by_command_line(created) and created["target"] == "topic:flash-sales"
     assert created["detail"]["label"] == "Flash sales"
@@ -111,6 +111,6 @@ def test_the_seam_is_a_create_app_keyword(settings):
 
 def test_a_name_with_control_characters_is_cleaned(app, engine):
     current_portal(app).os_user = lambda: "evil\x1b[31m\nname"
-    _run(app, "topic", "add", "flash-sales", "--category", "Offers", "--label", "Flash sales")
+    _run(app, "topic", "add", "flash-sales", "--new-category", "Offers", "--label", "Flash sales")
     (row,) = _entries(engine, "topic.created")
     assert row["actor_os_user"] == "evil[31mname"

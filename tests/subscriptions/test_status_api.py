@@ -108,9 +108,11 @@ def test_stopping_this_device_in_the_preference_centre_is_said_at_once(client, e
 
 def test_erasure_is_said_at_once_and_the_answer_page_tells_the_browser(client, engine, subscribed):
     page = client.get("/preferences/erase").text
-    erased = client.post(
+    answer = client.post(
         "/preferences/erase", data={"csrf_token": csrf_token(page), "confirm": "yes"}
     )
+    assert (answer.status_code, answer.location) == (303, "/preferences/erased")
+    erased = client.get(answer.location)
     assert erased.status_code == 200
     assert 'data-device-status="not-receiving"' in erased.text
     assert "We send nothing to this browser any more." in erased.text
