@@ -88,6 +88,9 @@ TARGET = 0.40
 # Workers that sent a campaign serve the preference centre at least this share as fast as
 # they did before it (the machine's noise is some per cent from one minute to the next).
 AFTER_TARGET = 0.90
+# req/s moves with whatever else the machine runs; the workers' own CPU per request does
+# not, or far less: a campaign that left work behind shows as more CPU per request.
+CPU_AFTER_TARGET = 1.10
 SCENARIOS = (
     "hello",
     "preferences-get",
@@ -125,6 +128,11 @@ class Result:
     unexpected: int  # answers other than the scenario's expected status
     pair: int | None = None  # idle and idle-after-campaign: which pair
     note: str = ""  # idle-after-campaign: the campaign it followed
+    # idle and idle-after-campaign: the workers' own CPU time (user + system, every thread)
+    # per request served, and per second with no requests at all (the scheduler's ticks).
+    # Unlike req/s, neither depends on what else the machine is running.
+    cpu_ms_per_request: float | None = None
+    quiet_cpu_ms_per_s: float | None = None
 
     @property
     def rps(self) -> float:
@@ -393,6 +401,44 @@ def workers_of(master: int) -> list[int]:
     return [int(pid) for pid in children.read_text().split()] if children.exists() else []
 
 
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def worker_cpu(master: int) -> float:
+    """Seconds of CPU (user + system, all threads) the master's workers have used so far."""
+    total = 0
+    for pid in workers_of(master):
+        try:
+            # The fields after the command name (which may hold spaces, hence the split on
+            # its closing parenthesis): utime and stime are the 12th and 13th.
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / _TICKS
+
+
+def measure_workers(
+    master: int, base: str, scenario: str, args: argparse.Namespace, creds: list[Credential]
+) -> Result:
+    """``measure``, plus the workers' CPU per request and, first, per quiet second."""
+    quiet = 10.0
+    cpu, started = worker_cpu(master), time.monotonic()
+    time.sleep(quiet)
+    quiet_cpu = (worker_cpu(master) - cpu) / (time.monotonic() - started)
+    warm_up(base, scenario, args, creds, [])  # first, so the CPU read after it is the window's
+    cpu = worker_cpu(master)
+    result = measure(base, scenario, args, creds, [], warm=False)
+    result.cpu_ms_per_request = 1000 * (worker_cpu(master) - cpu) / max(result.requests, 1)
+    result.quiet_cpu_ms_per_s = 1000 * quiet_cpu
+    print(
+        f"    workers' CPU: {result.cpu_ms_per_request:.2f} ms per request, "
+        f"{result.quiet_cpu_ms_per_s:.1f} ms per quiet second",
+        flush=True,
+    )
+    return result
+
+
 def worker_state(master: int) -> str:
     """Each worker's threads and resident memory: what a campaign may have left behind."""
     found = []
@@ -442,14 +488,14 @@ def campaign_pairs(
                 ]
                 settled = wait_for_jobs(pg_url)
                 time.sleep(2 * 5)  # and two dispatch ticks
-                idle = measure(base, "idle", args, creds, [])
+                idle = measure_workers(master, base, "idle", args, creds)
                 idle.pair = pair
                 before = worker_state(master)
                 print(f"  pair {pair}: sending a campaign to {args.campaign_topic} ...", flush=True)
                 note = run_campaign(pg_url, args.campaign_topic)
                 print(f"    {note}", flush=True)
                 time.sleep(2 * 5)  # two dispatch ticks: whatever the campaign left is idle
-                after = measure(base, "idle-after-campaign", args, creds, [])
+                after = measure_workers(master, base, "idle-after-campaign", args, creds)
                 after.pair, after.note = pair, note
                 results += [idle, after]
                 notes.append(
@@ -617,10 +663,15 @@ def idle_of(results: list[Result], r: Result) -> Result | None:
     return next((x for x in results if x.scenario == "idle" and x.pair == r.pair), None)
 
 
+def _ms(value: float | None, digits: int) -> str:
+    return "" if value is None else f"{value:.{digits}f} ms"
+
+
 def table(results: list[Result], hello: Result | None) -> str:
     lines = [
-        "| scenario | requests | req/s | p50 ms | p99 ms | errors | vs hello-world | target |",
-        "|---|---:|---:|---:|---:|---:|---:|---|",
+        "| scenario | requests | req/s | p50 ms | p99 ms | errors | vs hello-world | target "
+        "| workers' CPU per request | workers' CPU per quiet second |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|",
     ]
     for r in results:
         ratio = f"{r.rps / hello.rps:.0%}" if hello and r is not hello and hello.rps else ""
@@ -630,7 +681,8 @@ def table(results: list[Result], hello: Result | None) -> str:
             target = f"{r.rps / idle.rps:.0%} of idle, ≥ {AFTER_TARGET:.0%}"
         lines.append(
             f"| {label(r)} | {r.requests:,} | {r.rps:,.1f} | {r.p50_ms:.1f} | {r.p99_ms:.1f} "
-            f"| {r.errors} | {ratio} | {target} |"
+            f"| {r.errors} | {ratio} | {target} | {_ms(r.cpu_ms_per_request, 2)} "
+            f"| {_ms(r.quiet_cpu_ms_per_s, 1)} |"
         )
     return "\n".join(lines)
 
@@ -656,6 +708,22 @@ def figures(results: list[Result], hello: Result | None) -> list[Figure]:
                     ratio >= AFTER_TARGET and r.errors == 0,
                 )
             )
+            if r.cpu_ms_per_request and idle.cpu_ms_per_request:
+                cpu_ratio = r.cpu_ms_per_request / idle.cpu_ms_per_request
+                found.append(
+                    Figure(
+                        f"{label(r)}, the workers' own CPU per preference-centre request "
+                        f"(user + system, all threads; {r.quiet_cpu_ms_per_s:.1f} ms per "
+                        f"quiet second after, {idle.quiet_cpu_ms_per_s:.1f} before)",
+                        round(r.cpu_ms_per_request, 2),
+                        "ms",
+                        round(idle.cpu_ms_per_request, 2),
+                        f"the same workers before it (pair {r.pair})",
+                        round(cpu_ratio, 3),
+                        f"≤ {CPU_AFTER_TARGET:g}× (no more work per request)",
+                        cpu_ratio <= CPU_AFTER_TARGET,
+                    )
+                )
             continue
         if r.scenario == "idle":
             continue  # the baseline of its pair's figure
@@ -830,9 +898,10 @@ def main() -> int:
     return 0
 
 
-def measure(
+def warm_up(
     base: str, scenario: str, args: argparse.Namespace, creds: list[Credential], keys
-) -> Result:
+) -> None:
+    """``--warmup`` seconds of the scenario's requests, not counted."""
     if args.warmup:
         run_wrk(
             base,
@@ -842,6 +911,19 @@ def measure(
             seconds=args.warmup,
             threads=args.wrk_threads,
         )
+
+
+def measure(
+    base: str,
+    scenario: str,
+    args: argparse.Namespace,
+    creds: list[Credential],
+    keys,
+    *,
+    warm: bool = True,
+) -> Result:
+    if warm:
+        warm_up(base, scenario, args, creds, keys)
     result = run_wrk(
         base,
         script(scenario, args.wrk_threads, creds, keys, "measured"),
