@@ -9,41 +9,27 @@ endpoint nobody registered) and changes nothing.
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from flask.testing import FlaskClient
 
 from tests.factories import BrowserSubscription
 from tests.helpers import all_rows, csrf_token
-
-SUBSCRIBE = "/api/push/subscribe"
-TABLES = ("push_subscription", "subscriber", "consent_event", "topic_preference")
-
-
-@dataclass
-class Victim:
-    client: FlaskClient
-    sub: BrowserSubscription
+from tests.subscriptions.support import (
+    SUBSCRIBE,
+    WRONG_AUTH,
+    Holder,
+    put_in_state,
+    set_subscription,
+    snapshot,
+)
 
 
 @pytest.fixture
-def victim(app, subscriptions, catalogue_ready) -> Victim:
+def victim(holder: Holder) -> Holder:
     """A person who subscribed from their browser and chose a topic."""
-    browser = app.test_client()
-    sub = subscriptions()
-    answer = browser.post(
-        SUBSCRIBE,
-        json={"subscription": sub.to_json(), "topics": ["weekly-digest"], "policyVersion": "v1"},
-    )
-    assert answer.status_code == 201
-    return Victim(browser, sub)
-
-
-def _snapshot(engine) -> dict[str, list[dict[str, Any]]]:
-    return {table: all_rows(engine, table) for table in TABLES}
+    return holder
 
 
 def _other_keys(sub: BrowserSubscription, subscriptions) -> dict[str, Any]:
@@ -70,13 +56,13 @@ def _assert_refused(response, field: str) -> None:
 def test_a_cookieless_subscribe_naming_a_known_endpoint_with_other_keys_is_refused(
     app, engine, victim, subscriptions
 ):
-    before = _snapshot(engine)
+    before = snapshot(engine)
     attacker = app.test_client()
     response = attacker.post(
         SUBSCRIBE, json={"subscription": _other_keys(victim.sub, subscriptions)}
     )
     _assert_refused(response, "subscription.endpoint")
-    assert _snapshot(engine) == before  # keys, subscriber, state: all as they were
+    assert snapshot(engine) == before  # keys, subscriber, state: all as they were
     # And nothing of the person is reachable with what the attacker holds.
     assert "Weekly Digest" not in attacker.get("/preferences").text
 
@@ -89,12 +75,12 @@ def test_a_subscribe_naming_a_known_endpoint_cannot_move_it_to_another_subscribe
         attacker.post(SUBSCRIBE, json={"subscription": subscriptions().to_json()}).status_code
         == 201
     )
-    before = _snapshot(engine)
+    before = snapshot(engine)
     response = attacker.post(
         SUBSCRIBE, json={"subscription": _other_keys(victim.sub, subscriptions)}
     )
     _assert_refused(response, "subscription.endpoint")
-    assert _snapshot(engine) == before
+    assert snapshot(engine) == before
 
 
 def test_a_subscribe_with_only_the_endpoint_and_no_device_cookie_cannot_revive_a_tombstone(
@@ -105,12 +91,12 @@ def test_a_subscribe_with_only_the_endpoint_and_no_device_cookie_cannot_revive_a
     victim.client.post(
         "/preferences/erase", data={"csrf_token": csrf_token(page.text), "confirm": "yes"}
     )
-    before = _snapshot(engine)
+    before = snapshot(engine)
     response = app.test_client().post(
         SUBSCRIBE, json={"subscription": _other_keys(victim.sub, subscriptions)}
     )
     _assert_refused(response, "subscription.endpoint")
-    assert _snapshot(engine) == before
+    assert snapshot(engine) == before
 
 
 def test_the_same_browser_after_clearing_its_cookies_proves_itself_with_its_auth(
@@ -144,10 +130,10 @@ def test_the_device_cookie_lets_its_browser_register_new_keys_for_its_endpoint(
 def test_a_device_cookie_for_another_row_proves_nothing(app, engine, victim, subscriptions):
     attacker = app.test_client()
     attacker.post(SUBSCRIBE, json={"subscription": subscriptions().to_json()})
-    before = _snapshot(engine)
+    before = snapshot(engine)
     response = attacker.post("/api/push/unsubscribe", json={"endpoint": victim.sub.endpoint})
     _assert_refused(response, "endpoint")
-    assert _snapshot(engine) == before
+    assert snapshot(engine) == before
 
 
 # --- change, preferences, unsubscribe: refused alike for unknown and unproven ----------
@@ -177,7 +163,6 @@ def _requests(endpoint: str, subscriptions) -> dict[str, tuple[str, dict[str, An
 
 
 ROUTES = ["change", "preferences", "unsubscribe"]
-WRONG_AUTH = "AAAAAAAAAAAAAAAAAAAAAA"  # 16 zero bytes: well-formed, and nobody's secret
 
 
 @pytest.mark.parametrize("route", ROUTES)
@@ -188,10 +173,10 @@ def test_knowing_the_endpoint_alone_is_refused_and_changes_nothing(
     url, body, field = _requests(victim.sub.endpoint, subscriptions)[route]
     if auth is not None:
         body["oldAuth" if route == "change" else "auth"] = auth
-    before = _snapshot(engine)
+    before = snapshot(engine)
     response = app.test_client().post(url, json=body)
     _assert_refused(response, field)
-    assert _snapshot(engine) == before
+    assert snapshot(engine) == before
 
 
 @pytest.mark.parametrize("route", ROUTES)
@@ -200,12 +185,12 @@ def test_an_unproven_endpoint_answers_as_one_nobody_registered(
 ):
     known = _requests(victim.sub.endpoint, subscriptions)[route]
     unknown = _requests(subscriptions().endpoint, subscriptions)[route]
-    before = _snapshot(engine)
+    before = snapshot(engine)
     first = app.test_client().post(known[0], json=known[1])
     second = app.test_client().post(unknown[0], json=unknown[1])
     assert (first.status_code, first.json) == (second.status_code, second.json)
     assert first.status_code == 403
-    assert _snapshot(engine) == before
+    assert snapshot(engine) == before
 
 
 @pytest.mark.parametrize("route", ROUTES)
@@ -253,7 +238,7 @@ def test_a_change_to_an_endpoint_someone_else_holds_is_refused(app, engine, vict
     attacker = app.test_client()
     mine = subscriptions()
     attacker.post(SUBSCRIBE, json={"subscription": mine.to_json()})
-    before = _snapshot(engine)
+    before = snapshot(engine)
     response = attacker.post(
         "/api/push/change",
         json={
@@ -262,7 +247,7 @@ def test_a_change_to_an_endpoint_someone_else_holds_is_refused(app, engine, vict
         },
     )
     _assert_refused(response, "subscription.endpoint")
-    assert _snapshot(engine) == before
+    assert snapshot(engine) == before
 
 
 def test_the_preferences_answer_reveals_nothing_without_proof(app, victim):
@@ -274,14 +259,6 @@ def test_the_preferences_answer_reveals_nothing_without_proof(app, victim):
 
 
 # --- heartbeat --------------------------------------------------------------------------
-
-
-def _set_row(engine, **values: Any) -> None:
-    with engine.begin() as conn:
-        conn.execute(
-            sa.text("UPDATE push_subscription SET " + ", ".join(f"{k} = :{k}" for k in values)),
-            values,
-        )
 
 
 @pytest.mark.parametrize("state", ["stale", "revoked", "tombstone"])
@@ -296,20 +273,8 @@ def test_a_heartbeat_without_proof_neither_reveals_nor_changes_the_subscription(
     attacker = app.test_client()
     if caller == "subscriber":  # a person with a subscription of their own
         attacker.post(SUBSCRIBE, json={"subscription": subscriptions().to_json()})
-    long_ago = clock.now() - dt.timedelta(days=40)
-    if state == "tombstone":
-        _set_row(
-            engine,
-            state="revoked",
-            endpoint=None,
-            p256dh=None,
-            auth_sealed=None,
-            deleted_at=long_ago,
-            last_seen_at=long_ago,
-        )
-    else:
-        _set_row(engine, state=state, last_seen_at=long_ago)
-    before = _snapshot(engine)
+    put_in_state(engine, state, clock.now() - dt.timedelta(days=40))
+    before = snapshot(engine)
     answer = attacker.post("/api/push/heartbeat", json={"endpoint": victim.sub.endpoint})
     guessed = attacker.post(
         "/api/push/heartbeat", json={"endpoint": victim.sub.endpoint, "auth": WRONG_AUTH}
@@ -318,17 +283,17 @@ def test_a_heartbeat_without_proof_neither_reveals_nor_changes_the_subscription(
     assert answer.status_code == guessed.status_code == nobody.status_code == 200
     assert answer.json == guessed.json == nobody.json == {"state": "unknown", "action": action}
     # Not revived, not seen, not marked as told: the person's state is theirs.
-    assert _snapshot(engine) == before
+    assert snapshot(engine) == before
 
 
 def test_a_heartbeat_with_proof_gets_the_real_answer(app, engine, victim, clock):
     long_ago = clock.now() - dt.timedelta(days=40)
-    _set_row(engine, state="stale", last_seen_at=long_ago)
+    set_subscription(engine, state="stale", last_seen_at=long_ago)
     by_auth = app.test_client().post(
         "/api/push/heartbeat", json={"endpoint": victim.sub.endpoint, "auth": victim.sub.auth_b64}
     )
     assert by_auth.json == {"state": "pending", "action": "none"}
-    _set_row(engine, state="revoked")
+    set_subscription(engine, state="revoked")
     by_cookie = victim.client.post("/api/push/heartbeat", json={"endpoint": victim.sub.endpoint})
     assert by_cookie.json == {"state": "revoked", "action": "unsubscribe"}
     (row,) = all_rows(engine, "push_subscription")

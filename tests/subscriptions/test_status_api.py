@@ -16,24 +16,15 @@ import sqlalchemy as sa
 
 from portal.identity import preference_link_token
 from tests.helpers import all_rows, csrf_token
+from tests.subscriptions.support import (
+    SUBSCRIBE,
+    WRONG_AUTH,
+    put_in_state,
+    set_subscription,
+    snapshot,
+)
 
-SUBSCRIBE = "/api/push/subscribe"
 STATUS = "/api/push/status"
-TABLES = ("push_subscription", "subscriber", "consent_event", "topic_preference")
-WRONG_AUTH = "AAAAAAAAAAAAAAAAAAAAAA"
-
-
-@pytest.fixture
-def holder(app, subscriptions, catalogue_ready):
-    """A browser that subscribed from the page and chose a topic."""
-    browser = app.test_client()
-    sub = subscriptions()
-    answer = browser.post(
-        SUBSCRIBE,
-        json={"subscription": sub.to_json(), "topics": ["weekly-digest"], "policyVersion": "v1"},
-    )
-    assert answer.status_code == 201
-    return browser, sub
 
 
 @pytest.fixture
@@ -44,20 +35,8 @@ def subscribed(client, subscriptions, catalogue_ready):
     return sub
 
 
-def _snapshot(engine) -> dict[str, list[dict[str, Any]]]:
-    return {table: all_rows(engine, table) for table in TABLES}
-
-
-def _set_row(engine, **values: Any) -> None:
-    with engine.begin() as conn:
-        conn.execute(
-            sa.text("UPDATE push_subscription SET " + ", ".join(f"{k} = :{k}" for k in values)),
-            values,
-        )
-
-
 def test_the_holder_hears_each_state_of_its_subscription(engine, holder, clock):
-    browser, sub = holder
+    browser, sub = holder.client, holder.sub
 
     def status(**body: Any) -> dict[str, Any]:
         response = browser.post(STATUS, json={"endpoint": sub.endpoint, **body})
@@ -67,17 +46,19 @@ def test_the_holder_hears_each_state_of_its_subscription(engine, holder, clock):
 
     assert status() == {"status": "receiving", "action": "none"}
     assert status(auth=sub.auth_b64) == {"status": "receiving", "action": "none"}
-    _set_row(engine, state="stale")
+    set_subscription(engine, state="stale")
     assert status() == {"status": "receiving", "action": "none"}  # a sign of life revives it
     (row,) = all_rows(engine, "push_subscription")
     assert row["state"] == "pending"
-    _set_row(engine, expiration_time=clock.now() - dt.timedelta(seconds=1))
+    set_subscription(engine, expiration_time=clock.now() - dt.timedelta(seconds=1))
     assert status() == {"status": "expired", "action": "resubscribe"}
-    _set_row(expiration_time=None, state="revoked", end_reason="unsubscribed", engine=engine)
+    set_subscription(
+        expiration_time=None, state="revoked", end_reason="unsubscribed", engine=engine
+    )
     assert status() == {"status": "stopped", "action": "unsubscribe"}
     (row,) = all_rows(engine, "push_subscription")
     assert row["browser_told_at"] is not None  # the browser was told to let go
-    _set_row(
+    set_subscription(
         engine,
         state="revoked",
         end_reason="erased",
@@ -132,25 +113,12 @@ def test_an_endpoint_alone_learns_nothing_and_changes_nothing(
     """The attacker who knows an endpoint: with no proof, a wrong auth secret, or a
     device cookie of their own, the answer is the one for an endpoint nobody registered,
     and not a byte of the database changes (nothing revived, seen or marked as told)."""
-    _browser, sub = holder
+    sub = holder.sub
     attacker = app.test_client()
     if caller == "subscriber":  # someone with a subscription (and cookies) of their own
         attacker.post(SUBSCRIBE, json={"subscription": subscriptions().to_json()})
-    long_ago = clock.now() - dt.timedelta(days=40)
-    if state == "tombstone":
-        _set_row(
-            engine,
-            state="revoked",
-            end_reason="erased",
-            endpoint=None,
-            p256dh=None,
-            auth_sealed=None,
-            deleted_at=long_ago,
-            last_seen_at=long_ago,
-        )
-    else:
-        _set_row(engine, state=state, last_seen_at=long_ago)
-    before = _snapshot(engine)
+    put_in_state(engine, state, clock.now() - dt.timedelta(days=40), end_reason="erased")
+    before = snapshot(engine)
     nobody = attacker.post(STATUS, json={"endpoint": subscriptions().endpoint})
     for body in (
         {"endpoint": sub.endpoint},
@@ -164,7 +132,7 @@ def test_an_endpoint_alone_learns_nothing_and_changes_nothing(
         for row in before["subscriber"]:
             assert str(row["id"]) not in text
         assert answer.headers.getlist("Set-Cookie") == []
-    assert _snapshot(engine) == before
+    assert snapshot(engine) == before
 
 
 @pytest.mark.parametrize(
@@ -181,11 +149,11 @@ def test_an_endpoint_alone_learns_nothing_and_changes_nothing(
     ],
 )
 def test_bad_input_is_refused_and_writes_nothing(client, engine, holder, body, status, field):
-    before = _snapshot(engine)
+    before = snapshot(engine)
     response = client.post(STATUS, json=body)
     assert response.status_code == status, response.json
     assert response.json["error"]["field"] == field
-    assert _snapshot(engine) == before
+    assert snapshot(engine) == before
 
 
 def test_not_json_and_cross_site_are_refused(client):
