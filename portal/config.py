@@ -285,6 +285,11 @@ class Settings:
     instance_path: str = "instance"  # where create_app puts the instance folder
     database_url: str = setting("DATABASE_URL", _database_url, "")
     database_connect_timeout: int = setting("DATABASE_CONNECT_TIMEOUT_SECONDS", _positive_whole, 5)
+    # Server-side prepared statements (psycopg prepares a statement run five times on one
+    # connection). Off: a pooler in transaction mode (PgBouncer before 1.21, or without
+    # max_prepared_statements) lends another server connection, which has never heard of
+    # it. Turn on only when the app reaches PostgreSQL directly.
+    database_prepared_statements: bool = setting("DATABASE_PREPARED_STATEMENTS", _on_off, False)
     secret_key: str = setting("SECRET_KEY", _secret, "")
     vapid_private_key: str = setting("VAPID_PRIVATE_KEY", _secret, "")
     vapid_public_key: str = setting("VAPID_PUBLIC_KEY", _secret, "")
