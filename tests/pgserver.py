@@ -125,7 +125,12 @@ class PrivatePgBouncer:
             text=True,
             timeout=60,
             check=False,
-            env={**os.environ, "PGBOUNCER_UPSTREAM_PORT": str(upstream_port)},
+            # Requests must fail within the test's bounds while the server is down.
+            env={
+                **os.environ,
+                "PGBOUNCER_UPSTREAM_PORT": str(upstream_port),
+                "PGBOUNCER_QUERY_WAIT_TIMEOUT": "3",
+            },
         )
         if result.returncode != 0:
             raise RuntimeError(f"PgBouncer did not start: {result.stderr or result.stdout}")
