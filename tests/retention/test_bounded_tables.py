@@ -16,7 +16,7 @@ from flask import Flask
 
 from portal import create_app
 from portal.campaigns import funnel
-from portal.config import RetentionSettings
+from portal.config import ConfigError, RetentionSettings, Settings
 from portal.db import db
 from portal.delivery.models import DeliveryReceipt
 from portal.feedback import services as feedback
@@ -220,3 +220,33 @@ def test_receipts_live_as_long_as_their_delivery_and_the_funnel_is_unchanged(app
     assert {i for i in ids if i.startswith("9100")} == {"9100000", "9100001"}  # recent
     assert len(ids) == 5 + 2  # the campaign's deliveries' receipts (7 rows) all stayed
     assert _count(app, DeliveryReceipt) == 7 + 2
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("FEEDBACK_DIGEST_RETENTION_DAYS", "0", "FEEDBACK_DIGEST_RETENTION_DAYS must"),
+        ("FEEDBACK_MARKER_RETENTION_DAYS", "-3", "FEEDBACK_MARKER_RETENTION_DAYS must"),
+        # A negative margin would delete sessions still in use.
+        ("STAFF_SESSION_RETENTION_DAYS", "-1", "STAFF_SESSION_RETENTION_DAYS must not be"),
+        ("RECEIPT_RETENTION_MONTHS", "0", "RECEIPT_RETENTION_MONTHS must"),
+        ("TABLE_RETENTION_INTERVAL_SECONDS", "soon", "must be a whole number"),
+    ],
+)
+def test_retention_settings_refuse_windows_that_would_delete_too_much(
+    tmp_path, name, value, message
+):
+    with pytest.raises(ConfigError, match=message):
+        Settings.from_env({name: value}, str(tmp_path))
+
+
+def test_the_defaults_are_the_documented_ones(tmp_path):
+    retention = Settings.from_env({}, str(tmp_path)).retention
+    assert (
+        retention.feedback_digest_days,
+        retention.feedback_marker_days,
+        retention.staff_session_days,
+        retention.receipt_months,
+    ) == (90, 30, 1, 13)
+    assert Settings.from_env({}, str(tmp_path)).schedule.table_retention == 3600
+    assert Settings.from_env({}, str(tmp_path)).database_prepared_statements is False
