@@ -45,7 +45,7 @@ from tests.conftest import BACKEND
 from tests.fakepush import Answer, FakePushProcess, token_of
 from tests.support import ROOT, stop
 
-pytestmark = [pytest.mark.slow, pytest.mark.pgbouncer]
+pytestmark = pytest.mark.slow
 
 AUDIENCE = 3000
 MATERIALISE_BATCH = 400

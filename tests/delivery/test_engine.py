@@ -19,9 +19,6 @@ from portal.jobs import run_job
 from portal.subscriptions.models import PushSubscription
 from tests.fakepush import Answer
 
-# Run again through PgBouncer in transaction mode by CI (.ci/pgbouncer).
-pytestmark = pytest.mark.pgbouncer
-
 
 def _subscribe(app, fake_push, *, region=None, topics=None):
     sub = fake_push.subscribe()
