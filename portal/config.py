@@ -237,6 +237,11 @@ class RetentionSettings:
     tombstone_grace_days: int = setting("TOMBSTONE_GRACE_DAYS", _whole, 7)
     audit_window_months: int = setting("AUDIT_WINDOW_MONTHS", _whole, 13)
     batch_size: int = setting("SWEEP_BATCH_SIZE", _whole_or_default, 1000)
+    # The bounded tables (portal/retention/tables.py, docs/configuration.md).
+    feedback_digest_days: int = setting("FEEDBACK_DIGEST_RETENTION_DAYS", _positive_whole, 90)
+    feedback_marker_days: int = setting("FEEDBACK_MARKER_RETENTION_DAYS", _positive_whole, 30)
+    staff_session_days: int = setting("STAFF_SESSION_RETENTION_DAYS", _whole, 1)
+    receipt_months: int = setting("RECEIPT_RETENTION_MONTHS", _positive_whole, 13)
 
 
 @dataclass(frozen=True)
@@ -250,6 +255,7 @@ class ScheduleSettings:
     reseal: int = setting("RESEAL_INTERVAL_SECONDS", _whole_or_default, 86400)
     verify_log: int = setting("VERIFY_LOG_INTERVAL_SECONDS", _whole_or_default, 86400)
     rate_limit_prune: int = setting("RATE_LIMIT_PRUNE_INTERVAL_SECONDS", _whole_or_default, 600)
+    table_retention: int = setting("TABLE_RETENTION_INTERVAL_SECONDS", _whole_or_default, 3600)
 
 
 @dataclass(frozen=True)
@@ -285,6 +291,11 @@ class Settings:
     instance_path: str = "instance"  # where create_app puts the instance folder
     database_url: str = setting("DATABASE_URL", _database_url, "")
     database_connect_timeout: int = setting("DATABASE_CONNECT_TIMEOUT_SECONDS", _positive_whole, 5)
+    # Server-side prepared statements (psycopg prepares a statement run five times on one
+    # connection). Off: a pooler in transaction mode (PgBouncer before 1.21, or without
+    # max_prepared_statements) lends another server connection, which has never heard of
+    # it. Turn on only when the app reaches PostgreSQL directly.
+    database_prepared_statements: bool = setting("DATABASE_PREPARED_STATEMENTS", _on_off, False)
     secret_key: str = setting("SECRET_KEY", _secret, "")
     vapid_private_key: str = setting("VAPID_PRIVATE_KEY", _secret, "")
     vapid_public_key: str = setting("VAPID_PUBLIC_KEY", _secret, "")

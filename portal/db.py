@@ -92,11 +92,16 @@ def uuid7() -> uuid.UUID:
     return uuid.UUID(int=value)
 
 
-def create_engine(url: str, *, connect_timeout: int = 5, **kwargs: Any) -> Engine:
+def create_engine(
+    url: str, *, connect_timeout: int = 5, prepared_statements: bool = False, **kwargs: Any
+) -> Engine:
     """An engine for ``url``. On PostgreSQL a connection attempt gives up after
     ``connect_timeout`` seconds and dead connections are found by keepalives and a ping at
     checkout of a connection that sat idle, so a database outage fails requests quickly
-    instead of hanging them."""
+    instead of hanging them. No statement is prepared on the server unless
+    ``prepared_statements`` (``DATABASE_PREPARED_STATEMENTS``): through PgBouncer in
+    transaction mode the next transaction may run on a server connection that never saw
+    it."""
     # Statement parameters carry stored data (keys, endpoints, hashes): never in logs or
     # in the text of database errors, whatever logging an operator turns on.
     kwargs.setdefault("hide_parameters", True)
@@ -113,6 +118,8 @@ def create_engine(url: str, *, connect_timeout: int = 5, **kwargs: Any) -> Engin
         "keepalives_idle": 30,
         "keepalives_interval": 10,
         "keepalives_count": 3,
+        # psycopg's own default is 5 (prepare on the fifth run); None never prepares.
+        "prepare_threshold": 5 if prepared_statements else None,
     }
     connect_args.update(kwargs.pop("connect_args", {}))
     kwargs["connect_args"] = connect_args
@@ -208,6 +215,62 @@ def _configure_sqlite(engine: Engine) -> None:
         connection.exec_driver_sql("BEGIN IMMEDIATE")
 
 
+# How often a process waiting for a held lock (``held_transaction_lock(wait=True)``)
+# asks again.
+LOCK_POLL_SECONDS = 0.25
+
+
+@contextmanager
+def held_transaction_lock(engine: Engine, *key: int, wait: bool) -> Iterator[bool]:
+    """Hold a PostgreSQL advisory lock for the block, across any number of transactions
+    the block commits on other connections; yields whether it was acquired.
+
+    The lock is transaction-level (``pg_try_advisory_xact_lock``), taken by a transaction
+    on a connection of its own that stays open, idle, for the whole block and is rolled
+    back at its end. A session-level lock would be held by whichever server connection a
+    pooler in transaction mode (PgBouncer) lent for that one statement, and released, or
+    not, on another: this one lives and ends with its transaction, which such a pooler
+    keeps on one server connection from BEGIN to ROLLBACK. A holder that dies takes its
+    transaction, and the lock, with it. The idle transaction holds no snapshot and no
+    transaction id (it only ever takes the lock), so it holds back neither VACUUM nor an
+    index built CONCURRENTLY; a server-wide ``idle_in_transaction_session_timeout`` is
+    turned off for it, as ending it would free the lock under a running holder.
+
+    ``wait``: when another process holds the lock, ask again every ``LOCK_POLL_SECONDS``
+    until it is free (each attempt a short transaction of its own: a waiter holds no
+    server connection and no snapshot while it waits); otherwise yield False at once.
+    """
+    function = (
+        sa.func.pg_try_advisory_xact_lock(*key)
+        if len(key) == 2
+        else sa.func.pg_try_advisory_xact_lock(key[0])
+    )
+    with engine.connect() as connection:
+        while True:
+            acquired = bool(connection.execute(sa.select(function)).scalar_one())
+            if acquired or not wait:
+                break
+            connection.rollback()
+            time.sleep(LOCK_POLL_SECONDS)
+        if not acquired:
+            connection.rollback()
+            yield False
+            return
+        # A statement after the lock's own: until the next one, the server keeps the
+        # lock query's portal, and with it a snapshot that an index built CONCURRENTLY
+        # (a migration) would wait for behind this very lock.
+        connection.exec_driver_sql("SET LOCAL idle_in_transaction_session_timeout = 0")
+        try:
+            yield True
+        finally:
+            try:
+                connection.rollback()
+            except DATABASE_UNAVAILABLE:
+                # The server or the connection went away: the lock went with them, and
+                # the connection must not go back to the pool.
+                connection.invalidate()
+
+
 def is_postgres(bind: sa.Connection | Session | Engine) -> bool:
     if isinstance(bind, Session):
         return bind.get_bind().dialect.name == "postgresql"
@@ -238,7 +301,9 @@ class Database:
 
     def init_app(self, app: Flask, settings: Settings) -> None:
         engine = create_engine(
-            settings.database_url, connect_timeout=settings.database_connect_timeout
+            settings.database_url,
+            connect_timeout=settings.database_connect_timeout,
+            prepared_statements=settings.database_prepared_statements,
         )
         app.extensions["portal.db"] = _State(engine, sessionmaker(engine, expire_on_commit=False))
         app.teardown_appcontext(self._teardown)

@@ -19,6 +19,7 @@ from portal.delivery.jobs import dispatch_job
 from portal.jobreport import JobFunction, JobReport, NoProgress, Progress
 from portal.ratelimit import prune_job
 from portal.retention.jobs import purge_job, sweep_job, tombstone_job
+from portal.retention.tables import table_retention_job
 from portal.subscriptions.jobs import (
     CANONICALISE_JOB,
     backfill_hash_job,
@@ -111,6 +112,13 @@ JOBS: tuple[Job, ...] = (
         prune_job,
         interval="rate_limit_prune",
         description="Deletes API rate-limit counters whose window has ended.",
+    ),
+    Job(
+        "table-retention",
+        table_retention_job,
+        interval="table_retention",
+        description="Deletes feedback digests and markers, ended staff sessions and display "
+        "receipts past their retention, in batches.",
     ),
     Job(
         "backfill-hash",

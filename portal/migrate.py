@@ -11,8 +11,11 @@ import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
 
+from portal.db import held_transaction_lock
+
 MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
-# A session advisory lock of our own: processes migrating one PostgreSQL database at
+# A transaction-level advisory lock of our own (``held_transaction_lock``: it works
+# through PgBouncer in transaction mode): processes migrating one PostgreSQL database at
 # once take turns, and the later ones find the schema already at head.
 MIGRATION_LOCK = 0x706F7274616C6D67
 
@@ -37,21 +40,17 @@ def migration_connection(engine: sa.Engine) -> Iterator[sa.Connection]:
         if connection.dialect.name != "postgresql":
             yield connection
             return
-        connection.execute(sa.text("SELECT pg_advisory_lock(:key)"), {"key": MIGRATION_LOCK})
-        connection.commit()
-        try:
-            yield connection
-        finally:
+        # The lock is held on a connection of its own, by a transaction that stays open
+        # while the migrations commit theirs on this one; the others wait for it.
+        with held_transaction_lock(engine, MIGRATION_LOCK, wait=True):
             try:
-                connection.rollback()
-                connection.execute(
-                    sa.text("SELECT pg_advisory_unlock(:key)"), {"key": MIGRATION_LOCK}
-                )
-                connection.commit()
-            except sa.exc.DBAPIError:
-                # The session is gone or unusable: the lock went with it, and the
-                # connection must not go back to the pool.
-                connection.invalidate()
+                yield connection
+            finally:
+                try:
+                    connection.rollback()
+                except sa.exc.DBAPIError:
+                    # The session is gone or unusable: it must not go back to the pool.
+                    connection.invalidate()
 
 
 def upgrade(engine: sa.Engine, revision: str = "head") -> None:

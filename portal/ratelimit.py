@@ -21,9 +21,10 @@ from typing import cast
 import sqlalchemy as sa
 from flask import Flask, current_app, request
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Mapped, mapped_column
 
+from portal.batches import delete_batches
 from portal.db import Base, UTCDateTime, db
 from portal.errors import ApiError
 from portal.jobreport import JobReport, Progress
@@ -112,12 +113,9 @@ def hit(
     return Verdict(hits=hits, limit=limit, retry_after=retry_after)
 
 
-def prune(engine: Engine, *, now: dt.datetime, window_seconds: int) -> int:
-    """Delete counters of windows that have ended; the number deleted."""
-    current = window_start(now, window_seconds)
-    with engine.begin() as connection:
-        result = connection.execute(sa.delete(_COUNTER).where(_COUNTER.c.window_start < current))
-    return result.rowcount or 0
+def ended_windows(now: dt.datetime, window_seconds: int) -> sa.ColumnElement[bool]:
+    """The counters of windows that have ended: nothing reads them again."""
+    return _COUNTER.c.window_start < window_start(now, window_seconds)
 
 
 def _check(kind: Kind, value: bytes, limit: int) -> None:
@@ -171,11 +169,16 @@ def init_app(app: Flask) -> None:
 
 
 def prune_job(app: Flask, progress: Progress) -> JobReport:
+    """Delete the counters of ended windows, in keyset batches like every sweep."""
     portal = current_portal(app)
-    deleted = prune(
-        app.extensions["portal.db"].engine,
-        now=portal.clock.now(),
-        window_seconds=portal.settings.rate_limit.window_seconds,
+    report = JobReport("rate-limit-prune")
+    delete_batches(
+        app,
+        _COUNTER,
+        ended_windows(portal.clock.now(), portal.settings.rate_limit.window_seconds),
+        batch_size=portal.settings.retention.batch_size,
+        progress=progress,
+        stop=app.extensions.get("portal.stop"),
+        report=report,
     )
-    progress.advance(deleted)
-    return JobReport("rate-limit-prune", processed=deleted, changed=deleted)
+    return report

@@ -2,7 +2,11 @@
 
 ``PORTAL_TEST_DATABASE`` chooses the backend. Unset: SQLite, a migrated template file
 copied for every test. A PostgreSQL URL: a fresh database created on that server for
-the run, migrated, emptied after every test and dropped at the end.
+the run, migrated, emptied after every test and dropped at the end. Behind a connection
+pooler (PgBouncer in transaction mode, ``.ci/pgbouncer``), ``PORTAL_TEST_DATABASE`` names
+the pooler and ``PORTAL_TEST_DATABASE_ADMIN`` the server itself: the test databases are
+created and dropped there, straight on PostgreSQL, and the application reaches them
+through the pooler (whose ``*`` entry passes any database name through).
 
 Under pytest-xdist (``-n auto``) every worker is a run of its own: its own template
 file in its own temporary folder on SQLite, its own databases on PostgreSQL, named
@@ -46,6 +50,9 @@ from portal.migrate import upgrade
 from tests.factories import SubscriptionFactory
 
 TEST_DATABASE = os.environ.get("PORTAL_TEST_DATABASE", "").strip()
+# Where the test databases are created and dropped: the server itself (the same as
+# TEST_DATABASE unless that is a pooler).
+ADMIN_DATABASE = os.environ.get("PORTAL_TEST_DATABASE_ADMIN", "").strip() or TEST_DATABASE
 BACKEND = "postgresql" if TEST_DATABASE.startswith(("postgres://", "postgresql")) else "sqlite"
 KEY_V1 = base64.b64encode(b"\x01" * 32).decode()
 KEY_V2 = base64.b64encode(b"\x02" * 32).decode()
@@ -102,7 +109,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     still on the server, whichever worker made it."""
     if BACKEND != "postgresql" or hasattr(session.config, "workerinput"):
         return
-    PostgresServer(TEST_DATABASE).drop_run(session.config.stash[_RUN_ID])
+    PostgresServer(ADMIN_DATABASE, app_url=TEST_DATABASE).drop_run(session.config.stash[_RUN_ID])
 
 
 def database_prefix(config: pytest.Config) -> str:
@@ -137,15 +144,19 @@ def _psycopg_url(url: str) -> str:
 
 
 class PostgresServer:
-    """Creates and drops throwaway databases on the server PORTAL_TEST_DATABASE names."""
+    """Creates and drops throwaway databases on the server ``admin_url`` names; the URLs
+    it hands out reach them the way ``app_url`` does (a pooler in front of that server)."""
 
-    def __init__(self, admin_url: str, prefix: str = "portal_test") -> None:
+    def __init__(
+        self, admin_url: str, prefix: str = "portal_test", *, app_url: str | None = None
+    ) -> None:
         self.admin_url = _psycopg_url(normalise_database_url(admin_url))
+        self.app_url = _psycopg_url(normalise_database_url(app_url or admin_url))
         self.prefix = prefix
         self.created: list[str] = []
 
     def url_for(self, name: str) -> str:
-        base, _, _ = self.admin_url.rpartition("/")
+        base, _, _ = self.app_url.rpartition("/")
         return normalise_database_url(f"{base}/{name}")
 
     def create(self, prefix: str | None = None) -> str:
@@ -187,7 +198,9 @@ def pg_server(pytestconfig: pytest.Config) -> Iterator[PostgresServer | None]:
     if BACKEND != "postgresql":
         yield None
         return
-    server = PostgresServer(TEST_DATABASE, prefix=database_prefix(pytestconfig))
+    server = PostgresServer(
+        ADMIN_DATABASE, prefix=database_prefix(pytestconfig), app_url=TEST_DATABASE
+    )
     yield server
     for name in list(server.created):
         server.drop(server.url_for(name))

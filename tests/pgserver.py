@@ -108,3 +108,37 @@ class PrivatePostgres:
         with contextlib.suppress(RuntimeError):
             self.stop("immediate")
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+class PrivatePgBouncer:
+    """A PgBouncer in transaction mode in front of a private server (``.ci/pgbouncer``),
+    for the fault-injection test when the run goes through a pooler."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="portal-pgbouncer-"))
+        self.root.chmod(0o755)
+        script = Path(__file__).resolve().parent.parent / ".ci" / "pgbouncer"
+        self._script = str(script)
+        result = subprocess.run(
+            [self._script, "start", str(self.root / "run")],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            # Requests must fail within the test's bounds while the server is down.
+            env={
+                **os.environ,
+                "PGBOUNCER_UPSTREAM_PORT": str(upstream_port),
+                "PGBOUNCER_QUERY_WAIT_TIMEOUT": "3",
+            },
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"PgBouncer did not start: {result.stderr or result.stdout}")
+        self.port = int(result.stdout.strip().splitlines()[-1])
+
+    def url(self, database: str) -> str:
+        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{database}"
+
+    def remove(self) -> None:
+        subprocess.run([self._script, "stop", str(self.root / "run")], timeout=60, check=False)
+        shutil.rmtree(self.root, ignore_errors=True)

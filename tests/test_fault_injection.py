@@ -38,12 +38,12 @@ from portal.consent.log import verify_chain
 from portal.db import create_engine, db
 from portal.identity import SUBSCRIBER_COOKIE, _serializer
 from portal.migrate import upgrade
-from tests.conftest import make_settings
+from tests.conftest import ADMIN_DATABASE, TEST_DATABASE, make_settings
 from tests.factories import SubscriptionFactory
 from tests.helpers import csrf_token
-from tests.pgserver import PrivatePostgres, postgres_bin
+from tests.pgserver import PrivatePgBouncer, PrivatePostgres, postgres_bin
 
-pytestmark = [pytest.mark.postgres_only, pytest.mark.slow]
+pytestmark = [pytest.mark.postgres_only, pytest.mark.slow, pytest.mark.pgbouncer]
 
 REQUEST_BOUND = 10.0  # seconds any single request may take, outage or not
 RECOVERY_BOUND = 15.0  # seconds from the restart to the first success of each kind
@@ -151,13 +151,27 @@ def private_postgres() -> Iterator[PrivatePostgres]:
 
 
 @pytest.fixture
-def served(private_postgres: PrivatePostgres, tmp_path: Path):
+def app_url(private_postgres: PrivatePostgres) -> Iterator[str]:
+    """The private server's database, straight or, when the run goes through a pooler
+    (PORTAL_TEST_DATABASE_ADMIN), through a PgBouncer of its own in front of it."""
     url = private_postgres.create_database("portal")
     engine = create_engine(url)
     upgrade(engine)
     engine.dispose()
+    if ADMIN_DATABASE == TEST_DATABASE:
+        yield url
+        return
+    pooler = PrivatePgBouncer(private_postgres.port)
+    try:
+        yield pooler.url("portal")
+    finally:
+        pooler.remove()
+
+
+@pytest.fixture
+def served(app_url: str, tmp_path: Path):
     settings = make_settings(
-        url,
+        app_url,
         str(tmp_path / "instance"),
         scheduler=True,
         database_connect_timeout=2,

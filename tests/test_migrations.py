@@ -302,6 +302,7 @@ engine.dispose()
 """
 
 
+@pytest.mark.pgbouncer
 def test_processes_migrating_at_once_take_turns(empty_engine, tmp_path):
     """Several processes starting together (auto-migrate, or an operator's upgrade beside
     them) all end well, on one schema."""

@@ -108,7 +108,8 @@ class DeliveryReceipt(Base):
     # deliveries to the reporting browser are accepted (portal/delivery/receipts.py).
     delivery_id: Mapped[str] = mapped_column(sa.String(64), nullable=False)
     event: Mapped[str] = mapped_column(sa.String(16), nullable=False)
-    at: Mapped[dt.datetime] = mapped_column(UTCDateTime, nullable=False)
+    # Indexed for the retention job (portal/retention/tables.py).
+    at: Mapped[dt.datetime] = mapped_column(UTCDateTime, nullable=False, index=True)
     # Only the hash: a receipt never stores a credential.
     endpoint_hash: Mapped[bytes | None] = mapped_column(sa.LargeBinary(32))
 

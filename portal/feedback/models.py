@@ -86,7 +86,8 @@ class FeedbackApplied(Base):
     digest_id: Mapped[uuid.UUID | None] = mapped_column(
         sa.Uuid, sa.ForeignKey("feedback_digest.id", ondelete="SET NULL"), index=True
     )
-    applied_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, nullable=False)
+    # Indexed for the retention job (portal/retention/tables.py).
+    applied_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, nullable=False, index=True)
 
     __table_args__ = (
         sa.UniqueConstraint("organization", "event_key_hash"),

@@ -1,7 +1,9 @@
 """The embedded scheduler and how its jobs are coordinated across processes.
 
 Any number of processes may run the scheduler. A singleton job takes a lock for its run
-— a PostgreSQL advisory lock, or on SQLite an exclusive lock on a file beside the
+— a PostgreSQL transaction-level advisory lock, held by a transaction kept open beside the
+job's own short transactions (so it works through PgBouncer in transaction mode, see
+``portal.db.held_transaction_lock``), or on SQLite an exclusive lock on a file beside the
 database — and runs only when ``job_state.next_run_at`` says it is due, so each job
 runs once per interval across all processes. Batch work inside jobs is claimed row by
 row (SKIP LOCKED), so two runs never process the same batch either.
@@ -31,7 +33,7 @@ from flask import Flask
 from sqlalchemy.dialects import postgresql, sqlite
 
 from portal import jobs
-from portal.db import db
+from portal.db import db, held_transaction_lock
 from portal.jobreport import JobReport, NoProgress, Progress
 from portal.operations.models import JobRun, JobState
 from portal.seams import current_portal
@@ -57,17 +59,8 @@ def job_lock(app: Flask, name: str) -> Iterator[bool]:
     engine = app.extensions["portal.db"].engine
     if engine.dialect.name == "postgresql":
         key = zlib.crc32(name.encode()) & 0x7FFFFFFF
-        with engine.connect() as connection:
-            acquired = connection.execute(
-                sa.select(sa.func.pg_try_advisory_lock(_JOB_LOCK_SPACE, key))
-            ).scalar_one()
-            connection.commit()
-            try:
-                yield bool(acquired)
-            finally:
-                if acquired:
-                    connection.execute(sa.select(sa.func.pg_advisory_unlock(_JOB_LOCK_SPACE, key)))
-                    connection.commit()
+        with held_transaction_lock(engine, _JOB_LOCK_SPACE, key, wait=False) as acquired:
+            yield acquired
         return
     database = engine.url.database or "portal"
     path = Path(f"{database}.{name}.lock")

@@ -1,10 +1,9 @@
-"""Keyset-paginated batches over push subscriptions: the skeleton of the batch jobs on
-the table (the ageing sweeps, tombstones, purge, re-sealing and the backfills)."""
+"""Keyset-paginated batches over push subscriptions (the ageing sweeps, tombstones, purge,
+re-sealing and the backfills): :func:`portal.batches.keyset_batches` on that table."""
 
 from __future__ import annotations
 
 import threading
-import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
@@ -12,8 +11,7 @@ import sqlalchemy as sa
 from flask import Flask
 from sqlalchemy.orm import Session
 
-from portal.consent import log
-from portal.db import db, is_postgres
+from portal.batches import keyset_batches
 from portal.jobreport import JobReport, Progress
 from portal.subscriptions.models import PushSubscription
 
@@ -33,36 +31,19 @@ def subscription_batches(
     appends_events: bool = False,
     between: Callable[[], bool] | None = None,
 ) -> None:
-    """Walk the push subscriptions matching ``candidates`` by primary key (keyset
-    pagination, never OFFSET), ``batch_size`` at a time, each batch in its own short
-    transaction and claimed with SKIP LOCKED on PostgreSQL, so that several processes
-    share the work and none handles a row twice. ``handle`` does the batch's work and
-    returns how many rows it changed. Stops between batches once ``stop`` is set, or
-    when ``between`` (called after every full batch: a backfill's pause and replication
-    check) answers False; the next run picks up what is left. ``appends_events``: take
-    the consent chain's lock first, as every appender does, before the row locks.
-    """
-    with db.begin(app) as session:
-        progress.start(session.execute(sa.select(sa.func.count()).where(candidates)).scalar_one())
-    last_id: uuid.UUID | None = None
-    while stop is None or not stop.is_set():
-        with db.begin(app) as session:
-            if appends_events:
-                log.lock_chain(session)
-            query = sa.select(_t.c.id, *columns).where(candidates)
-            if last_id is not None:
-                query = query.where(_t.c.id > last_id)
-            query = query.order_by(_t.c.id).limit(batch_size)
-            if is_postgres(session):
-                query = query.with_for_update(skip_locked=True)
-            rows = session.execute(query).all()
-            if not rows:
-                return
-            report.changed += handle(session, rows)
-            last_id = rows[-1].id
-        report.processed += len(rows)
-        progress.advance(len(rows))
-        if len(rows) < batch_size:
-            return  # a short batch is the last: no row after it is left unclaimed
-        if between is not None and not between():
-            return
+    """Walk the push subscriptions matching ``candidates`` by primary key in batches
+    (:func:`portal.batches.keyset_batches`, which says how). Each row carries its id as
+    ``id`` as well as ``key``."""
+    keyset_batches(
+        app,
+        _t,
+        candidates,
+        batch_size=batch_size,
+        progress=progress,
+        handle=handle,
+        stop=stop,
+        report=report,
+        columns=(_t.c.id, *columns),
+        appends_events=appends_events,
+        between=between,
+    )

@@ -41,7 +41,7 @@ from tests.fakepush import Answer, FakePushProcess, Received, token_of
 from tests.support import ROOT, portal_process_environ, stop
 
 log = logging.getLogger(__name__)
-pytestmark = [pytest.mark.postgres_only, pytest.mark.slow]
+pytestmark = [pytest.mark.postgres_only, pytest.mark.slow, pytest.mark.pgbouncer]
 
 
 # --- the pieces: recipients, a campaign, dispatching processes --------------------------

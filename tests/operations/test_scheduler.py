@@ -25,6 +25,9 @@ from portal.operations.scheduler import SINGLETON_JOBS, JobBusy, job_lock, run_r
 from tests.helpers import all_rows
 from tests.support import ROOT, portal_process_environ
 
+# Run again through PgBouncer in transaction mode by CI (.ci/pgbouncer).
+pytestmark = pytest.mark.pgbouncer
+
 
 def test_a_job_lock_is_exclusive(app):
     inside = threading.Event()

@@ -1,0 +1,105 @@
+"""Keyset-paginated batches over one table: the skeleton of every batch job (the ageing
+sweeps, tombstones, purge, re-sealing, the backfills, and the retention of the bounded
+tables)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from flask import Flask
+from sqlalchemy.orm import Session
+
+from portal.consent import log
+from portal.db import affected_rows, db, is_postgres
+from portal.jobreport import JobReport, Progress
+
+
+def keyset_batches(
+    app: Flask,
+    table: sa.Table,
+    candidates: sa.ColumnElement[bool],
+    *,
+    batch_size: int,
+    progress: Progress,
+    handle: Callable[[Session, Sequence[sa.Row[Any]]], int],
+    stop: threading.Event | None,
+    report: JobReport,
+    key: sa.ColumnElement[Any] | None = None,
+    columns: tuple[sa.ColumnElement[Any], ...] = (),
+    appends_events: bool = False,
+    between: Callable[[], bool] | None = None,
+) -> None:
+    """Walk the rows of ``table`` matching ``candidates`` by ``key`` (its primary key
+    unless told; keyset pagination, never OFFSET), ``batch_size`` at a time, each batch
+    in its own short transaction and claimed with SKIP LOCKED on PostgreSQL, so that
+    several processes share the work and none handles a row twice. ``handle`` does the
+    batch's work and returns how many rows it changed; each row carries the key as
+    ``key``. Stops between batches once ``stop`` is set, or when ``between`` (called after
+    every full batch: a backfill's pause and replication check) answers False; the next
+    run picks up what is left. ``appends_events``: take the consent chain's lock first,
+    as every appender does, before the row locks.
+    """
+    if key is None:
+        (key,) = table.primary_key.columns
+    with db.begin(app) as session:
+        progress.start(
+            session.execute(
+                sa.select(sa.func.count()).select_from(table).where(candidates)
+            ).scalar_one()
+        )
+    last: Any = None
+    while stop is None or not stop.is_set():
+        with db.begin(app) as session:
+            if appends_events:
+                log.lock_chain(session)
+            query = sa.select(key.label("key"), *columns).where(candidates)
+            if last is not None:
+                query = query.where(key > last)
+            query = query.order_by(key).limit(batch_size)
+            if is_postgres(session):
+                query = query.with_for_update(skip_locked=True)
+            rows = session.execute(query).all()
+            if not rows:
+                return
+            report.changed += handle(session, rows)
+            last = rows[-1].key
+        report.processed += len(rows)
+        progress.advance(len(rows))
+        if len(rows) < batch_size:
+            return  # a short batch is the last: no row after it is left unclaimed
+        if between is not None and not between():
+            return
+
+
+def delete_batches(
+    app: Flask,
+    table: sa.Table,
+    candidates: sa.ColumnElement[bool],
+    *,
+    batch_size: int,
+    progress: Progress,
+    stop: threading.Event | None,
+    report: JobReport,
+) -> None:
+    """Delete the rows of ``table`` matching ``candidates`` in keyset batches
+    (:func:`keyset_batches`); each batch deletes only rows that still match."""
+    (key,) = table.primary_key.columns
+
+    def delete(session: Session, rows: Sequence[sa.Row[Any]]) -> int:
+        return affected_rows(
+            session, sa.delete(table).where(key.in_([row.key for row in rows]), candidates)
+        )
+
+    keyset_batches(
+        app,
+        table,
+        candidates,
+        batch_size=batch_size,
+        progress=progress,
+        handle=delete,
+        stop=stop,
+        report=report,
+    )

@@ -1,0 +1,104 @@
+"""Retention of the tables that would otherwise grow for ever: feedback digests and
+markers, staff sessions, display receipts (and, in ``portal.ratelimit``, the rate-limit
+counters). Each has a rule, a setting with a default (docs/configuration.md), and is
+deleted in keyset batches by the ``table-retention`` job, through the same loop as every
+sweep (``portal.batches``). None of them changes a figure a page shows:
+
+- **feedback_digest** rows older than ``FEEDBACK_DIGEST_RETENTION_DAYS`` go, but never
+  the newest ``RECENT`` (what the delivery-feedback page lists), so that page is the same.
+- **feedback_applied** markers older than ``FEEDBACK_MARKER_RETENTION_DAYS`` go: a marker
+  makes a sender's retry of an event harmless, and a signed digest is refused after
+  ``FEEDBACK_MAX_AGE_SECONDS``, so a marker is needed only as long as the sender retries.
+  No page counts them.
+- **staff_session** rows that ended (past their lifetime or idle deadline) more than
+  ``STAFF_SESSION_RETENTION_DAYS`` ago go: nobody can sign in with them any more.
+- **delivery_receipt** rows live as long as the delivery they report on: a receipt goes
+  once its delivery row is gone (the delivery table's own retention) and it is older than
+  ``RECEIPT_RETENTION_MONTHS`` (the consent log's audit window by default). The funnel
+  counts receipts only through their campaign's deliveries, so it shows the same figures;
+  a receipt is at most two rows per delivery, so the table is bounded by that one.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import cast
+
+import sqlalchemy as sa
+from flask import Flask
+
+from portal.batches import delete_batches
+from portal.config import Settings
+from portal.db import db
+from portal.delivery.models import Delivery, DeliveryReceipt
+from portal.feedback.models import FeedbackApplied, FeedbackDigest
+from portal.jobreport import JobReport, Progress
+from portal.retention.services import months_before
+from portal.seams import current_portal
+from portal.staff.models import StaffSession
+
+# The delivery-feedback page lists this many of the newest digests (portal/feedback/ops.py).
+RECENT_DIGESTS_KEPT = 50
+
+_digest = cast(sa.Table, FeedbackDigest.__table__)
+_applied = cast(sa.Table, FeedbackApplied.__table__)
+_session = cast(sa.Table, StaffSession.__table__)
+_receipt = cast(sa.Table, DeliveryReceipt.__table__)
+_delivery = cast(sa.Table, Delivery.__table__)
+
+
+def old_digests(app: Flask, now: dt.datetime, settings: Settings) -> sa.ColumnElement[bool]:
+    cutoff = now - dt.timedelta(days=settings.retention.feedback_digest_days)
+    with db.begin(app) as session:
+        newest_kept = session.execute(
+            sa.select(_digest.c.received_at)
+            .order_by(_digest.c.received_at.desc())
+            .offset(RECENT_DIGESTS_KEPT - 1)
+            .limit(1)
+        ).scalar_one_or_none()
+    if newest_kept is None:
+        return sa.false()  # fewer digests than the page lists: keep them all
+    return _digest.c.received_at < min(cutoff, newest_kept)
+
+
+def old_markers(now: dt.datetime, settings: Settings) -> sa.ColumnElement[bool]:
+    return _applied.c.applied_at < now - dt.timedelta(days=settings.retention.feedback_marker_days)
+
+
+def ended_sessions(now: dt.datetime, settings: Settings) -> sa.ColumnElement[bool]:
+    before = now - dt.timedelta(days=settings.retention.staff_session_days)
+    idle = dt.timedelta(minutes=settings.staff.session_idle_minutes)
+    return (_session.c.expires_at < before) | (_session.c.last_seen_at < before - idle)
+
+
+def orphaned_receipts(now: dt.datetime, settings: Settings) -> sa.ColumnElement[bool]:
+    """Receipts older than the window whose delivery is gone (receipts are recorded only
+    for our deliveries' ids, digits within BIGINT: the cast finds the delivery by its
+    primary key)."""
+    cutoff = months_before(now, settings.retention.receipt_months)
+    delivery_left = sa.exists().where(
+        _delivery.c.id == sa.cast(_receipt.c.delivery_id, sa.BigInteger)
+    )
+    return (_receipt.c.at < cutoff) & ~delivery_left
+
+
+def table_retention_job(app: Flask, progress: Progress) -> JobReport:
+    portal = current_portal(app)
+    settings, now = portal.settings, portal.clock.now()
+    report = JobReport("table-retention")
+    for table, candidates in (
+        (_digest, old_digests(app, now, settings)),
+        (_applied, old_markers(now, settings)),
+        (_session, ended_sessions(now, settings)),
+        (_receipt, orphaned_receipts(now, settings)),
+    ):
+        delete_batches(
+            app,
+            table,
+            candidates,
+            batch_size=settings.retention.batch_size,
+            progress=progress,
+            stop=app.extensions.get("portal.stop"),
+            report=report,
+        )
+    return report
