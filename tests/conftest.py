@@ -269,25 +269,30 @@ def _migrated_template(fresh_database) -> str:
     return url
 
 
+# Empties every table but alembic_version and restarts every sequence, in one round trip.
+# Replica mode skips the triggers that guard append-only tables and the foreign keys' own
+# triggers, so the order does not matter. DELETE, not TRUNCATE: TRUNCATE gives each of the
+# 22 tables and its indexes new files, which cost the server 1.2 s per test (wall-clock at
+# load average 19-23) against 0.12 s for DELETE on tables that hold a test's few rows.
+_EMPTY_POSTGRES = """
+DO $$
+DECLARE r record;
+BEGIN
+  SET LOCAL session_replication_role = replica;
+  FOR r IN SELECT tablename FROM pg_tables
+           WHERE schemaname = 'public' AND tablename <> 'alembic_version' LOOP
+    EXECUTE format('DELETE FROM public.%I', r.tablename);
+  END LOOP;
+  FOR r IN SELECT sequencename FROM pg_sequences WHERE schemaname = 'public' LOOP
+    EXECUTE format('ALTER SEQUENCE public.%I RESTART', r.sequencename);
+  END LOOP;
+END $$
+"""
+
+
 def _empty_postgres(url: str) -> None:
-    engine = create_engine(url, poolclass=sa.pool.NullPool)
-    with engine.begin() as conn:
-        tables = [
-            row[0]
-            for row in conn.execute(
-                sa.text(
-                    "SELECT tablename FROM pg_tables WHERE schemaname = 'public' "
-                    "AND tablename <> 'alembic_version'"
-                )
-            )
-        ]
-        if tables:
-            # replica mode skips the triggers that guard append-only tables.
-            conn.execute(sa.text("SET LOCAL session_replication_role = replica"))
-            conn.execute(
-                sa.text(f"TRUNCATE {', '.join(f'{t!s}' for t in tables)} RESTART IDENTITY CASCADE")
-            )
-    engine.dispose()
+    with psycopg.connect(_psycopg_url(url)) as conn:
+        conn.execute(_EMPTY_POSTGRES)
 
 
 @pytest.fixture
