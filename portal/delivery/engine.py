@@ -605,11 +605,15 @@ class Dispatcher:
 
     def _write(self, plan: _Plan) -> None:
         """Record a planned batch: every delivery's new status and every subscription's
-        lifecycle, in the answers' order, under the consent log's lock."""
+        lifecycle, in the answers' order; under the consent log's lock only when the batch
+        appends to it (a 410), so a batch of acceptances never waits for a preference
+        save (SPEC §7)."""
         pruned: list[_Claimed] = []
         try:
             with db.begin(self.app) as session:
-                consent_log.lock_chain(session)  # a 410 appends to the consent log
+                if plan.appends_consent_events():
+                    # Before any other write of the transaction, as every appender does.
+                    consent_log.lock_chain(session)
                 closed = _ended_campaigns(session, plan.campaign_ids())
                 for item in plan.held:
                     reason = closed.get(item.campaign_id)
@@ -816,6 +820,11 @@ class _Plan:
     lifecycles: dict[uuid.UUID, Lifecycle] = field(default_factory=dict)
     # Claimed but not sent: their campaign was paused, cancelled or expired meanwhile.
     held: list[_Claimed] = field(default_factory=list)
+
+    def appends_consent_events(self) -> bool:
+        """Whether recording this plan may append to the consent log: only a revocation
+        (a 410) does; acceptances, failures, retries and skips change no consent."""
+        return any(a.step.outcome == Outcome.REVOKED for a in self.answers)
 
     def campaign_ids(self) -> set[uuid.UUID]:
         """The campaigns whose deliveries this plan may put back in the queue."""
