@@ -91,6 +91,8 @@ class EngineSettings:
     circuit_ratio: float = 0.5
     circuit_min: int = 20
     circuit_seconds: float = 30.0
+    # While nothing sends, the gauges are refreshed at most this often (seconds).
+    gauge_seconds: float = 60.0
 
 
 @dataclass
@@ -137,6 +139,7 @@ class Dispatcher:
         self.retry = portal.settings.retry
         self.failures_before_stale = portal.settings.failures_before_stale
         self._lock = threading.Lock()
+        self._gauges_at = -float("inf")  # time.monotonic() of the last gauge refresh
 
     # -- campaign bookkeeping ---------------------------------------------------------
 
@@ -322,6 +325,10 @@ class Dispatcher:
         SQLite has one writer at a time, so there the answers are written in turn.
         """
         report = TickReport()
+        if not self._anything_to_do():
+            # Idle: one cheap query a tick, however many processes tick (SPEC §7).
+            self._update_gauges(idle=True)
+            return report
         report.materialised += self.advance_campaigns()
         batches = 0
         overlap = self._overlap()
@@ -369,11 +376,45 @@ class Dispatcher:
         self._update_gauges()
         return report
 
+    def _anything_to_do(self) -> bool:
+        """Whether a campaign is sending, due to start, or paused past its end: only then
+        has a tick anything to advance, claim or close. One query on a small table."""
+        now = self.clock.now()
+        with db.begin(self.app) as session:
+            return bool(
+                session.execute(
+                    sa.select(
+                        sa.exists().where(
+                            sa.or_(
+                                _c.c.status == CampaignStatus.SENDING.value,
+                                sa.and_(
+                                    _c.c.status == CampaignStatus.SCHEDULED.value,
+                                    _c.c.send_at <= now,
+                                ),
+                                sa.and_(
+                                    _c.c.status == CampaignStatus.PAUSED.value,
+                                    _c.c.deliver_until.is_not(None),
+                                    _c.c.deliver_until <= now,
+                                ),
+                            )
+                        )
+                    )
+                ).scalar_one()
+            )
+
     def _overlap(self) -> bool:
         with db.begin(self.app) as session:
             return is_postgres(session)
 
-    def _update_gauges(self) -> None:
+    def _update_gauges(self, *, idle: bool = False) -> None:
+        """The queued and revoked gauges; an idle tick refreshes them at most once every
+        ``gauge_seconds`` (a paused campaign's queue or the revocations may change while
+        nothing sends)."""
+        started = time.monotonic()
+        with self._lock:
+            if idle and started - self._gauges_at < self.settings.gauge_seconds:
+                return
+            self._gauges_at = started
         with db.begin(self.app) as session:
             queued = session.execute(
                 sa.select(sa.func.count())
