@@ -199,8 +199,13 @@ def _refused_still_counts(response: Response) -> Response:
     rolled back (with anything the view wrote) and the counts written alone."""
     counts: list[_Count] = g.pop("_rate_counts", [])
     if counts and response.status_code >= 400:
-        db.session.rollback()
-        _count_alone(counts)
+        try:
+            db.session.rollback()
+            _count_alone(counts)
+        except sa.exc.SQLAlchemyError:
+            # The database went away (this answer may be its 503): a count lost to an
+            # outage costs nothing, and the answer stands.
+            log.warning("could not count a refused request", exc_info=True)
     return response
 
 

@@ -128,3 +128,15 @@ def test_the_limits_still_refuse_past_their_limit(app, sent, engine):
         "clicked",
         "shown",
     ]
+
+
+def test_a_refusal_answers_even_when_its_counts_cannot_be_written(app, sent, monkeypatch):
+    from portal import ratelimit
+
+    def unavailable(_counts):
+        raise sa.exc.OperationalError("INSERT", {}, Exception("server closed the connection"))
+
+    monkeypatch.setattr(ratelimit, "_count_alone", unavailable)
+    _, sub, delivery_id = sent
+    body = {"deliveryId": delivery_id, "event": "shown", "endpoint": sub.endpoint}
+    assert app.test_client().post(URL, json=body).status_code == 403
