@@ -8,6 +8,7 @@ missing; one that fails is reported with its exit status.
     .venv/bin/python -m bench                      # full sizes (tens of minutes)
     .venv/bin/python -m bench --quick              # smoke run; writes a scratch file
     .venv/bin/python -m bench --only pages,export --pages-env RATE_LIMIT_PER_ADDRESS=0
+    .venv/bin/python -m bench --report-only         # rewrite the report from bench/results
 
 Every script's figures are also kept in ``bench/results/NAME.json`` with when, at which
 commit and under what load they were measured. A run with ``--only`` replaces those it
@@ -38,7 +39,7 @@ from typing import Any
 import psycopg
 
 ROOT = Path(__file__).resolve().parent.parent
-BENCHMARKS = ("audience", "export", "sweeps", "pages", "dispatch")
+BENCHMARKS = ("audience", "export", "sweeps", "pages", "dispatch", "claims")
 ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/test"
 RESULTS = ROOT / "bench" / "results"
 
@@ -278,14 +279,21 @@ def main() -> int:
         help="extra environment for the portal under bench/pages.py (repeatable)",
     )
     parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="run nothing: rewrite the report from the results folder",
+    )
+    parser.add_argument(
         "--results",
         type=Path,
         help="folder of each benchmark's latest figures (default bench/results; a scratch "
         "folder with --quick)",
     )
     args = parser.parse_args()
-    names = BENCHMARKS
-    if args.only:
+    names: tuple[str, ...] = BENCHMARKS
+    if args.report_only:
+        names = ()
+    elif args.only:
         names = tuple(n.strip() for n in args.only.split(",") if n.strip())
         unknown = set(names) - set(BENCHMARKS)
         if unknown:

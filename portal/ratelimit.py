@@ -5,6 +5,13 @@ push subscription endpoint. The counters live in ``rate_limit_counter`` so every
 process of every server shares them; one atomic upsert per check counts the request
 and reads the total. Keys are HMACs (the secret key as pepper) of what is counted, so
 client addresses are never stored. A refused request answers 429 with Retry-After.
+
+Each count is its own transaction, committed at once, unless the route asks for its
+counts to join the request's own transaction (:func:`count_in_the_request`): a route
+that writes one row per request (a notification receipt) then costs one write
+transaction, not three. Should that request be refused (any 4xx or 5xx answer), what it
+wrote is rolled back and its counts are written again on their own, so a refused request
+still counts, once.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ from enum import StrEnum
 from typing import cast
 
 import sqlalchemy as sa
-from flask import Flask, current_app, request
+from flask import Flask, Response, current_app, g, request
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Mapped, mapped_column
@@ -118,6 +125,25 @@ def ended_windows(now: dt.datetime, window_seconds: int) -> sa.ColumnElement[boo
     return _COUNTER.c.window_start < window_start(now, window_seconds)
 
 
+# Endpoints (``blueprint.view``) whose counts are written in the request's transaction.
+_IN_THE_REQUEST: set[str] = set()
+
+
+def count_in_the_request(endpoint: str) -> None:
+    """Count this endpoint's requests in the request's own transaction (``db.session``),
+    which its view commits: one write transaction per request. The view must write
+    nothing before a refusal it raises (it is rolled back, and the counts written again
+    alone)."""
+    _IN_THE_REQUEST.add(endpoint)
+
+
+@dataclass(frozen=True)
+class _Count:
+    key: bytes
+    window_seconds: int
+    limit: int
+
+
 def _check(kind: Kind, value: bytes, limit: int) -> None:
     if limit <= 0:
         return
@@ -126,20 +152,15 @@ def _check(kind: Kind, value: bytes, limit: int) -> None:
     key = counter_key(
         current_app.config["SECRET_KEY"].encode(), kind, request.endpoint or request.path, value
     )
-    # Its own transaction, committed at once: a request refused later still counts,
-    # and the view's rollback never undoes the count.
-    with db.engine.begin() as connection:
-        if connection.dialect.name == "postgresql":
-            # A count lost to a crash costs nothing; waiting for the disk on every API
-            # request would.
-            connection.exec_driver_sql("SET LOCAL synchronous_commit = off")
-        verdict = hit(
-            connection,
-            key,
-            now=portal.clock.now(),
-            window_seconds=settings.window_seconds,
-            limit=limit,
-        )
+    count = _Count(key, settings.window_seconds, limit)
+    if request.endpoint in _IN_THE_REQUEST:
+        # Joins the view's transaction; written again alone if the request is refused.
+        g.setdefault("_rate_counts", []).append(count)
+        verdict = _hit(db.session.connection(), count)
+    else:
+        # Its own transaction, committed at once: a request refused later still counts,
+        # and the view's rollback never undoes the count.
+        verdict = _count_alone([count])
     if not verdict.allowed:
         log.info("rate limit reached: %s on %s", kind.value, request.endpoint)
         raise ApiError(
@@ -148,6 +169,42 @@ def _check(kind: Kind, value: bytes, limit: int) -> None:
             status=429,
             headers={"Retry-After": str(verdict.retry_after)},
         )
+
+
+def _hit(connection: Connection, count: _Count) -> Verdict:
+    return hit(
+        connection,
+        count.key,
+        now=current_portal().clock.now(),
+        window_seconds=count.window_seconds,
+        limit=count.limit,
+    )
+
+
+def _count_alone(counts: list[_Count]) -> Verdict:
+    """The counts in one transaction of their own; the last one's verdict."""
+    with db.engine.begin() as connection:
+        if connection.dialect.name == "postgresql":
+            # A count lost to a crash costs nothing; waiting for the disk on every API
+            # request would.
+            connection.exec_driver_sql("SET LOCAL synchronous_commit = off")
+        verdicts = [_hit(connection, count) for count in counts]
+    return verdicts[-1]
+
+
+def _refused_still_counts(response: Response) -> Response:
+    """A refused request whose counts were in its own transaction: that transaction is
+    rolled back (with anything the view wrote) and the counts written alone."""
+    counts: list[_Count] = g.pop("_rate_counts", [])
+    if counts and response.status_code >= 400:
+        try:
+            db.session.rollback()
+            _count_alone(counts)
+        except sa.exc.SQLAlchemyError:
+            # The database went away (this answer may be its 503): a count lost to an
+            # outage costs nothing, and the answer stands.
+            log.warning("could not count a refused request", exc_info=True)
+    return response
 
 
 def limit_endpoint(endpoint: str) -> None:
@@ -166,6 +223,7 @@ def _limit_address() -> None:
 def init_app(app: Flask) -> None:
     # Before the blueprints' own checks, so a flood is refused before any other work.
     app.before_request(_limit_address)
+    app.after_request(_refused_still_counts)
 
 
 def prune_job(app: Flask, progress: Progress) -> JobReport:

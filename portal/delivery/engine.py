@@ -41,7 +41,7 @@ from portal.consent import log as consent_log
 from portal.consent.models import EventKind
 from portal.consent.recipients import recipient_query
 from portal.db import db, is_postgres
-from portal.delivery.models import Delivery, DeliveryStatus, Unsendable
+from portal.delivery.models import DUE_SQL, Delivery, DeliveryStatus, Unsendable
 from portal.push.encryption import InvalidSubscriptionKeys, PayloadTooLarge
 from portal.push.transport import (
     BatchInterrupted,
@@ -77,6 +77,8 @@ audit = logging.getLogger("portal.audit")
 _d = cast(sa.Table, Delivery.__table__)
 _s = cast(sa.Table, PushSubscription.__table__)
 _c = cast(sa.Table, Campaign.__table__)
+# ix_delivery_due's predicate as the claim repeats it, qualified (campaign has a status).
+_DUE = sa.text(f"{_d.name}.{DUE_SQL}")
 
 
 @dataclass
@@ -89,6 +91,8 @@ class EngineSettings:
     circuit_ratio: float = 0.5
     circuit_min: int = 20
     circuit_seconds: float = 30.0
+    # While nothing sends, the gauges are refreshed at most this often (seconds).
+    gauge_seconds: float = 60.0
 
 
 @dataclass
@@ -135,6 +139,7 @@ class Dispatcher:
         self.retry = portal.settings.retry
         self.failures_before_stale = portal.settings.failures_before_stale
         self._lock = threading.Lock()
+        self._gauges_at = -float("inf")  # time.monotonic() of the last gauge refresh
 
     # -- campaign bookkeeping ---------------------------------------------------------
 
@@ -243,11 +248,18 @@ class Dispatcher:
                 for service, until in (also_blocked or {}).items()
                 if until > now and service not in blocked
             ]
-            due = sa.or_(
+            due: sa.ColumnElement[bool] = sa.or_(
                 sa.and_(_d.c.status == DeliveryStatus.QUEUED.value, _d.c.next_attempt_at <= now),
                 # A lease that ran out: the process sending it died. Claimable again.
                 sa.and_(_d.c.status == DeliveryStatus.SENDING.value, _d.c.lease_expires_at < now),
             )
+            if not is_postgres(session):
+                # Both planners read ix_delivery_due (only the rows still to send, in id
+                # order), so a claim costs the same at the first and the last delivery
+                # (SPEC §7). PostgreSQL proves from the OR that the index's predicate
+                # holds; SQLite only sees it when the query repeats it word for word.
+                # (Repeated on PostgreSQL it would be counted twice in the row estimates.)
+                due = sa.and_(_DUE, due)
             candidates = (
                 sa.select(_d.c.id)
                 .join(_c, _c.c.id == _d.c.campaign_id)
@@ -313,6 +325,10 @@ class Dispatcher:
         SQLite has one writer at a time, so there the answers are written in turn.
         """
         report = TickReport()
+        if not self._anything_to_do():
+            # Idle: one cheap query a tick, however many processes tick (SPEC §7).
+            self._update_gauges(idle=True)
+            return report
         report.materialised += self.advance_campaigns()
         batches = 0
         overlap = self._overlap()
@@ -360,11 +376,45 @@ class Dispatcher:
         self._update_gauges()
         return report
 
+    def _anything_to_do(self) -> bool:
+        """Whether a campaign is sending, due to start, or paused past its end: only then
+        has a tick anything to advance, claim or close. One query on a small table."""
+        now = self.clock.now()
+        with db.begin(self.app) as session:
+            return bool(
+                session.execute(
+                    sa.select(
+                        sa.exists().where(
+                            sa.or_(
+                                _c.c.status == CampaignStatus.SENDING.value,
+                                sa.and_(
+                                    _c.c.status == CampaignStatus.SCHEDULED.value,
+                                    _c.c.send_at <= now,
+                                ),
+                                sa.and_(
+                                    _c.c.status == CampaignStatus.PAUSED.value,
+                                    _c.c.deliver_until.is_not(None),
+                                    _c.c.deliver_until <= now,
+                                ),
+                            )
+                        )
+                    )
+                ).scalar_one()
+            )
+
     def _overlap(self) -> bool:
         with db.begin(self.app) as session:
             return is_postgres(session)
 
-    def _update_gauges(self) -> None:
+    def _update_gauges(self, *, idle: bool = False) -> None:
+        """The queued and revoked gauges; an idle tick refreshes them at most once every
+        ``gauge_seconds`` (a paused campaign's queue or the revocations may change while
+        nothing sends)."""
+        started = time.monotonic()
+        with self._lock:
+            if idle and started - self._gauges_at < self.settings.gauge_seconds:
+                return
+            self._gauges_at = started
         with db.begin(self.app) as session:
             queued = session.execute(
                 sa.select(sa.func.count())
@@ -596,11 +646,15 @@ class Dispatcher:
 
     def _write(self, plan: _Plan) -> None:
         """Record a planned batch: every delivery's new status and every subscription's
-        lifecycle, in the answers' order, under the consent log's lock."""
+        lifecycle, in the answers' order; under the consent log's lock only when the batch
+        appends to it (a 410), so a batch of acceptances never waits for a preference
+        save (SPEC §7)."""
         pruned: list[_Claimed] = []
         try:
             with db.begin(self.app) as session:
-                consent_log.lock_chain(session)  # a 410 appends to the consent log
+                if plan.appends_consent_events():
+                    # Before any other write of the transaction, as every appender does.
+                    consent_log.lock_chain(session)
                 closed = _ended_campaigns(session, plan.campaign_ids())
                 for item in plan.held:
                     reason = closed.get(item.campaign_id)
@@ -807,6 +861,11 @@ class _Plan:
     lifecycles: dict[uuid.UUID, Lifecycle] = field(default_factory=dict)
     # Claimed but not sent: their campaign was paused, cancelled or expired meanwhile.
     held: list[_Claimed] = field(default_factory=list)
+
+    def appends_consent_events(self) -> bool:
+        """Whether recording this plan may append to the consent log: only a revocation
+        (a 410) does; acceptances, failures, retries and skips change no consent."""
+        return any(a.step.outcome == Outcome.REVOKED for a in self.answers)
 
     def campaign_ids(self) -> set[uuid.UUID]:
         """The campaigns whose deliveries this plan may put back in the queue."""

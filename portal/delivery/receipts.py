@@ -30,7 +30,7 @@ from portal.db import db, is_postgres
 from portal.delivery.models import Delivery, DeliveryReceipt, ReceiptEvent
 from portal.errors import ApiError, ValidationError
 from portal.identity import device_from_cookie
-from portal.ratelimit import limit_endpoint
+from portal.ratelimit import count_in_the_request, limit_endpoint
 from portal.seams import current_portal
 from portal.subscriptions.models import PushSubscription
 from portal.subscriptions.possession import Proof, holds, proof_from
@@ -138,6 +138,8 @@ def receipts_for(session: Session, delivery_id: str) -> list[DeliveryReceipt]:
 
 @bp.post("/receipt")
 def receipt() -> tuple[Response, int]:
+    """Nothing is written before a refusal: the rate limits count this route's requests
+    in its own transaction (:func:`portal.ratelimit.count_in_the_request`)."""
     body = json_body()  # content type and size limits, like every JSON endpoint
     settings = current_portal().settings
     parsed = parse_receipt(body, endpoint_max_length=settings.endpoint_max_length)
@@ -146,8 +148,8 @@ def receipt() -> tuple[Response, int]:
         limit_endpoint(parsed.endpoint)
     portal = current_portal()
     session = db.session
-    # The check and the write share one transaction: one commit per receipt, none for
-    # a refusal.
+    # The rate-limit counts, the check and the write share one transaction: one commit
+    # per receipt. A refusal writes nothing but its counts (portal.ratelimit).
     if not sent_to_caller(session, parsed.delivery_id, proof, keys=portal.keys):
         raise NotYourDelivery()
     created = record(session, parsed, now=portal.clock.now())
@@ -155,3 +157,6 @@ def receipt() -> tuple[Response, int]:
     return jsonify(
         {"deliveryId": parsed.delivery_id, "event": parsed.event.value, "recorded": created}
     ), 201 if created else 200
+
+
+count_in_the_request(f"{bp.name}.{receipt.__name__}")

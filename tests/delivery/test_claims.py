@@ -1,0 +1,164 @@
+"""The claim reads only the rows still to send (``ix_delivery_due``, migration 0017).
+
+Its cost must not grow with what was already sent, in this campaign or earlier ones
+(SPEC §7; the figures are ``bench/claims.py``'s). Here: the plan both databases choose for
+the engine's own claim statement names the partial index, on a table where most rows are
+answered; and what the index leaves out is never what a claim must take (retries once
+due, batches whose lease ran out).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from portal.campaigns import services as campaigns
+from portal.campaigns.services import CampaignDraft
+from portal.db import db
+from portal.delivery.engine import Dispatcher
+from portal.delivery.models import Delivery
+
+_d = Delivery.__table__
+
+
+def _campaign(app, clock, status: str) -> uuid.UUID:
+    with db.begin(app) as session:
+        draft = CampaignDraft(topic="weekly-digest", title="Monday digest", body="Five things")
+        campaign = campaigns.create_campaign(session, draft, created_by="test", now=clock.now())
+        campaign.status = status
+        campaign.materialised_at = clock.now()
+        return campaign.id
+
+
+def _rows(campaign_id: uuid.UUID, count: int, now: dt.datetime, **values: Any) -> list[dict]:
+    base = {
+        "campaign_id": campaign_id,
+        "push_service": "fcm",
+        "status": "queued",
+        "attempts": 0,
+        "next_attempt_at": now - dt.timedelta(minutes=1),
+        "lease_expires_at": None,
+        "consent_reason": "explicit_opt_in",
+        "updated_at": now,
+    }
+    return [base | values | {"subscription_id": uuid.uuid4()} for _ in range(count)]
+
+
+def _insert(app, rows: list[dict]) -> list[int]:
+    with db.begin(app) as session:
+        return list(session.execute(sa.insert(_d).returning(_d.c.id), rows).scalars())
+
+
+def _captured_claim(app, dispatcher: Dispatcher) -> tuple[str, Any, list[int]]:
+    """Run the engine's claim; return its UPDATE statement, its parameters and the ids."""
+    engine = app.extensions["portal.db"].engine
+    seen: list[tuple[str, Any]] = []
+
+    def capture(_conn, _cursor, statement, parameters, *_):
+        if statement.lstrip().upper().startswith("UPDATE DELIVERY"):
+            seen.append((statement, parameters))
+
+    sa.event.listen(engine, "before_cursor_execute", capture)
+    try:
+        claimed = dispatcher.claim()
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", capture)
+    ((statement, parameters),) = seen
+    return statement, parameters, [c.delivery_id for c in claimed]
+
+
+def _plan(app, backend: str, statement: str, parameters: Any) -> str:
+    engine = app.extensions["portal.db"].engine
+    raw = engine.raw_connection()
+    try:
+        cursor = raw.cursor()
+        if backend == "postgresql":
+            cursor.execute("EXPLAIN " + statement, parameters)  # planned, not run
+        else:
+            cursor.execute("EXPLAIN QUERY PLAN " + statement, parameters)
+        lines = [" ".join(str(part) for part in row) for row in cursor.fetchall()]
+        raw.rollback()
+    finally:
+        raw.close()
+    return "\n".join(lines)
+
+
+def test_the_claim_reads_the_due_rows_index(push_app, dispatcher, clock, backend):
+    now = clock.now()
+    finished = _campaign(push_app, clock, "completed")
+    sending = _campaign(push_app, clock, "sending")
+    # Most of the table answered: an earlier campaign and most of this one.
+    _insert(push_app, _rows(finished, 6000, now, status="accepted", attempts=1))
+    _insert(push_app, _rows(sending, 6000, now, status="accepted", attempts=1))
+    due = _insert(push_app, _rows(sending, 120, now))
+    with db.begin(push_app) as session:
+        session.execute(sa.text("ANALYZE delivery" if backend == "postgresql" else "ANALYZE"))
+
+    statement, parameters, claimed = _captured_claim(push_app, dispatcher)
+    assert claimed == due[: dispatcher.settings.batch_size]  # lowest ids first, as before
+
+    plan = _plan(push_app, backend, statement, parameters)
+    assert "ix_delivery_due" in plan, plan
+
+
+def test_the_index_holds_only_the_rows_still_to_send(engine, backend, push_app):
+    with engine.connect() as conn:
+        if backend == "postgresql":
+            definition = conn.execute(
+                sa.text("SELECT indexdef FROM pg_indexes WHERE indexname = 'ix_delivery_due'")
+            ).scalar_one()
+        else:
+            definition = conn.execute(
+                sa.text("SELECT sql FROM sqlite_master WHERE name = 'ix_delivery_due'")
+            ).scalar_one()
+    assert "WHERE" in definition and "queued" in definition and "sending" in definition
+
+
+def test_retries_and_expired_leases_are_still_claimed(push_app, dispatcher, clock):
+    now = clock.now()
+    sending = _campaign(push_app, clock, "sending")
+    _insert(push_app, _rows(sending, 30, now, status="accepted", attempts=1))
+    (retry,) = _insert(
+        push_app, _rows(sending, 1, now, attempts=1, next_attempt_at=now + dt.timedelta(seconds=30))
+    )
+    (expired,) = _insert(
+        push_app,
+        _rows(sending, 1, now, status="sending", attempts=1, lease_expires_at=now),
+    )
+    (live,) = _insert(
+        push_app,
+        _rows(
+            sending,
+            1,
+            now,
+            status="sending",
+            attempts=1,
+            lease_expires_at=now + dt.timedelta(seconds=60),
+        ),
+    )
+
+    clock.advance(seconds=1)
+    # The batch whose sender died is taken again; the retry is not due yet; the batch
+    # whose lease runs is someone else's.
+    assert [c.delivery_id for c in dispatcher.claim()] == [expired]
+    clock.advance(seconds=30)
+    assert [c.delivery_id for c in dispatcher.claim()] == [retry]
+    assert dispatcher.claim() == []
+    clock.advance(seconds=30)
+    (claimed,) = dispatcher.claim()
+    assert (claimed.delivery_id, claimed.attempts) == (live, 2)
+    # Claimed again: out again under a fresh lease, in the index until answered.
+    clock.advance(seconds=dispatcher.settings.lease_seconds + 1)
+    assert {c.delivery_id for c in dispatcher.claim()} == {expired, retry, live}
+
+
+@pytest.mark.parametrize("status", ["paused", "completed"])
+def test_no_claim_from_a_campaign_that_is_not_sending(push_app, dispatcher, clock, status):
+    now = clock.now()
+    other = _campaign(push_app, clock, status)
+    _insert(push_app, _rows(other, 5, now))
+    assert dispatcher.claim() == []

@@ -1,0 +1,62 @@
+"""An idle process's tick costs one cheap query (SPEC §7: per-process polling cost).
+
+Every process of a deployment ticks the dispatch job; while no campaign is sending (or
+due to start, or paused past its end) a tick asks the database one question on the small
+``campaign`` table and stops there. The gauges are refreshed at most once a minute
+meanwhile.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import sqlalchemy as sa
+
+from portal.campaigns.models import Campaign
+from portal.db import db
+from tests.delivery.test_engine import _launch, _subscribe
+
+
+@contextmanager
+def statements(engine: sa.Engine) -> Iterator[list[str]]:
+    seen: list[str] = []
+
+    def count(_conn, _cursor, statement, *_):
+        # Transaction control is not a query (SQLite's BEGIN IMMEDIATE, portal/db.py).
+        if not statement.startswith("BEGIN"):
+            seen.append(statement)
+
+    sa.event.listen(engine, "before_cursor_execute", count)
+    try:
+        yield seen
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", count)
+
+
+def test_an_idle_tick_is_one_query(push_app, dispatcher):
+    engine = push_app.extensions["portal.db"].engine
+    dispatcher.tick()  # the first refreshes the gauges too
+    with statements(engine) as seen:
+        report = dispatcher.tick()
+    assert report.claimed == 0
+    assert len(seen) == 1, seen
+    assert "campaign" in seen[0] and "delivery" not in seen[0]
+
+
+def test_a_due_campaign_still_starts_and_finishes_after_idle_ticks(
+    push_app, dispatcher, fake_push, clock
+):
+    engine = push_app.extensions["portal.db"].engine
+    dispatcher.tick()
+    dispatcher.tick()
+    sub = _subscribe(push_app, fake_push, topics=["weekly-digest"])
+    campaign_id = _launch(push_app, clock)
+    report = dispatcher.tick()
+    assert report.accepted == 1
+    assert len(fake_push.received(sub)) == 1
+    with db.begin(push_app) as session:
+        assert session.get(Campaign, campaign_id).status == "completed"
+    with statements(engine) as seen:
+        dispatcher.tick()
+    assert len(seen) == 1  # idle again once it completed
