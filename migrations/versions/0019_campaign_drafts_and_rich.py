@@ -1,0 +1,80 @@
+"""campaign_draft, and rich notifications on campaign (image, badge, actions, flags).
+
+``campaign_draft`` keeps a campaign form as it was typed until it is launched: a new
+table, so the engine's queries on ``campaign`` never meet a draft. Its ``version`` makes
+every save and the launch conditional (nothing overwrites what another tab did).
+
+``campaign.image`` / ``badge`` / ``actions``: nullable columns without a default;
+``require_interaction`` / ``silent``: NOT NULL with a constant default (PostgreSQL keeps it
+in the catalogue): no table rewrite.
+
+Revision ID: 0019
+Revises: 0016
+Create Date: 2026-12-02
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0019"
+down_revision = "0016"
+branch_labels = None
+depends_on = None
+
+
+def _when() -> sa.DateTime:
+    return sa.DateTime(timezone=True)
+
+
+def upgrade() -> None:
+    op.add_column("campaign", sa.Column("image", sa.String(2048), nullable=True))
+    op.add_column("campaign", sa.Column("badge", sa.String(2048), nullable=True))
+    op.add_column("campaign", sa.Column("actions", sa.JSON(), nullable=True))
+    op.add_column(
+        "campaign",
+        sa.Column("require_interaction", sa.Boolean(), nullable=False, server_default=sa.false()),
+    )
+    op.add_column(
+        "campaign", sa.Column("silent", sa.Boolean(), nullable=False, server_default=sa.false())
+    )
+    op.create_table(
+        "campaign_draft",
+        sa.Column("id", sa.Uuid(), nullable=False),
+        sa.Column("fields", sa.JSON(), nullable=False),
+        sa.Column("title", sa.String(200), nullable=False),
+        sa.Column("version", sa.Integer(), nullable=False),
+        sa.Column("created_by", sa.String(255), nullable=False),
+        sa.Column("created_at", _when(), nullable=False),
+        sa.Column("updated_by", sa.String(255), nullable=False),
+        sa.Column("updated_at", _when(), nullable=False),
+        sa.Column("cloned_from", sa.Uuid(), nullable=True),
+        sa.Column("launched_campaign_id", sa.Uuid(), nullable=True),
+        sa.Column("launched_by", sa.String(255), nullable=True),
+        sa.Column("launched_at", _when(), nullable=True),
+        sa.CheckConstraint("version >= 1", name=op.f("ck_campaign_draft_version")),
+        sa.ForeignKeyConstraint(
+            ["cloned_from"], ["campaign.id"], name=op.f("fk_campaign_draft_cloned_from_campaign")
+        ),
+        sa.ForeignKeyConstraint(
+            ["launched_campaign_id"],
+            ["campaign.id"],
+            name=op.f("fk_campaign_draft_launched_campaign_id_campaign"),
+        ),
+        sa.PrimaryKeyConstraint("id", name=op.f("pk_campaign_draft")),
+        sa.UniqueConstraint(
+            "launched_campaign_id", name=op.f("uq_campaign_draft_launched_campaign_id")
+        ),
+    )
+    op.create_index("ix_campaign_draft_updated_at", "campaign_draft", ["updated_at"])
+
+
+def downgrade() -> None:
+    op.drop_index("ix_campaign_draft_updated_at", table_name="campaign_draft")
+    op.drop_table("campaign_draft")
+    op.drop_column("campaign", "silent")
+    op.drop_column("campaign", "require_interaction")
+    op.drop_column("campaign", "actions")
+    op.drop_column("campaign", "badge")
+    op.drop_column("campaign", "image")
