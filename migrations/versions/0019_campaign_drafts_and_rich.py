@@ -8,6 +8,11 @@ every save and the launch conditional (nothing overwrites what another tab did).
 ``require_interaction`` / ``silent``: NOT NULL with a constant default (PostgreSQL keeps it
 in the catalogue): no table rewrite.
 
+``delivery_receipt.event`` may also be ``action-1`` / ``action-2``: a click on one of a
+notification's buttons, a receipt of its own. The CHECK only widens, so no existing row
+can break it: on PostgreSQL it is added back ``NOT VALID`` (no scan under the lock; new
+rows are checked all the same). On SQLite the table is copied (batch mode).
+
 Revision ID: 0019
 Revises: 0016
 Create Date: 2026-12-02
@@ -28,7 +33,26 @@ def _when() -> sa.DateTime:
     return sa.DateTime(timezone=True)
 
 
+_EVENTS_BEFORE = "event IN ('shown', 'clicked')"
+_EVENTS_AFTER = "event IN ('shown', 'clicked', 'action-1', 'action-2')"
+
+
+def _receipt_events(condition: str, *, not_valid: bool) -> None:
+    name = "ck_delivery_receipt_event"
+    if op.get_context().dialect.name == "postgresql":
+        op.drop_constraint(name, "delivery_receipt", type_="check")
+        op.execute(
+            f"ALTER TABLE delivery_receipt ADD CONSTRAINT {name} CHECK ({condition})"
+            + (" NOT VALID" if not_valid else "")
+        )
+        return
+    with op.batch_alter_table("delivery_receipt", recreate="always") as batch:
+        batch.drop_constraint(op.f(name), type_="check")
+        batch.create_check_constraint(op.f(name), condition)
+
+
 def upgrade() -> None:
+    _receipt_events(_EVENTS_AFTER, not_valid=True)
     op.add_column("campaign", sa.Column("image", sa.String(2048), nullable=True))
     op.add_column("campaign", sa.Column("badge", sa.String(2048), nullable=True))
     op.add_column("campaign", sa.Column("actions", sa.JSON(), nullable=True))
@@ -71,6 +95,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    op.execute("DELETE FROM delivery_receipt WHERE event IN ('action-1', 'action-2')")
+    _receipt_events(_EVENTS_BEFORE, not_valid=False)
     op.drop_index("ix_campaign_draft_updated_at", table_name="campaign_draft")
     op.drop_table("campaign_draft")
     op.drop_column("campaign", "silent")
