@@ -15,7 +15,6 @@ from portal.campaigns.models import Campaign, Draft
 from portal.campaigns.services import MAX_PLAINTEXT, CampaignDraft
 from portal.db import db
 from portal.staff.models import StaffAudit
-from tests.campaigns.conftest import form_data
 from tests.campaigns.test_cli import campaigns, run
 from tests.campaigns.test_form import allow_link_origins, field_error, review
 from tests.campaigns.test_pages import launch_via_form
