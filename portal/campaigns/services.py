@@ -176,6 +176,14 @@ def _link(value: str | None, field: str, allowed: LinkOrigins) -> str | None:
     return value
 
 
+def drawable(value: str | None, allowed: LinkOrigins) -> str | None:
+    """``value`` if the link rule allows it (a preview may draw it), else None."""
+    try:
+        return _link(value, "image", allowed) if value else None
+    except ValidationError:
+        return None
+
+
 _TEXT_FIELDS = {
     # field: (its name in a message, multi-line)
     "topic": ("The topic", False),

@@ -12,7 +12,17 @@ import uuid
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from flask import flash, jsonify, redirect, render_template, request, session, url_for
+from flask import (
+    Response,
+    flash,
+    jsonify,
+    make_response,
+    redirect,
+    render_template,
+    request,
+    session,
+    url_for,
+)
 from sqlalchemy.exc import IntegrityError
 
 from portal.campaigns import drafts, funnel, funnel_chart, outcome, presentation, services, zones
@@ -47,6 +57,7 @@ from portal.identity import device_from_cookie, subscriber_from_cookie
 from portal.inputs import error_list
 from portal.origins import campaign_link_origins, public_origin
 from portal.seams import current_portal
+from portal.security import CONTENT_SECURITY_POLICY
 from portal.staff import audit
 from portal.staff.access import StaffPage, current_staff, staff_required
 from portal.staff.blueprint import bp
@@ -123,11 +134,22 @@ def _preview(form: CampaignForm) -> dict[str, Any]:
         silent=bool(form.silent.data),
     )
     ttl = form.ttl_seconds()
+    origins = campaign_link_origins()
+    image = services.drawable(draft.image, origins)
     return {
         "title": draft.title,
         "body": draft.body,
         "url": draft.url,
         "icon": draft.icon,
+        "icon_src": services.drawable(draft.icon, origins),
+        "image": draft.image,
+        "image_src": image,
+        "actions": [title for title, _ in draft.actions if title],
+        "require_interaction": draft.require_interaction,
+        "silent": draft.silent,
+        "platforms": presentation.platform_previews(
+            draft.title, draft.body, image, [title for title, _ in draft.actions if title]
+        ),
         "size": payload_size(draft),
         "limit": services.MAX_PLAINTEXT,
         "ttl_words": presentation.ttl_in_words(ttl) if ttl is not None else None,
@@ -135,24 +157,41 @@ def _preview(form: CampaignForm) -> dict[str, Any]:
     }
 
 
+def _drawing_images(html: str, status: int = 200) -> Response:
+    """A composer page, allowed to draw images from the sites campaign links may lead to
+    (CAMPAIGN_LINK_ORIGINS) as well as this one: the preview shows the icon and image
+    from where the notification will load them. Every other rule of the site's policy
+    stays."""
+    response = make_response(html, status)
+    others = " ".join(current_portal().settings.campaign_link_origins)
+    if others:
+        response.headers["Content-Security-Policy"] = CONTENT_SECURITY_POLICY.replace(
+            "img-src 'self'", f"img-src 'self' {others}"
+        )
+    return response
+
+
 def _form_page(form: CampaignForm, *, status: int = 200, previewed: bool = False) -> Any:
     editing = form.draft()
-    return render_template(
-        "staff/campaigns/new.html",
-        form=form,
-        editing=db.session.get(Draft, editing[0]) if editing else None,
-        errors=error_list(form, order=FIELD_ORDER),
-        topics=form.topic_choices(db.session),
-        zones=zones.zones(),
-        schedule_choices=SCHEDULE_CHOICES,
-        urgency_choices=URGENCY_CHOICES,
-        urgency_hints={
-            value: meaning[:1].upper() + meaning[1:] + "."
-            for value, (_, meaning) in presentation.URGENCIES.items()
-        },
-        preview=_preview(form),
-        previewed=previewed,
-    ), status
+    return _drawing_images(
+        render_template(
+            "staff/campaigns/new.html",
+            form=form,
+            editing=db.session.get(Draft, editing[0]) if editing else None,
+            errors=error_list(form, order=FIELD_ORDER),
+            topics=form.topic_choices(db.session),
+            zones=zones.zones(),
+            schedule_choices=SCHEDULE_CHOICES,
+            urgency_choices=URGENCY_CHOICES,
+            urgency_hints={
+                value: meaning[:1].upper() + meaning[1:] + "."
+                for value, (_, meaning) in presentation.URGENCIES.items()
+            },
+            preview=_preview(form),
+            previewed=previewed,
+        ),
+        status,
+    )
 
 
 def _audience(topic: Topic) -> dict[str, Any]:
@@ -174,21 +213,23 @@ def _review_page(
     subscriber_id = subscriber_from_cookie(request)
     targets = services.subscriptions_for_tests(db.session, subscriber_id) if subscriber_id else []
     topic = topic_by_slug(db.session, draft.topic)
-    return render_template(
-        "staff/campaigns/review.html",
-        form=form,
-        errors=[],
-        draft=draft,
-        topic=topic,
-        audience=_audience(topic),
-        preview=_preview(form),
-        ttl_words=presentation.ttl_in_words(draft.ttl),
-        urgency=presentation.urgency_text(draft.urgency),
-        targets=targets,
-        this_device=device_from_cookie(request),
-        family=family,
-        test_campaign=test_campaign,
-        dispatch_every=current_portal().settings.schedule.dispatch,
+    return _drawing_images(
+        render_template(
+            "staff/campaigns/review.html",
+            form=form,
+            errors=[],
+            draft=draft,
+            topic=topic,
+            audience=_audience(topic),
+            preview=_preview(form),
+            ttl_words=presentation.ttl_in_words(draft.ttl),
+            urgency=presentation.urgency_text(draft.urgency),
+            targets=targets,
+            this_device=device_from_cookie(request),
+            family=family,
+            test_campaign=test_campaign,
+            dispatch_every=current_portal().settings.schedule.dispatch,
+        )
     )
 
 

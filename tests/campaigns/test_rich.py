@@ -15,6 +15,7 @@ from portal.campaigns.models import Campaign, Draft
 from portal.campaigns.services import MAX_PLAINTEXT, CampaignDraft
 from portal.db import db
 from portal.staff.models import StaffAudit
+from tests.campaigns.conftest import form_data
 from tests.campaigns.test_cli import campaigns, run
 from tests.campaigns.test_form import allow_link_origins, field_error, review
 from tests.campaigns.test_pages import launch_via_form
@@ -264,3 +265,47 @@ def test_cli_clone_makes_a_draft_of_a_campaign(catalogue_ready):
     missing = run(app, "clone", str(uuid.uuid4()))
     assert missing.exit_code == 1 and "no such campaign" in missing.stderr
     assert len(campaigns(app)) == 1
+
+
+def test_each_platform_cuts_where_it_cuts_and_says_so(campaigner, catalogue_ready):
+    from portal.campaigns.presentation import PLATFORMS
+
+    title = "T" * 45  # over macOS's 43 and Android's 30, within Windows' 70 and Firefox's 50
+    body = "b" * 150  # over every platform's cut but Firefox's 200
+    html = campaigner.post(
+        "/staff/campaigns/new",
+        {
+            **form_data(title=title, body=body, image="/static/img/icon.svg"),
+            "action1_title": "A label longer than nineteen",
+            "action1_url": "/a",
+            "action": "preview",
+        },
+    ).text
+    sections = {
+        m.group(1): m.group(0)
+        for m in re.finditer(
+            r'<li class="platform platform--([a-z-]+)".*?<ul class="platform__facts">.*?</ul>',
+            html,
+            re.S,
+        )
+    }
+    assert list(sections) == [p.key for p in PLATFORMS]
+    windows, macos, android, firefox = (sections[p.key] for p in PLATFORMS)
+    assert f'<p class="platform__title">{title}</p>' in windows
+    assert (
+        f'<p class="platform__title">{"T" * 42}…<span class="visually-hidden"> (cut here)</span>'
+        in macos
+    )
+    assert "<strong>cut</strong> to 43 of its 45 characters" in macos
+    assert f"{'T' * 29}…" in android and "cut</strong> to 30 of its 45" in android
+    assert "shown whole (up to 50 characters)" in firefox
+    assert "cut</strong> to 140 of its 150" in windows
+    assert "shown whole (up to 200 characters)" in firefox
+    # The image is drawn where the platform shows it, and said to be missing elsewhere.
+    assert 'class="platform__image" src="/static/img/icon.svg"' in windows
+    assert 'class="platform__image"' in android
+    assert "platform__image" not in macos and "The image is not shown here." in macos
+    # Buttons: cut after 19 characters where shown; Firefox shows none and says so.
+    assert "A label longer tha…" in windows
+    assert "platform__actions" not in firefox and "Firefox shows no buttons." in firefox
+    assert "macOS shows the buttons under Options." in macos
