@@ -40,7 +40,7 @@ _EVENTS_AFTER = "event IN ('shown', 'clicked', 'action-1', 'action-2')"
 def _receipt_events(condition: str, *, not_valid: bool) -> None:
     name = "ck_delivery_receipt_event"
     if op.get_context().dialect.name == "postgresql":
-        op.drop_constraint(name, "delivery_receipt", type_="check")
+        op.drop_constraint(op.f(name), "delivery_receipt", type_="check")
         op.execute(
             f"ALTER TABLE delivery_receipt ADD CONSTRAINT {name} CHECK ({condition})"
             + (" NOT VALID" if not_valid else "")

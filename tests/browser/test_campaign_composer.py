@@ -66,7 +66,7 @@ def saved_draft(viewport: dict[str, int] | None = None) -> Callable[..., Page]:
         page = rich_preview(viewport)(new_context, server)
         page.click("button[value=save_draft]")
         page.wait_for_url("**/staff/campaigns/drafts/*")
-        page.wait_for_selector("text=Draft saved")
+        page.wait_for_selector("text=Draft saved", timeout=30_000)
         return page
 
     return reach
@@ -81,11 +81,11 @@ def stale_draft(viewport: dict[str, int] | None = None) -> Callable[..., Page]:
         other.goto(page.url)
         other.fill("#title", "Changed in another tab")
         other.click("button[value=save_draft]")
-        other.wait_for_selector("text=Draft saved")
+        other.wait_for_selector("text=Draft saved", timeout=30_000)
         other.close()
         page.fill("#body", "My own change")
         page.click("button[value=save_draft]")
-        page.wait_for_selector("text=Not saved")
+        page.wait_for_selector("text=Not saved", timeout=30_000)
         return page
 
     return reach
