@@ -10,8 +10,8 @@ in the catalogue): no table rewrite.
 
 ``delivery_receipt.event`` may also be ``action-1`` / ``action-2``: a click on one of a
 notification's buttons, a receipt of its own. The CHECK only widens, so no existing row
-can break it: on PostgreSQL it is added back ``NOT VALID`` (no scan under the lock; new
-rows are checked all the same). On SQLite the table is copied (batch mode).
+can break it: on PostgreSQL it is added back ``NOT VALID`` (no scan under the lock) and
+validated in a transaction of its own. On SQLite the table is copied (batch mode).
 
 Revision ID: 0019
 Revises: 0016
@@ -45,6 +45,11 @@ def _receipt_events(condition: str, *, not_valid: bool) -> None:
             f"ALTER TABLE delivery_receipt ADD CONSTRAINT {name} CHECK ({condition})"
             + (" NOT VALID" if not_valid else "")
         )
+        if not_valid:
+            # Validated in a transaction of its own (SHARE UPDATE EXCLUSIVE: reads and
+            # writes go on), as migrations/README.md does it.
+            with op.get_context().autocommit_block():
+                op.execute(f"ALTER TABLE delivery_receipt VALIDATE CONSTRAINT {name}")
         return
     with op.batch_alter_table("delivery_receipt", recreate="always") as batch:
         batch.drop_constraint(op.f(name), type_="check")
