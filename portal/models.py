@@ -1,6 +1,6 @@
 """Every model, imported in one place so the metadata is complete (Alembic, tests)."""
 
-from portal.campaigns.models import Campaign, CircuitState
+from portal.campaigns.models import Campaign, CircuitState, Draft
 from portal.consent.models import ConsentEvent, PolicyVersion, Topic, TopicPreference
 from portal.delivery.models import Delivery, DeliveryReceipt
 from portal.feedback.models import FeedbackApplied, FeedbackDigest
@@ -16,6 +16,7 @@ __all__ = [
     "ConsentEvent",
     "Delivery",
     "DeliveryReceipt",
+    "Draft",
     "FeedbackApplied",
     "FeedbackDigest",
     "JobRun",

@@ -11,8 +11,11 @@
    subscription) and, for a browser whose cookies were cleared, the subscription's own
    auth secret.
 
-   The payload is JSON: {"deliveryId", "campaignId", "title", "body", "url", "icon", "tag"}
-   (docs/subscribe-page.md, "Push payload"). */
+   The payload is JSON: {"deliveryId", "campaignId", "title", "body", "url", "icon", "tag"},
+   and when the campaign has them "image", "badge", "actions": [{"action", "title", "url"}]
+   (at most two), "requireInteraction" and "silent" (docs/subscribe-page.md, "Push
+   payload"). A click on a button opens its own link and is reported as its own receipt
+   (the button's "action", like "action-1"). */
 "use strict";
 
 var DB_NAME = "portal-sw";
@@ -26,6 +29,8 @@ var showing = new Map();
 /* Sites other than this one that campaign links and icons may lead to
    (CAMPAIGN_LINK_ORIGINS): the portal fills this line in when it serves /sw.js. */
 var LINK_ORIGINS = [];
+var MAX_ACTIONS = 2;
+var ACTION_ID = /^action-[12]$/;
 
 self.addEventListener("install", function () {
   self.skipWaiting();
@@ -169,6 +174,24 @@ async function report(deliveryId, event) {
   }
 }
 
+/* The payload's buttons that can be shown: at most two, each with our action id, a
+   label and an allowed link (a button whose link is not allowed is left out). */
+function buttons(value) {
+  if (!Array.isArray(value)) {
+    return [];
+  }
+  var found = [];
+  for (var i = 0; i < value.length && found.length < MAX_ACTIONS; i += 1) {
+    var item = value[i] || {};
+    var url = allowedLink(item.url, null);
+    var title = text(item.title, 40);
+    if (typeof item.action === "string" && ACTION_ID.test(item.action) && title && url) {
+      found.push({ action: item.action, title: title, url: url });
+    }
+  }
+  return found;
+}
+
 async function handlePush(message) {
   var root = new URL("/", self.location.origin).href;
   var deliveryId =
@@ -189,6 +212,27 @@ async function handlePush(message) {
   var icon = allowedLink(message.icon, null);
   if (icon) {
     options.icon = icon;
+  }
+  var image = allowedLink(message.image, null);
+  if (image) {
+    options.image = image;
+  }
+  var badge = allowedLink(message.badge, null);
+  if (badge) {
+    options.badge = badge;
+  }
+  var actions = buttons(message.actions);
+  if (actions.length) {
+    options.actions = actions.map(function (a) {
+      return { action: a.action, title: a.title };
+    });
+    options.data.actions = actions;
+  }
+  if (message.requireInteraction === true) {
+    options.requireInteraction = true;
+  }
+  if (message.silent === true) {
+    options.silent = true;
   }
   if (!deliveryId) {
     return self.registration.showNotification(title, options);
@@ -239,6 +283,11 @@ async function handlePush(message) {
       body: same.body,
       tag: same.tag,
       icon: same.icon || undefined,
+      image: same.image || undefined,
+      badge: same.badge || undefined,
+      actions: same.actions || [],
+      requireInteraction: same.requireInteraction === true,
+      silent: same.silent === true,
       data: same.data,
       renotify: false,
     });
@@ -260,20 +309,29 @@ async function focusOrOpen(url) {
   return self.clients.openWindow(url);
 }
 
-/* A click on one of our notifications: close it, bring its link forward, report it. */
-function notificationClicked(notification) {
+/* A click on one of our notifications: close it, bring its link forward, report it.
+   A click on a button (``action``) opens that button's link and reports the button. */
+function notificationClicked(notification, action) {
   notification.close();
   var data = notification.data || {};
   var url = allowedLink(data.url, new URL("/", self.location.origin).href);
+  var event = "clicked";
+  var chosen = (Array.isArray(data.actions) ? data.actions : []).filter(function (a) {
+    return action && a && a.action === action;
+  })[0];
+  if (chosen) {
+    url = allowedLink(chosen.url, url);
+    event = chosen.action;
+  }
   var work = [focusOrOpen(url)];
   if (data.deliveryId) {
-    work.push(report(data.deliveryId, "clicked"));
+    work.push(report(data.deliveryId, event));
   }
   return Promise.all(work);
 }
 
 self.addEventListener("notificationclick", function (event) {
-  event.waitUntil(notificationClicked(event.notification));
+  event.waitUntil(notificationClicked(event.notification, event.action));
 });
 
 function keyBytes(base64url) {

@@ -9,9 +9,15 @@ TEST_SENT = "campaign.test_sent"
 PAUSED = "campaign.paused"
 RESUMED = "campaign.resumed"
 CANCELLED = "campaign.cancelled"
+DRAFT_SAVED = "campaign.draft_saved"
+DRAFT_CHANGED = "campaign.draft_changed"
+CLONED = "campaign.cloned"
 
 audit.register_action(LAUNCHED, "Campaign launched")  # created and launched at once
 audit.register_action(TEST_SENT, "Campaign test sent")
 audit.register_action(PAUSED, "Campaign paused")
 audit.register_action(RESUMED, "Campaign resumed")
 audit.register_action(CANCELLED, "Campaign cancelled")
+audit.register_action(DRAFT_SAVED, "Campaign draft saved")
+audit.register_action(DRAFT_CHANGED, "Campaign draft changed")
+audit.register_action(CLONED, "Campaign cloned into a draft")

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import datetime as dt
 import sys
+import uuid
+import zoneinfo
 
 import click
 from flask.cli import AppGroup
 
-from portal.campaigns import outcome, services
-from portal.campaigns.actions import LAUNCHED
+from portal.campaigns import drafts, outcome, services
+from portal.campaigns.actions import CLONED, DRAFT_SAVED, LAUNCHED
 from portal.campaigns.forms import LocalTimeError, local_to_utc
 from portal.campaigns.presentation import zoned_time
 from portal.campaigns.services import CampaignDraft
@@ -22,7 +24,7 @@ from portal.origins import campaign_link_origins
 from portal.seams import current_portal
 from portal.staff import audit
 
-campaign_cli = AppGroup("campaign", help="Campaigns: create and launch, list.")
+campaign_cli = AppGroup("campaign", help="Campaigns: create and launch, drafts, clone, list.")
 CREATED_BY = "command line"
 
 
@@ -30,7 +32,13 @@ def _now() -> dt.datetime:
     return current_portal().clock.now()
 
 
-_OPTIONS = {"timezone": "zone"}  # a draft's field → the option that sets it
+_OPTIONS = {  # a draft's field → the option that sets it
+    "timezone": "zone",
+    "action1_title": "action",
+    "action1_url": "action",
+    "action2_title": "action",
+    "action2_url": "action",
+}
 
 
 def _fail(problems: list[ApiError]) -> None:
@@ -103,6 +111,25 @@ def _instant(
     "the campaign pages show them in it, and in UTC. Default: UTC, and the times need an "
     "offset.",
 )
+@click.option(
+    "--image", help="A large image: the --icon rule (a path here, or CAMPAIGN_LINK_ORIGINS)."
+)
+@click.option("--badge", help="A small one-colour image for Android's status bar: the --icon rule.")
+@click.option(
+    "--action",
+    "actions",
+    multiple=True,
+    metavar="LABEL=URL",
+    help="A button: its label, '=', and the link it opens (the --url rule). At most two.",
+)
+@click.option("--require-interaction", is_flag=True, help="Keep it on screen until acted on.")
+@click.option("--silent", is_flag=True, help="No sound or vibration.")
+@click.option(
+    "--draft",
+    is_flag=True,
+    help="Save it as a draft instead of launching: nothing is sent; the campaign pages "
+    "open it to change, review and launch. Prints the draft's id.",
+)
 def campaign_create(
     topic: str,
     title: str,
@@ -115,13 +142,28 @@ def campaign_create(
     send_at: str | None,
     deliver_until: str | None,
     zone: str | None,
+    image: str | None,
+    badge: str | None,
+    actions: tuple[str, ...],
+    require_interaction: bool,
+    silent: bool,
+    draft: bool,
 ) -> None:
-    """Create and launch a campaign; prints its id. Every problem is printed, exit 1."""
+    """Create and launch a campaign (or save a draft, --draft); prints its id. Every
+    problem is printed, exit 1."""
     problems: list[ApiError] = []
+    buttons: list[tuple[str, str]] = []
+    for given in actions:
+        label, equals, link = given.partition("=")
+        if not equals:
+            problems.append(
+                ValidationError("invalid_value", f"{given!r} is not LABEL=URL", "action1_title")
+            )
+        buttons.append((label.strip(), link.strip()))
     seconds = int(ttl) if ttl.strip().isdigit() else None
     if seconds is None:
         problems.append(ValidationError("invalid_value", "a whole number of seconds", "ttl"))
-    draft = CampaignDraft(
+    candidate = CampaignDraft(
         topic=topic,
         title=title,
         body=body,
@@ -133,16 +175,24 @@ def campaign_create(
         send_at=_instant(send_at, "send_at", problems, zone),
         deliver_until=_instant(deliver_until, "deliver_until", problems, zone),
         time_zone=UTC_ZONE if zone is None else zone,  # validate_draft checks it, as the form's
+        image=image or None,
+        badge=badge or None,
+        actions=tuple(buttons),
+        require_interaction=require_interaction,
+        silent=silent,
     )
     now = _now()
+    if draft:
+        _save_draft(candidate, problems, now=now, ttl=ttl)
+        return
     with db.begin() as session:
         links = campaign_link_origins()  # the form's rule: one function for both doors
-        problems += services.validate_draft(session, draft, now=now, link_origins=links)
+        problems += services.validate_draft(session, candidate, now=now, link_origins=links)
         if problems:
             _fail(problems)
         audience = audience_breakdown(session, topic_by_slug(session, topic).id)
         campaign = services.create_campaign(
-            session, draft, created_by=CREATED_BY, now=now, link_origins=links
+            session, candidate, created_by=CREATED_BY, now=now, link_origins=links
         )
         audit.record(
             session,
@@ -166,6 +216,86 @@ def campaign_create(
         f"sends {'now' if sends_now else f'on {when.text}'}",
         err=True,
     )
+
+
+def _local(at: dt.datetime | None, zone: str) -> str:
+    """A UTC time as the form's field shows it: local, in ``zone``, to the minute."""
+    if at is None:
+        return ""
+    return at.astimezone(zoneinfo.ZoneInfo(zone)).strftime("%Y-%m-%dT%H:%M")
+
+
+def _save_draft(
+    candidate: CampaignDraft, problems: list[ApiError], *, now: dt.datetime, ttl: str
+) -> None:
+    """``create --draft``: the campaign's rules except the ones a draft may break until
+    it is launched (a send time that passes meanwhile is checked at launch)."""
+    with db.begin() as session:
+        links = campaign_link_origins()
+        problems += [
+            p
+            for p in services.validate_draft(session, candidate, now=now, link_origins=links)
+            if p.code != "in_the_past"
+        ]
+        if problems:
+            _fail(problems)
+        zone = candidate.time_zone
+        pairs = list(candidate.actions) + [("", "")] * (2 - len(candidate.actions))
+        fields: dict[str, str | None] = {
+            "topic": candidate.topic,
+            "title": candidate.title,
+            "body": candidate.body,
+            "url": candidate.url,
+            "icon": candidate.icon,
+            "image": candidate.image,
+            "badge": candidate.badge,
+            "action1_title": pairs[0][0],
+            "action1_url": pairs[0][1],
+            "action2_title": pairs[1][0],
+            "action2_url": pairs[1][1],
+            "require_interaction": "y" if candidate.require_interaction else "",
+            "silent": "y" if candidate.silent else "",
+            "urgency": candidate.urgency,
+            "ttl": ttl.strip(),
+            "collapse_key": candidate.collapse_key,
+            "schedule": "later" if candidate.send_at else "now",
+            "send_at": _local(candidate.send_at, zone),
+            "timezone": zone,
+            "deliver_until": _local(candidate.deliver_until, zone),
+        }
+        saved = drafts.create(session, fields, by=CREATED_BY, now=now)
+        audit.record(
+            session,
+            audit.command_line_actor(),
+            DRAFT_SAVED,
+            f"draft:{saved.id}",
+            {"via": "cli", "title": saved.title, "topic": candidate.topic, "version": 1},
+        )
+        draft_id = saved.id
+    click.echo(str(draft_id))
+    click.echo("saved as a draft: nothing is sent until it is reviewed and launched", err=True)
+
+
+@campaign_cli.command("clone")
+@click.argument("campaign_id", type=click.UUID)
+def campaign_clone(campaign_id: uuid.UUID) -> None:
+    """A new draft with a campaign's content (any campaign); prints the draft's id."""
+    now = _now()
+    with db.begin() as session:
+        try:
+            saved = drafts.clone(session, campaign_id, by=CREATED_BY, now=now)
+        except ApiError as problem:
+            _fail([problem])
+        audit.record(
+            session,
+            audit.command_line_actor(),
+            CLONED,
+            f"draft:{saved.id}",
+            {"via": "cli", "from": f"campaign:{campaign_id}", "title": saved.title},
+        )
+        draft_id = saved.id
+    click.echo(str(draft_id))
+    click.echo(f"cloned {campaign_id} into a draft: nothing is sent until it is launched", err=True)
 
 
 @campaign_cli.command("list")

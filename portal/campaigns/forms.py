@@ -38,6 +38,14 @@ FIELD_ORDER = (
     "body",
     "url",
     "icon",
+    "image",
+    "badge",
+    "action1_title",
+    "action1_url",
+    "action2_title",
+    "action2_url",
+    "require_interaction",
+    "silent",
     "urgency",
     "ttl",
     "collapse_key",
@@ -102,6 +110,15 @@ class CampaignForm(CheckedForm):
     body = TextAreaField("Message", filters=[_text])
     url = StringField("Link (optional)", filters=[_strip])
     icon = StringField("Icon (optional)", filters=[_strip])
+    image = StringField("Image (optional)", filters=[_strip])
+    badge = StringField("Badge (optional)", filters=[_strip])
+    action1_title = StringField("First button: label (optional)", filters=[_strip])
+    action1_url = StringField("First button: link", filters=[_strip])
+    action2_title = StringField("Second button: label (optional)", filters=[_strip])
+    action2_url = StringField("Second button: link", filters=[_strip])
+    # Checkboxes, kept as the string a browser sends ("y") so a page re-renders as sent.
+    require_interaction = StringField("Keep it on screen until the person acts", filters=[_strip])
+    silent = StringField("Silent: no sound or vibration", filters=[_strip])
     urgency = StringField("Urgency", default="normal", filters=[_strip])
     ttl = StringField("Time to live, in seconds", default="86400", filters=[_strip])
     collapse_key = StringField("Collapse key (optional)", filters=[_strip])
@@ -111,6 +128,9 @@ class CampaignForm(CheckedForm):
     deliver_until = StringField("Don't deliver after (optional)", filters=[_strip])
     # Chosen when the review page is shown: the campaign's id, so Launch is idempotent.
     campaign_id = HiddenField()
+    # Editing a saved draft: which one, and the version the form was filled from.
+    draft_id = HiddenField()
+    draft_version = HiddenField()
 
     def topic_choices(self, session: Session) -> list[tuple[str, str]]:
         choices = [("", "Choose a topic")]
@@ -129,6 +149,32 @@ class CampaignForm(CheckedForm):
             return uuid.UUID(self.campaign_id.data or "")
         except ValueError:
             return None
+
+    def draft(self) -> tuple[uuid.UUID, int] | None:
+        """The saved draft this form edits and the version it was filled from."""
+        try:
+            draft_id = uuid.UUID(self.draft_id.data or "")
+        except ValueError:
+            return None
+        version = self.draft_version.data or ""
+        return (draft_id, int(version)) if _SECONDS.fullmatch(version) else None
+
+    def typed(self) -> dict[str, str | None]:
+        """The fields a draft keeps, as typed."""
+        from portal.campaigns.drafts import FIELDS
+
+        return {name: self[name].data for name in FIELDS}
+
+    def actions(self) -> tuple[tuple[str, str], ...]:
+        """The buttons filled in (label and link; either may be missing, which
+        :func:`portal.campaigns.services.validate_draft` refuses)."""
+        pairs = (
+            (self.action1_title.data or "", self.action1_url.data or ""),
+            (self.action2_title.data or "", self.action2_url.data or ""),
+        )
+        if pairs[1] != ("", ""):
+            return pairs  # a second button needs a first: an empty first one is refused
+        return pairs[:1] if pairs[0] != ("", "") else ()
 
 
 class TestSendForm(CampaignForm):
@@ -187,6 +233,7 @@ def check(form: CampaignForm, session: Session, *, now: dt.datetime) -> Campaign
         field.errors = []
     form.check_text()  # first, so a field with a control character says so
     form.campaign_id.errors = []  # hidden: chosen_id() ignores what is not a UUID
+    form.draft_id.errors = form.draft_version.errors = []  # hidden, likewise (draft())
     ttl = form.ttl_seconds()
     if ttl is None:
         _error(form.ttl, "Enter the time to live as a whole number of seconds, like 86400")
@@ -203,6 +250,11 @@ def check(form: CampaignForm, session: Session, *, now: dt.datetime) -> Campaign
         send_at=send_at,
         deliver_until=deliver_until,
         time_zone=form.timezone.data or UTC_ZONE,
+        image=form.image.data or None,
+        badge=form.badge.data or None,
+        actions=form.actions(),
+        require_interaction=bool(form.require_interaction.data),
+        silent=bool(form.silent.data),
     )
     time_unclear = bool(form.send_at.errors or form.schedule.errors)
     for problem in services.validate_draft(

@@ -30,6 +30,17 @@ class Campaign(Base):
     body: Mapped[str] = mapped_column(sa.Text, nullable=False)
     url: Mapped[str | None] = mapped_column(sa.String(2048))
     icon: Mapped[str | None] = mapped_column(sa.String(2048))
+    # Rich notifications: a large image, a small monochrome badge, up to two action
+    # buttons ([{"title": …, "url": …}], in order), and the two display flags.
+    image: Mapped[str | None] = mapped_column(sa.String(2048))
+    badge: Mapped[str | None] = mapped_column(sa.String(2048))
+    actions: Mapped[list[dict[str, str]] | None] = mapped_column(sa.JSON)
+    require_interaction: Mapped[bool] = mapped_column(
+        sa.Boolean, nullable=False, default=False, server_default=sa.false()
+    )
+    silent: Mapped[bool] = mapped_column(
+        sa.Boolean, nullable=False, default=False, server_default=sa.false()
+    )
     urgency: Mapped[str] = mapped_column(sa.String(8), nullable=False, default="normal")
     ttl: Mapped[int] = mapped_column(sa.Integer, nullable=False, default=86400)
     collapse_key: Mapped[str | None] = mapped_column(sa.String(32))
@@ -57,6 +68,39 @@ class Campaign(Base):
         sa.CheckConstraint("urgency IN ('very-low', 'low', 'normal', 'high')", name="urgency"),
         sa.CheckConstraint("ttl >= 0", name="ttl"),
         sa.Index("ix_campaign_status_send_at", "status", "send_at"),
+    )
+
+
+class Draft(Base):
+    """A campaign not launched yet: the form as it was typed, kept to edit later.
+
+    Never read by the engine (a draft has no deliveries and no status a dispatcher looks
+    for); launching it makes a :class:`Campaign` through the form's review and launch,
+    and records which one here. ``version`` goes up with every save, and every save and
+    the launch are conditional on it, so neither overwrites what another tab did.
+    """
+
+    __tablename__ = "campaign_draft"
+
+    id: Mapped[uuid.UUID] = mapped_column(sa.Uuid, primary_key=True, default=uuid7)
+    # The campaign form's fields as typed (strings): what the edit page shows again.
+    fields: Mapped[dict[str, str]] = mapped_column(sa.JSON, nullable=False)
+    title: Mapped[str] = mapped_column(sa.String(200), nullable=False)
+    version: Mapped[int] = mapped_column(sa.Integer, nullable=False, default=1)
+    created_by: Mapped[str] = mapped_column(sa.String(255), nullable=False)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, nullable=False)
+    updated_by: Mapped[str] = mapped_column(sa.String(255), nullable=False)
+    updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, nullable=False)
+    cloned_from: Mapped[uuid.UUID | None] = mapped_column(sa.Uuid, sa.ForeignKey("campaign.id"))
+    launched_campaign_id: Mapped[uuid.UUID | None] = mapped_column(
+        sa.Uuid, sa.ForeignKey("campaign.id"), unique=True
+    )
+    launched_by: Mapped[str | None] = mapped_column(sa.String(255))
+    launched_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+
+    __table_args__ = (
+        sa.CheckConstraint("version >= 1", name="version"),
+        sa.Index("ix_campaign_draft_updated_at", "updated_at"),
     )
 
 

@@ -269,3 +269,91 @@ def outcome_chart(rows: list[tuple[str, str, int]]) -> OutcomeChart:
             y += step
         y += 8
     return OutcomeChart(groups, bars, max(y, step), sum(c for _, _, c in rows))
+
+
+# -- per-platform previews ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Platform:
+    """How one browser on one system draws a notification: how many characters of the
+    title and the body it shows before it cuts them, whether it shows the large image,
+    and how many buttons (and how many characters of their labels). The figures are
+    those measured and published by push vendors (docs/campaigns.md, "Per-platform
+    preview"); systems change them, so they are a guide, not a promise."""
+
+    key: str
+    name: str
+    title_max: int
+    body_max: int
+    shows_image: bool
+    max_actions: int
+    action_max: int
+    actions_note: str = ""
+
+
+PLATFORMS = (
+    Platform("chrome-windows", "Chrome on Windows", 70, 140, True, 2, 19),
+    Platform(
+        "chrome-macos",
+        "Chrome on macOS",
+        43,
+        88,
+        False,
+        2,
+        19,
+        "macOS shows the buttons under Options.",
+    ),
+    Platform("chrome-android", "Chrome on Android", 30, 65, True, 2, 19),
+    Platform("firefox", "Firefox on Windows", 50, 200, False, 0, 0, "Firefox shows no buttons."),
+)
+
+
+@dataclass(frozen=True)
+class Cut:
+    """A text as a platform shows it: ``shown`` (with "…" when cut) and whether it was."""
+
+    shown: str
+    cut: bool
+    limit: int
+    length: int
+
+
+def cut(text: str, limit: int) -> Cut:
+    """``text`` cut where a platform cuts it: at most ``limit`` characters, the last a
+    "…" when the text is longer (line breaks count as a space, as the systems show them)."""
+    flat = " ".join(text.split())
+    if len(flat) <= limit:
+        return Cut(flat, False, limit, len(flat))
+    return Cut(flat[: limit - 1].rstrip() + "…", True, limit, len(flat))
+
+
+@dataclass(frozen=True)
+class PlatformPreview:
+    platform: Platform
+    title: Cut
+    body: Cut
+    image: str | None
+    actions: list[Cut]
+    actions_left_out: int
+
+
+def platform_previews(
+    title: str, body: str, image: str | None, actions: list[str]
+) -> list[PlatformPreview]:
+    """The notification as each of :data:`PLATFORMS` draws it. ``image`` is only what
+    may be drawn (an address the link rule allows), ``actions`` the buttons' labels."""
+    shown = []
+    for platform in PLATFORMS:
+        labels = actions[: platform.max_actions]
+        shown.append(
+            PlatformPreview(
+                platform,
+                cut(title or "Your title appears here", platform.title_max),
+                cut(body or "Your message appears here", platform.body_max),
+                image if platform.shows_image else None,
+                [cut(label, platform.action_max) for label in labels],
+                len(actions) - len(labels),
+            )
+        )
+    return shown

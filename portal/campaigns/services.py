@@ -69,6 +69,22 @@ class CampaignDraft:
     deliver_until: dt.datetime | None = None
     # The zone the times were chosen in (:func:`portal.campaigns.zones.check_zone`).
     time_zone: str = UTC_ZONE
+    # Rich notifications: a large image and a badge (the icon's rule), up to
+    # MAX_ACTIONS buttons as (label, link) (the link's rule), and the two display flags.
+    image: str | None = None
+    badge: str | None = None
+    actions: tuple[tuple[str, str], ...] = ()
+    require_interaction: bool = False
+    silent: bool = False
+
+
+MAX_ACTIONS = 2
+MAX_ACTION_TITLE = 40  # our limit: Chrome cuts a button's label long before this
+
+
+def action_id(index: int) -> str:
+    """The ``action`` a button carries in the payload and reports back when clicked."""
+    return f"action-{index + 1}"
 
 
 def payload(campaign: Campaign, delivery_id: int) -> bytes:
@@ -84,6 +100,19 @@ def payload(campaign: Campaign, delivery_id: int) -> bytes:
         message["url"] = campaign.url
     if campaign.icon:
         message["icon"] = campaign.icon
+    if campaign.image:
+        message["image"] = campaign.image
+    if campaign.badge:
+        message["badge"] = campaign.badge
+    if campaign.actions:
+        message["actions"] = [
+            {"action": action_id(i), "title": a["title"], "url": a["url"]}
+            for i, a in enumerate(campaign.actions)
+        ]
+    if campaign.require_interaction:
+        message["requireInteraction"] = True
+    if campaign.silent:
+        message["silent"] = True
     return json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
@@ -104,9 +133,22 @@ class PayloadTemplate:
 def payload_size(draft: CampaignDraft) -> int:
     """The plaintext size of the largest message this draft can produce."""
     probe = Campaign(
-        id=uuid.UUID(int=0), title=draft.title, body=draft.body, url=draft.url, icon=draft.icon
+        id=uuid.UUID(int=0),
+        title=draft.title,
+        body=draft.body,
+        url=draft.url,
+        icon=draft.icon,
+        image=draft.image,
+        badge=draft.badge,
+        actions=_actions(draft),
+        require_interaction=draft.require_interaction,
+        silent=draft.silent,
     )
     return len(payload(probe, _LARGEST_DELIVERY_ID))
+
+
+def _actions(draft: CampaignDraft) -> list[dict[str, str]] | None:
+    return [{"title": t.strip(), "url": u.strip()} for t, u in draft.actions] or None
 
 
 # Browsers read "\" as "/" and drop tabs and newlines, so "/\evil.example" opens
@@ -134,6 +176,14 @@ def _link(value: str | None, field: str, allowed: LinkOrigins) -> str | None:
     return value
 
 
+def drawable(value: str | None, allowed: LinkOrigins) -> str | None:
+    """``value`` if the link rule allows it (a preview may draw it), else None."""
+    try:
+        return _link(value, "image", allowed) if value else None
+    except ValidationError:
+        return None
+
+
 _TEXT_FIELDS = {
     # field: (its name in a message, multi-line)
     "topic": ("The topic", False),
@@ -141,6 +191,8 @@ _TEXT_FIELDS = {
     "body": ("The message", True),
     "url": ("The link", False),
     "icon": ("The icon", False),
+    "image": ("The image", False),
+    "badge": ("The badge", False),
     "collapse_key": ("The collapse key", False),
 }
 
@@ -153,6 +205,14 @@ def _text_problems(draft: CampaignDraft) -> dict[str, ValidationError]:
         problem = text_problem(value, multiline=multiline) if value else None
         if problem:
             found[field] = ValidationError("invalid_text", f"{name} {problem}", field)
+    for index, (title, url) in enumerate(draft.actions[:MAX_ACTIONS]):
+        for field, value, name in (
+            (f"action{index + 1}_title", title, "The button's label"),
+            (f"action{index + 1}_url", url, "The button's link"),
+        ):
+            problem = text_problem(value) if value else None
+            if problem:
+                found[field] = ValidationError("invalid_text", f"{name} {problem}", field)
     return found
 
 
@@ -188,11 +248,38 @@ def validate_draft(
     check(bool(draft.title.strip()), "missing_field", "Enter a title", "title")
     check(len(draft.title) <= 200, "too_long", "The title must be 200 characters or fewer", "title")
     check(bool(draft.body.strip()), "missing_field", "Enter the message", "body")
-    for field, value in (("url", draft.url), ("icon", draft.icon)):
+    for field, value in (
+        ("url", draft.url),
+        ("icon", draft.icon),
+        ("image", draft.image),
+        ("badge", draft.badge),
+    ):
         try:
             _link(value, field, link_origins)
         except ValidationError as problem:
             problems.append(problem)
+    check(
+        len(draft.actions) <= MAX_ACTIONS,
+        "too_many_actions",
+        f"At most {MAX_ACTIONS} buttons",
+        "action1_title",
+    )
+    for index, (title, url) in enumerate(draft.actions[:MAX_ACTIONS]):
+        label_field, link_field = f"action{index + 1}_title", f"action{index + 1}_url"
+        if label_field not in unreadable:
+            check(bool(title.strip()), "missing_field", "Enter the button's label", label_field)
+            check(
+                len(title.strip()) <= MAX_ACTION_TITLE,
+                "too_long",
+                f"A button's label must be {MAX_ACTION_TITLE} characters or fewer",
+                label_field,
+            )
+        check(bool(url.strip()), "missing_field", "Enter the button's link", link_field)
+        if url.strip():
+            try:
+                _link(url, link_field, link_origins)
+            except ValidationError as problem:
+                problems.append(problem)
     check(draft.urgency in URGENCIES, "invalid_value", "Choose an urgency", "urgency")
     check(
         0 <= draft.ttl <= MAX_TTL, "invalid_value", f"Time to live is 0 to {MAX_TTL} seconds", "ttl"
@@ -260,6 +347,11 @@ def create_campaign(
         body=draft.body.strip(),
         url=_link(draft.url, "url", link_origins),
         icon=_link(draft.icon, "icon", link_origins),
+        image=_link(draft.image, "image", link_origins),
+        badge=_link(draft.badge, "badge", link_origins),
+        actions=_actions(draft),
+        require_interaction=draft.require_interaction,
+        silent=draft.silent,
         urgency=draft.urgency,
         ttl=draft.ttl,
         collapse_key=draft.collapse_key or None,

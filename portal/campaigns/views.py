@@ -12,11 +12,30 @@ import uuid
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from flask import flash, jsonify, redirect, render_template, request, session, url_for
+from flask import (
+    Response,
+    flash,
+    jsonify,
+    make_response,
+    redirect,
+    render_template,
+    request,
+    session,
+    url_for,
+)
 from sqlalchemy.exc import IntegrityError
 
-from portal.campaigns import funnel, funnel_chart, outcome, presentation, services, zones
-from portal.campaigns.actions import CANCELLED, LAUNCHED, PAUSED, RESUMED, TEST_SENT
+from portal.campaigns import drafts, funnel, funnel_chart, outcome, presentation, services, zones
+from portal.campaigns.actions import (
+    CANCELLED,
+    CLONED,
+    DRAFT_CHANGED,
+    DRAFT_SAVED,
+    LAUNCHED,
+    PAUSED,
+    RESUMED,
+    TEST_SENT,
+)
 from portal.campaigns.forms import (
     FIELD_ORDER,
     SCHEDULE_CHOICES,
@@ -26,7 +45,7 @@ from portal.campaigns.forms import (
     TestSendForm,
     check,
 )
-from portal.campaigns.models import Campaign
+from portal.campaigns.models import Campaign, Draft
 from portal.campaigns.services import CampaignDraft, payload_size
 from portal.consent.catalogue import topic_by_slug
 from portal.consent.models import Topic
@@ -38,6 +57,7 @@ from portal.identity import device_from_cookie, subscriber_from_cookie
 from portal.inputs import error_list
 from portal.origins import campaign_link_origins, public_origin
 from portal.seams import current_portal
+from portal.security import CONTENT_SECURITY_POLICY
 from portal.staff import audit
 from portal.staff.access import StaffPage, current_staff, staff_required
 from portal.staff.blueprint import bp
@@ -61,7 +81,15 @@ _CONTROLS = {"pause": PAUSED, "resume": RESUMED, "cancel": CANCELLED}
 _DONE = {"pause": "paused", "resume": "resumed", "cancel": "cancelled"}
 # After a test send: the session keeps the form's fields that a campaign has no column for.
 _TESTED = "campaign_test_send"
-_KEPT = ("schedule", "send_at", "timezone", "deliver_until", "campaign_id")
+_KEPT = (
+    "schedule",
+    "send_at",
+    "timezone",
+    "deliver_until",
+    "campaign_id",
+    "draft_id",
+    "draft_version",
+)
 
 
 def _now() -> dt.datetime:
@@ -99,13 +127,29 @@ def _preview(form: CampaignForm) -> dict[str, Any]:
         body=form.body.data or "",
         url=form.url.data or None,
         icon=form.icon.data or None,
+        image=form.image.data or None,
+        badge=form.badge.data or None,
+        actions=form.actions(),
+        require_interaction=bool(form.require_interaction.data),
+        silent=bool(form.silent.data),
     )
     ttl = form.ttl_seconds()
+    origins = campaign_link_origins()
+    image = services.drawable(draft.image, origins)
     return {
         "title": draft.title,
         "body": draft.body,
         "url": draft.url,
         "icon": draft.icon,
+        "icon_src": services.drawable(draft.icon, origins),
+        "image": draft.image,
+        "image_src": image,
+        "actions": [title for title, _ in draft.actions if title],
+        "require_interaction": draft.require_interaction,
+        "silent": draft.silent,
+        "platforms": presentation.platform_previews(
+            draft.title, draft.body, image, [title for title, _ in draft.actions if title]
+        ),
         "size": payload_size(draft),
         "limit": services.MAX_PLAINTEXT,
         "ttl_words": presentation.ttl_in_words(ttl) if ttl is not None else None,
@@ -113,22 +157,41 @@ def _preview(form: CampaignForm) -> dict[str, Any]:
     }
 
 
+def _drawing_images(html: str, status: int = 200) -> Response:
+    """A composer page, allowed to draw images from the sites campaign links may lead to
+    (CAMPAIGN_LINK_ORIGINS) as well as this one: the preview shows the icon and image
+    from where the notification will load them. Every other rule of the site's policy
+    stays."""
+    response = make_response(html, status)
+    others = " ".join(current_portal().settings.campaign_link_origins)
+    if others:
+        response.headers["Content-Security-Policy"] = CONTENT_SECURITY_POLICY.replace(
+            "img-src 'self'", f"img-src 'self' {others}"
+        )
+    return response
+
+
 def _form_page(form: CampaignForm, *, status: int = 200, previewed: bool = False) -> Any:
-    return render_template(
-        "staff/campaigns/new.html",
-        form=form,
-        errors=error_list(form, order=FIELD_ORDER),
-        topics=form.topic_choices(db.session),
-        zones=zones.zones(),
-        schedule_choices=SCHEDULE_CHOICES,
-        urgency_choices=URGENCY_CHOICES,
-        urgency_hints={
-            value: meaning[:1].upper() + meaning[1:] + "."
-            for value, (_, meaning) in presentation.URGENCIES.items()
-        },
-        preview=_preview(form),
-        previewed=previewed,
-    ), status
+    editing = form.draft()
+    return _drawing_images(
+        render_template(
+            "staff/campaigns/new.html",
+            form=form,
+            editing=db.session.get(Draft, editing[0]) if editing else None,
+            errors=error_list(form, order=FIELD_ORDER),
+            topics=form.topic_choices(db.session),
+            zones=zones.zones(),
+            schedule_choices=SCHEDULE_CHOICES,
+            urgency_choices=URGENCY_CHOICES,
+            urgency_hints={
+                value: meaning[:1].upper() + meaning[1:] + "."
+                for value, (_, meaning) in presentation.URGENCIES.items()
+            },
+            preview=_preview(form),
+            previewed=previewed,
+        ),
+        status,
+    )
 
 
 def _audience(topic: Topic) -> dict[str, Any]:
@@ -150,21 +213,23 @@ def _review_page(
     subscriber_id = subscriber_from_cookie(request)
     targets = services.subscriptions_for_tests(db.session, subscriber_id) if subscriber_id else []
     topic = topic_by_slug(db.session, draft.topic)
-    return render_template(
-        "staff/campaigns/review.html",
-        form=form,
-        errors=[],
-        draft=draft,
-        topic=topic,
-        audience=_audience(topic),
-        preview=_preview(form),
-        ttl_words=presentation.ttl_in_words(draft.ttl),
-        urgency=presentation.urgency_text(draft.urgency),
-        targets=targets,
-        this_device=device_from_cookie(request),
-        family=family,
-        test_campaign=test_campaign,
-        dispatch_every=current_portal().settings.schedule.dispatch,
+    return _drawing_images(
+        render_template(
+            "staff/campaigns/review.html",
+            form=form,
+            errors=[],
+            draft=draft,
+            topic=topic,
+            audience=_audience(topic),
+            preview=_preview(form),
+            ttl_words=presentation.ttl_in_words(draft.ttl),
+            urgency=presentation.urgency_text(draft.urgency),
+            targets=targets,
+            this_device=device_from_cookie(request),
+            family=family,
+            test_campaign=test_campaign,
+            dispatch_every=current_portal().settings.schedule.dispatch,
+        )
     )
 
 
@@ -183,6 +248,7 @@ def campaign_list() -> Any:
     return render_template(
         "staff/campaigns/list.html",
         page=page,
+        drafts=drafts.open_drafts(db.session),
         include_tests=include_tests,
         headlines={
             row.campaign.id: outcome.from_counts(
@@ -205,6 +271,8 @@ def campaign_new() -> Any:
     action = request.form.get("action", "review")
     if action == "edit":
         return _form_page(form)
+    if action == "save_draft":
+        return _save_draft(form)
     if action == "preview":
         # Drafting: show the notification as typed; the rules are checked on review.
         return _form_page(form, previewed=True)
@@ -214,6 +282,99 @@ def campaign_new() -> Any:
     if action == "launch":
         return _launch(form, draft)
     return _review_page(form, draft)
+
+
+def _bad_draft_reference(form: CampaignForm) -> bool:
+    """A draft id or version sent but not readable: only a changed page sends that."""
+    return bool(form.draft_id.data or form.draft_version.data) and form.draft() is None
+
+
+def _save_draft(form: CampaignForm) -> Any:
+    """Keep the form as typed: a new draft, or the one being edited (if nobody saved or
+    launched it since this form was filled from it)."""
+    for field in form:
+        field.errors = []
+    if _bad_draft_reference(form):
+        form.title.errors = ["This page's draft could not be read: open the draft again"]
+        return _form_page(form, status=422)
+    typed = form.typed()
+    problems = drafts.problems(typed)
+    for problem in problems:
+        field = getattr(form, problem.field or "", None) or form.title
+        if not field.errors:
+            field.errors = [problem.message]
+    if problems:
+        return _form_page(form, status=422)
+    staff = _signed_in()
+    editing = form.draft()
+    try:
+        if editing is None:
+            saved = drafts.create(db.session, typed, by=staff.email, now=_now())
+            action = DRAFT_SAVED
+        else:
+            saved = drafts.save(
+                db.session, editing[0], editing[1], typed, by=staff.email, now=_now()
+            )
+            action = DRAFT_CHANGED
+        audit.record(
+            db.session,
+            staff,
+            action,
+            f"draft:{saved.id}",
+            {
+                "title": saved.title,
+                "topic": saved.fields.get("topic", ""),
+                "version": saved.version,
+            },
+        )
+        db.session.commit()
+    except ApiError as problem:  # launched or saved by someone else meanwhile
+        db.session.rollback()
+        flash(f"Not saved: {problem.message}.", "error")
+        return _form_page(form, status=problem.status)
+    flash("Draft saved. It is not sent until you review and launch it.")
+    return redirect(url_for("staff.campaign_draft", draft_id=saved.id), 303)
+
+
+@bp.get("/campaigns/drafts/<uuid:draft_id>")
+@staff_required(Role.CAMPAIGNS)
+def campaign_draft(draft_id: uuid.UUID) -> Any:
+    """A saved draft in the campaign form, to change, save again, review and launch."""
+    found = db.session.get(Draft, draft_id)
+    if found is None:
+        return _not_found()
+    if found.launched_campaign_id is not None:
+        flash(f"That draft was launched by {found.launched_by}: here is the campaign.")
+        return redirect(
+            url_for("staff.campaign_detail", campaign_id=found.launched_campaign_id), 303
+        )
+    form = CampaignForm(
+        formdata=None,
+        data={**found.fields, "draft_id": str(found.id), "draft_version": str(found.version)},
+    )
+    return _form_page(form)
+
+
+@bp.post("/campaigns/<uuid:campaign_id>/clone")
+@staff_required(Role.CAMPAIGNS)
+def campaign_clone(campaign_id: uuid.UUID) -> Any:
+    """A new draft with this campaign's content, whatever its state."""
+    staff = _signed_in()
+    try:
+        draft = drafts.clone(db.session, campaign_id, by=staff.email, now=_now())
+    except ApiError:
+        db.session.rollback()
+        return _not_found()
+    audit.record(
+        db.session,
+        staff,
+        CLONED,
+        f"draft:{draft.id}",
+        {"from": f"campaign:{campaign_id}", "title": draft.title},
+    )
+    db.session.commit()
+    flash("Cloned into a new draft: change what you need, then review and launch it.")
+    return redirect(url_for("staff.campaign_draft", draft_id=draft.id), 303)
 
 
 def _launch(form: CampaignForm, draft: CampaignDraft) -> Any:
@@ -226,6 +387,10 @@ def _launch(form: CampaignForm, draft: CampaignDraft) -> Any:
                 flash("This campaign was launched already: here it is.")
                 return redirect(url_for("staff.campaign_detail", campaign_id=existing.id), 303)
             chosen = None
+    if _bad_draft_reference(form):
+        flash("This page's draft could not be read: open the draft again.", "error")
+        return _form_page(form, status=422)
+    from_draft = form.draft()
     topic = topic_by_slug(db.session, draft.topic)
     audience = audience_breakdown(db.session, topic.id)
     try:
@@ -237,6 +402,12 @@ def _launch(form: CampaignForm, draft: CampaignDraft) -> Any:
             campaign_id=chosen,
             link_origins=campaign_link_origins(),
         )
+        if from_draft is not None:
+            # In the campaign's transaction: a draft launched or changed by someone else
+            # meanwhile (the UPDATE's condition fails) rolls this campaign back.
+            drafts.mark_launched(
+                db.session, from_draft[0], from_draft[1], campaign.id, by=staff.email, now=_now()
+            )
         audit.record(
             db.session,
             staff,
@@ -248,6 +419,7 @@ def _launch(form: CampaignForm, draft: CampaignDraft) -> Any:
                 "sendAt": campaign.send_at.isoformat(),
                 "audience": sum(audience.values()),
                 "byReason": audience,
+                **({"draft": f"draft:{from_draft[0]}"} if from_draft else {}),
             },
         )
         db.session.commit()
@@ -260,6 +432,9 @@ def _launch(form: CampaignForm, draft: CampaignDraft) -> Any:
         return redirect(url_for("staff.campaign_detail", campaign_id=chosen), 303)
     except ApiError as problem:  # a rule that changed since the review (a retired topic)
         db.session.rollback()
+        if problem.field == "draft":  # launched or saved by someone else meanwhile
+            flash(f"Not launched: {problem.message}.", "error")
+            return _form_page(form, status=problem.status)
         field = getattr(form, problem.field or "", None) or form.topic
         field.errors = [problem.message]
         return _form_page(form, status=422)
@@ -339,6 +514,11 @@ def campaign_test_sent(campaign_id: uuid.UUID) -> Any:
         "urgency": campaign.urgency,
         "ttl": str(campaign.ttl),
         "collapse_key": campaign.collapse_key or "",
+        **{
+            name: value
+            for name, value in drafts.fields_of(campaign, topic).items()
+            if name not in {"schedule", "send_at", "timezone", "deliver_until"}
+        },
     }
     if kept.get("id") == str(campaign.id):  # another tab's test keeps its own schedule
         typed |= {name: kept.get(name) or "" for name in _KEPT}

@@ -109,6 +109,9 @@ class ReceiptEvent(enum.StrEnum):
 
     SHOWN = "shown"
     CLICKED = "clicked"
+    # A click on one of the notification's buttons (the payload's ``actions[].action``).
+    ACTION_1 = "action-1"
+    ACTION_2 = "action-2"
 
 
 class DeliveryReceipt(Base):
@@ -130,7 +133,7 @@ class DeliveryReceipt(Base):
 
     __table_args__ = (
         sa.UniqueConstraint("delivery_id", "event", name="uq_delivery_receipt_delivery_event"),
-        sa.CheckConstraint("event IN ('shown', 'clicked')", name="event"),
+        sa.CheckConstraint("event IN ('shown', 'clicked', 'action-1', 'action-2')", name="event"),
         sa.CheckConstraint(
             "endpoint_hash IS NULL OR length(endpoint_hash) = 32", name="endpoint_hash_len"
         ),

@@ -76,7 +76,9 @@ def parse_receipt(body: dict[str, Any], *, endpoint_max_length: int) -> Receipt:
         )
     event = require_string(body.get("event"), "event")
     if event not in _EVENTS:
-        raise ValidationError("invalid_value", "event is shown or clicked", "event")
+        raise ValidationError(
+            "invalid_value", "event is shown, clicked, action-1 or action-2", "event"
+        )
     endpoint = body.get("endpoint")
     if endpoint is not None:
         endpoint = require_string(endpoint, "endpoint")

@@ -32,6 +32,22 @@
     };
     if (value("url")) { message.url = value("url"); }
     if (value("icon")) { message.icon = value("icon"); }
+    if (value("image")) { message.image = value("image"); }
+    if (value("badge")) { message.badge = value("badge"); }
+    // The buttons as the server counts them: both when the second is filled in, else
+    // the first when it is (portal.campaigns.forms.CampaignForm.actions).
+    var pairs = [[value("action1_title"), value("action1_url")],
+                 [value("action2_title"), value("action2_url")]];
+    var filled = function (pair) { return pair[0] || pair[1]; };
+    var used = filled(pairs[1]) ? pairs : (filled(pairs[0]) ? pairs.slice(0, 1) : []);
+    if (used.length) {
+      message.actions = used.map(function (pair, i) {
+        return { action: "action-" + (i + 1), title: pair[0], url: pair[1] };
+      });
+    }
+    var checked = function (name) { var box = field(name); return !!(box && box.checked); };
+    if (checked("require_interaction")) { message.requireInteraction = true; }
+    if (checked("silent")) { message.silent = true; }
     return encoder.encode(JSON.stringify(message)).length;
   }
 
@@ -50,6 +66,8 @@
   }
 
   function update() {
+    var stale = byId("platforms-stale");
+    if (stale) { stale.hidden = false; }
     var title = byId("preview-title");
     var body = byId("preview-body");
     var link = byId("preview-link");

@@ -709,6 +709,19 @@ def _campaign_form(action: str, fill: bool) -> Reach:
     return reach
 
 
+def _composer(state: str) -> Reach:
+    """The composer's states of test_campaign_composer.py: a rich notification previewed
+    per platform and reviewed, a saved draft, a stale save refused, the list of drafts."""
+
+    def reach(new_context: Callable[..., Any], server: LiveServer) -> Page:
+        from tests.browser import test_campaign_composer as composer
+
+        made: Reach = getattr(composer, state)()
+        return made(new_context, server)
+
+    return reach
+
+
 def _campaign_review_with_a_device(new_context: Callable[..., Any], server: LiveServer) -> Page:
     """The review page in a browser the campaigner subscribed on: it offers a test send."""
     from tests.factories import SubscriptionFactory
@@ -977,6 +990,11 @@ STAFF_PAGES = [
     PageState("staff-campaigns-listed-in-zone", _campaign_zone("list")),
     PageState("staff-campaign-cancel-error", _campaign_cancel_error, error_summary=True),
     PageState("staff-campaign-not-found", _staff_missing(f"/staff/campaigns/{uuid.uuid4()}")),
+    PageState("staff-campaign-rich-preview", _composer("rich_preview")),
+    PageState("staff-campaign-rich-review", _composer("rich_review")),
+    PageState("staff-campaign-draft", _composer("saved_draft")),
+    PageState("staff-campaign-draft-stale", _composer("stale_draft")),
+    PageState("staff-campaigns-with-drafts", _composer("drafts_listed")),
     PageState("staff-admin-topics", _staff_page("/staff/admin/topics")),
     PageState("staff-admin-topic-new", _staff_page("/staff/admin/topics/new")),
     PageState(

@@ -632,3 +632,99 @@ def test_a_worker_that_cannot_prove_the_old_subscription_registers_the_new_one_a
     old, new = rows[browser_subscription.endpoint], rows[renewed.endpoint]
     assert old.state == "pending"  # not moved: nobody showed it was theirs
     assert new.subscriber_id != old.subscriber_id
+
+
+RICH_SHOWN = """async () => (await (await navigator.serviceWorker.ready).getNotifications()).map(
+  n => ({image: n.image, badge: n.badge, actions: n.actions.map(a => ({action: a.action, title: a.title})),
+         requireInteraction: n.requireInteraction, silent: n.silent, data: n.data}))"""
+
+# The worker's own notificationclick listener, given an event with a button's action (a
+# script-made event cannot use waitUntil, so this one collects the promise itself).
+CLICK_ACTION = """async (action) => {
+  const opened = [], focused = [];
+  Clients.prototype.openWindow = async function (url) { opened.push(url); return null; };
+  WindowClient.prototype.focus = async function () { focused.push(this.url); return this; };
+  const [notification] = await self.registration.getNotifications();
+  const event = new NotificationEvent('notificationclick', {notification, action});
+  const work = [];
+  event.waitUntil = (promise) => work.push(promise);
+  self.dispatchEvent(event);
+  await Promise.all(work);
+  return {opened, focused, left: (await self.registration.getNotifications()).length};
+}"""
+
+
+def rich_message(**overrides: Any) -> dict[str, Any]:
+    return message(
+        image="/static/img/icon.svg",
+        badge="/static/img/icon.svg",
+        actions=[
+            {"action": "action-1", "title": "Track it", "url": "/track"},
+            {"action": "action-2", "title": "Change delivery", "url": "/change?x=1"},
+        ],
+        requireInteraction=True,
+        silent=True,
+        **overrides,
+    )
+
+
+def test_a_rich_push_shows_its_image_badge_buttons_and_flags(worker_page, server):
+    page, channel = worker_page
+    channel.push(rich_message())
+    on_screen(channel.last_ended(1))
+    (shown,) = page.evaluate(RICH_SHOWN)
+    assert shown["image"] == server.url + "/static/img/icon.svg"
+    assert shown["badge"] == server.url + "/static/img/icon.svg"
+    assert shown["actions"] == [
+        {"action": "action-1", "title": "Track it"},
+        {"action": "action-2", "title": "Change delivery"},
+    ]
+    assert shown["requireInteraction"] is True and shown["silent"] is True
+    assert shown["data"]["actions"] == [
+        {"action": "action-1", "title": "Track it", "url": server.url + "/track"},
+        {"action": "action-2", "title": "Change delivery", "url": server.url + "/change?x=1"},
+    ]
+
+
+def test_a_button_opens_its_own_link_and_is_its_own_receipt(context, worker_page, server):
+    _, channel = worker_page
+    sent = rich_message()
+    channel.push(sent)
+    on_screen(channel.last_ended(1))
+    wait_for_receipts(server, sent["deliveryId"], 1)
+    clicked = worker(context).evaluate(CLICK_ACTION, "action-2")
+    assert clicked == {"opened": [server.url + "/change?x=1"], "focused": [], "left": 0}
+    assert wait_for_receipts(server, sent["deliveryId"], 2) == ["shown", "action-2"]
+
+
+def test_a_click_on_the_body_of_a_rich_notification_is_a_plain_click(context, worker_page, server):
+    _, channel = worker_page
+    sent = rich_message()
+    channel.push(sent)
+    on_screen(channel.last_ended(1))
+    wait_for_receipts(server, sent["deliveryId"], 1)
+    clicked = worker(context).evaluate(CLICK_ACTION, "")
+    assert clicked["opened"] == [server.url + "/preferences?from=push"]
+    assert wait_for_receipts(server, sent["deliveryId"], 2) == ["shown", "clicked"]
+
+
+def test_buttons_off_the_site_or_not_ours_are_left_out(worker_page, server):
+    page, channel = worker_page
+    channel.push(
+        message(
+            actions=[
+                {"action": "action-1", "title": "Phish", "url": "https://phishing.example/"},
+                {"action": "evil", "title": "Odd id", "url": "/ok"},
+                {"action": "action-2", "title": "Fine", "url": "/ok"},
+                {"action": "action-1", "title": "Third", "url": "/third"},
+            ],
+            image="https://phishing.example/x.png",
+        )
+    )
+    on_screen(channel.last_ended(1))
+    (shown,) = page.evaluate(RICH_SHOWN)
+    assert shown["actions"] == [
+        {"action": "action-2", "title": "Fine"},
+        {"action": "action-1", "title": "Third"},
+    ]
+    assert shown["image"] == ""

@@ -404,17 +404,25 @@ def test_preview_renders_what_was_typed_without_judging_it(campaigner, engine):
     assert campaigns(engine) == 0
 
 
-def test_the_preview_shows_a_same_site_icon_and_names_a_remote_one(campaigner, catalogue_ready):
+def test_the_preview_draws_an_allowed_icon_and_names_a_refused_one(campaigner, catalogue_ready):
     html = campaigner.post(
         "/staff/campaigns/new", {**form_data(icon="/static/icon.png"), "action": "preview"}
     ).text
     assert '<img src="/static/icon.png" alt="" width="48" height="48">' in html
     allow_link_origins(catalogue_ready, "https://cdn.example.com")
-    html = campaigner.post(
+    answer = campaigner.post(
         "/staff/campaigns/new",
         {**form_data(icon="https://cdn.example.com/i.png"), "action": "preview"},
-    ).text
-    assert "icon from cdn.example.com" in html
+    )
+    # Drawn from where the notification loads it, which the page's policy allows.
+    assert '<img src="https://cdn.example.com/i.png" alt="" width="48" height="48">' in answer.text
+    assert "img-src 'self' https://cdn.example.com;" in answer.headers["Content-Security-Policy"]
+    refused = campaigner.post(
+        "/staff/campaigns/new",
+        {**form_data(icon="https://elsewhere.example/i.png"), "action": "preview"},
+    )
+    assert 'src="https://elsewhere.example' not in refused.text
+    assert "icon from elsewhere.example" in refused.text
 
 
 def test_change_on_the_review_page_brings_the_form_back_filled(campaigner):

@@ -79,6 +79,14 @@ def test_shown_and_clicked_are_separate_facts(browser, engine):
     assert all(r["endpoint_hash"] is None for r in rows)
 
 
+def test_each_button_click_is_a_receipt_of_its_own(browser, engine):
+    for event in ("shown", "action-1", "action-2", "action-1", "clicked"):
+        answer = browser.client.post(URL, json={"deliveryId": browser.delivery_id, "event": event})
+        assert answer.status_code in (200, 201)
+    rows = all_rows(engine, "delivery_receipt")
+    assert sorted(r["event"] for r in rows) == ["action-1", "action-2", "clicked", "shown"]
+
+
 def test_a_browser_whose_cookies_were_cleared_proves_it_with_its_auth(app, browser, engine):
     cleared = app.test_client()
     body = {"deliveryId": browser.delivery_id, "event": "shown", "auth": browser.sub.auth_b64}
@@ -136,6 +144,7 @@ def test_the_first_receipt_is_the_real_one(app, browser, engine, subscriptions):
         ({"deliveryId": "x" * 65, "event": "shown"}, 422, "deliveryId"),
         ({"deliveryId": "1"}, 400, "event"),
         ({"deliveryId": "1", "event": "accepted"}, 422, "event"),
+        ({"deliveryId": "1", "event": "action-3"}, 422, "event"),
         ({"deliveryId": "1", "event": "shown", "endpoint": 3}, 400, "endpoint"),
         ({"deliveryId": "1", "event": "shown", "endpoint": "e" * 5000}, 422, "endpoint"),
         ({"deliveryId": "1", "event": "shown", "auth": "short"}, 422, "auth"),

@@ -227,6 +227,15 @@ def _campaign(app: Flask, *, paused: bool) -> uuid.UUID:
         return campaign.id
 
 
+def _draft(app: Flask) -> uuid.UUID:
+    """A saved draft, for its edit page."""
+    from portal.campaigns import drafts
+
+    with app.app_context(), db.begin() as session:
+        fields = {"topic": "weekly-digest", "title": "Draft digest", "body": "Not yet"}
+        return drafts.create(session, fields, by="campaigns@example.test", now=NOW).id
+
+
 def _assertions() -> list[str]:
     """Signed with the configured secret, so they reach the claims: good and hostile."""
     later = time.time() + 3600  # assertions are checked against the real clock
@@ -290,6 +299,7 @@ def build_world(app: Flask) -> World:
         "staff_id": [str(victim), str(disabled)],
         "subscriber_id": [str(person_id), str(gone_id)],
         "campaign_id": [str(_campaign(app, paused=False)), str(_campaign(app, paused=True))],
+        "draft_id": [str(_draft(app))],
         "subscription_id": [str(d) for d in subscriber.devices],
         "slug": topics,
         "version": ["v1", "v1.1"],

@@ -118,6 +118,8 @@ def _password(flow: Flow) -> TestResponse:
 
 def _campaign_new(flow: Flow) -> TestResponse:
     path = "/staff/campaigns/new"
+    saved = flow.post("campaigns", path, {**form_data(), "action": "save_draft"})
+    assert saved.status_code == 303, "saving a draft answers with a redirect"
     flow.step("campaigns", path, {**form_data(), "action": "preview"})
     review = flow.step("campaigns", path, {**form_data(), "action": "review"})
     campaign_id = re.search(r'name="campaign_id" value="([0-9a-f-]{36})"', review.text)
@@ -244,6 +246,9 @@ SUBMISSIONS: dict[Target, Callable[[Flow], TestResponse]] = {
     ("/staff/compliance/verify-log", "POST"): _simple("compliance", "/staff/compliance/verify-log"),
     ("/staff/campaigns/new", "POST"): _campaign_new,
     ("/staff/campaigns/test-send", "POST"): _test_send,
+    ("/staff/campaigns/<uuid:campaign_id>/clone", "POST"): _simple(
+        "campaigns", "/staff/campaigns/<scheduled>/clone"
+    ),
     ("/staff/campaigns/<uuid:campaign_id>/pause", "POST"): _simple(
         "campaigns", "/staff/campaigns/<scheduled>/pause"
     ),

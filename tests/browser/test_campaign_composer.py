@@ -1,0 +1,193 @@
+"""The composer at 1280 and 390 px: a rich notification (image, buttons) previewed per
+platform with each platform's cuts, saved as a draft, its edit page, a stale save refused,
+and the list of drafts. axe-core finds nothing in any of these states, nothing scrolls
+sideways, and every control is large enough.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.sync_api import Page, expect
+
+from tests.browser.conftest import DESKTOP, PHONE, LiveServer
+from tests.browser.test_accessibility import AXE_OPTIONS, OVERFLOW, TARGETS, _axe, _staff
+
+pytestmark = pytest.mark.browser
+
+SHOTS = Path("/work/notes/shots/h-composer")
+WIDTHS = pytest.mark.parametrize("viewport", [DESKTOP, PHONE], ids=lambda v: f"{v['width']}px")
+LONG_TITLE = "Winter sale: everything in the shop is half price this week"  # 59 characters
+LONG_BODY = (
+    "From Monday to Sunday every coat, scarf and pair of boots is half price, in the shops "
+    "and online, while stocks last. Members get free delivery too."
+)
+
+
+def sized(new_context: Callable[..., Any], viewport: dict[str, int] | None) -> Callable[..., Any]:
+    def make(**options: Any) -> Any:
+        if viewport:
+            options["viewport"] = viewport
+        return new_context(**options)
+
+    return make
+
+
+def fill_rich(page: Page) -> None:
+    page.select_option("#topic", "weekly-digest")
+    page.fill("#title", LONG_TITLE)
+    page.fill("#body", LONG_BODY)
+    page.fill("#url", "/news")
+    page.fill("#icon", "/static/img/icon.svg")
+    page.fill("#image", "/static/img/icon.svg")
+    page.fill("#action1_title", "Shop the sale")
+    page.fill("#action1_url", "/shop")
+    page.fill("#action2_title", "Remind me tomorrow morning")
+    page.fill("#action2_url", "/remind")
+
+
+def rich_preview(viewport: dict[str, int] | None = None) -> Callable[..., Page]:
+    def reach(new_context: Callable[..., Any], server: LiveServer) -> Page:
+        page = _staff(sized(new_context, viewport), server, roles=("campaigns",))
+        page.goto("/staff/campaigns/new")
+        fill_rich(page)
+        page.click("button[value=preview]")
+        page.wait_for_selector("#platforms")
+        return page
+
+    return reach
+
+
+def saved_draft(viewport: dict[str, int] | None = None) -> Callable[..., Page]:
+    def reach(new_context: Callable[..., Any], server: LiveServer) -> Page:
+        page = rich_preview(viewport)(new_context, server)
+        page.click("button[value=save_draft]")
+        page.wait_for_url("**/staff/campaigns/drafts/*")
+        page.wait_for_selector("text=Draft saved", timeout=30_000)
+        return page
+
+    return reach
+
+
+def stale_draft(viewport: dict[str, int] | None = None) -> Callable[..., Page]:
+    """The draft's page after another tab saved it meanwhile: this save is refused."""
+
+    def reach(new_context: Callable[..., Any], server: LiveServer) -> Page:
+        page = saved_draft(viewport)(new_context, server)
+        other = page.context.new_page()
+        other.goto(page.url)
+        other.fill("#title", "Changed in another tab")
+        other.click("button[value=save_draft]")
+        other.wait_for_selector("text=Draft saved", timeout=30_000)
+        other.close()
+        page.fill("#body", "My own change")
+        page.click("button[value=save_draft]")
+        page.wait_for_selector("text=Not saved", timeout=30_000)
+        return page
+
+    return reach
+
+
+def drafts_listed(viewport: dict[str, int] | None = None) -> Callable[..., Page]:
+    def reach(new_context: Callable[..., Any], server: LiveServer) -> Page:
+        page = saved_draft(viewport)(new_context, server)
+        page.goto("/staff/campaigns")
+        page.wait_for_selector("table.drafts")
+        return page
+
+    return reach
+
+
+def rich_review(viewport: dict[str, int] | None = None) -> Callable[..., Page]:
+    def reach(new_context: Callable[..., Any], server: LiveServer) -> Page:
+        page = rich_preview(viewport)(new_context, server)
+        page.click("button[value=review]")
+        page.wait_for_selector("text=Check your campaign")
+        return page
+
+    return reach
+
+
+def _checked(page: Page, name: str, viewport: dict[str, int], part: str | None = None) -> None:
+    results = _axe.run(page, options=AXE_OPTIONS)
+    assert results.violations_count == 0, results.generate_report()
+    found = page.evaluate(OVERFLOW)
+    assert found["scroll"] <= 0 and not found["wide"], found
+    assert page.evaluate(TARGETS) == []
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=SHOTS / f"{name}-{viewport['width']}.png", full_page=True)
+    if part:
+        page.locator(part).screenshot(path=SHOTS / f"{name}-{viewport['width']}-part.png")
+
+
+@WIDTHS
+def test_the_preview_per_platform_draws_and_cuts(viewport, new_context, server):
+    page = rich_preview(viewport)(new_context, server)
+    platforms = page.locator(".platform")
+    expect(platforms).to_have_count(4)
+    names = page.locator(".platform__name").all_inner_texts()
+    assert names == [
+        "Chrome on Windows",
+        "Chrome on macOS",
+        "Chrome on Android",
+        "Firefox on Windows",
+    ]
+    # Each preview is a labelled list item; the icon and (where shown) the image are drawn.
+    for index in range(4):
+        item = platforms.nth(index)
+        labelled = item.get_attribute("aria-labelledby")
+        assert labelled and page.locator(f"#{labelled}").is_visible()
+        icon = item.locator(".platform__icon")
+        assert icon.evaluate("i => i.complete && i.naturalWidth > 0")
+    assert page.locator(".platform--chrome-windows .platform__image").evaluate(
+        "i => i.complete && i.naturalWidth > 0"
+    )
+    expect(page.locator(".platform--chrome-macos .platform__image")).to_have_count(0)
+    # macOS cuts the 59-character title at 43, Windows shows it whole; said in words.
+    mac = page.locator(".platform--chrome-macos")
+    expect(mac.locator(".platform__title")).to_contain_text("…")
+    expect(mac.locator(".platform__facts")).to_contain_text("cut to 43 of its 59 characters")
+    expect(page.locator(".platform--chrome-windows .platform__title")).to_have_text(LONG_TITLE)
+    expect(page.locator(".platform--chrome-windows .platform__actions li")).to_have_count(2)
+    expect(page.locator(".platform--firefox .platform__actions")).to_have_count(0)
+    # Side by side at 1280 (one row), one under another at 390.
+    tops = {round(platforms.nth(i).bounding_box()["y"]) for i in range(4)}
+    assert len(tops) == (1 if viewport is DESKTOP else 4)
+    _checked(page, "preview", viewport, part="#platforms")
+
+
+@WIDTHS
+def test_the_composer_with_buttons_and_image(viewport, new_context, server):
+    page = _staff(sized(new_context, viewport), server, roles=("campaigns",))
+    page.goto("/staff/campaigns/new")
+    fill_rich(page)
+    # Typing marks the per-platform previews out of date until Preview is pressed.
+    expect(page.locator("#platforms-stale")).to_be_visible()
+    _checked(page, "composer", viewport, part="#campaign-form")
+
+
+@WIDTHS
+def test_a_draft_saved_then_refused_when_stale_and_listed(viewport, new_context, server):
+    page = saved_draft(viewport)(new_context, server)
+    expect(page.locator("h1")).to_have_text(f"Draft: {LONG_TITLE}")
+    expect(page.locator("#action2_title")).to_have_value("Remind me tomorrow morning")
+    _checked(page, "draft", viewport)
+    stale = stale_draft(viewport)(new_context, server)
+    expect(stale.locator(".banner, [role=alert]").first).to_contain_text("saved this draft after")
+    expect(stale.locator("#body")).to_have_value("My own change")
+    _checked(stale, "draft-stale", viewport)
+    listed = drafts_listed(viewport)(new_context, server)
+    expect(listed.locator("table.drafts")).to_contain_text(LONG_TITLE)
+    _checked(listed, "drafts-listed", viewport)
+
+
+@WIDTHS
+def test_the_review_of_a_rich_campaign(viewport, new_context, server):
+    page = rich_review(viewport)(new_context, server)
+    expect(page.locator("#settings-heading + .summary-list")).to_contain_text(
+        "Shop the sale → /shop"
+    )
+    _checked(page, "review", viewport, part="#platforms")
