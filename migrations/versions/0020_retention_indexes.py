@@ -6,7 +6,7 @@ rows past their window. New, empty indexes on tables the app only appends to: pl
 CREATE INDEX, as the other index migrations.
 
 Revision ID: 0020
-Revises: 0017
+Revises: 0019
 Create Date: 2026-12-02
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 from alembic import op
 
 revision = "0020"
-down_revision = "0017"
+down_revision = "0019"
 branch_labels = None
 depends_on = None
 
