@@ -260,8 +260,8 @@ def apply_decisions(
     equal to a stored choice made under another notice version is recorded too: the
     same state, now under ``policy_version``.
     """
-    log.lock_chain(session)
-    # Read under the lock, over whatever this session read before it: another save may
+    log.lock_subscriber(session, subscriber_id)
+    # Read under the person's row lock, over whatever this session read before it: another save may
     # have committed in between.
     rows = preference_rows(session, subscriber_id, fresh=True)
     transitions: list[tuple[Decision, str, str]] = []

@@ -600,7 +600,6 @@ class Dispatcher:
         pruned: list[_Claimed] = []
         try:
             with db.begin(self.app) as session:
-                consent_log.lock_chain(session)  # a 410 appends to the consent log
                 closed = _ended_campaigns(session, plan.campaign_ids())
                 for item in plan.held:
                     reason = closed.get(item.campaign_id)

@@ -368,8 +368,6 @@ def apply_digest(
     of any of them counts as a duplicate. Other events change nothing, need no
     idempotence and are only counted.
     """
-    # First, before any write: revocations append to the consent chain.
-    log.lock_chain(session)
     row = FeedbackDigest(
         id=uuid7(),
         received_at=now,

@@ -314,8 +314,7 @@ def erase_subscriber(
     ``erased`` event proving — that consent existed and ended. It holds no raw personal
     data, so nothing in it needs editing.
     """
-    log.lock_chain(session)
-    # Read afresh: what this session holds of the row may be older than the lock.
+    # Read afresh, and locked (the consent log's per-subscriber rule).
     subscriber = session.get(
         Subscriber, subscriber_id, with_for_update=True, populate_existing=True
     )

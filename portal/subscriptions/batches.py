@@ -12,7 +12,6 @@ import sqlalchemy as sa
 from flask import Flask
 from sqlalchemy.orm import Session
 
-from portal.consent import log
 from portal.db import db, is_postgres
 from portal.jobreport import JobReport, Progress
 from portal.subscriptions.models import PushSubscription
@@ -39,16 +38,15 @@ def subscription_batches(
     share the work and none handles a row twice. ``handle`` does the batch's work and
     returns how many rows it changed. Stops between batches once ``stop`` is set, or
     when ``between`` (called after every full batch: a backfill's pause and replication
-    check) answers False; the next run picks up what is left. ``appends_events``: take
-    the consent chain's lock first, as every appender does, before the row locks.
+    check) answers False; the next run picks up what is left. ``appends_events``: the
+    batch's ``handle`` appends consent events (each follows a conditional UPDATE of its
+    subscription's state, so no event is written twice; no global lock is taken).
     """
     with db.begin(app) as session:
         progress.start(session.execute(sa.select(sa.func.count()).where(candidates)).scalar_one())
     last_id: uuid.UUID | None = None
     while stop is None or not stop.is_set():
         with db.begin(app) as session:
-            if appends_events:
-                log.lock_chain(session)
             query = sa.select(_t.c.id, *columns).where(candidates)
             if last_id is not None:
                 query = query.where(_t.c.id > last_id)
