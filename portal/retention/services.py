@@ -355,7 +355,6 @@ def erase_subscriber(
         context=context,
     )
     session.flush()
-    event_hash = session.execute(
-        sa.text("SELECT hash FROM consent_event WHERE seq = :seq"), {"seq": seq}
-    ).scalar_one()
-    return ErasureReceipt(subscriber_id, now, seq, bytes(event_hash).hex(), ended)
+    # The erased event's RFC 9162 leaf hash: what GET /api/consent-log/inclusion proves.
+    row = session.execute(sa.select(log._t).where(log._t.c.seq == seq)).one()
+    return ErasureReceipt(subscriber_id, now, seq, log.event_leaf_hash(row).hex(), ended)
