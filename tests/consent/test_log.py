@@ -202,13 +202,28 @@ def test_verify_log_names_the_first_tampered_event(
     assert expected in broken.output
 
 
+def test_a_topic_decided_twice_in_one_save_is_one_chain(catalogue_ready, engine, clock):
+    """Two decisions for one topic in one call: each event starts where the one before it
+    left the topic, not both from the stored state (the fifty-writer test below decides
+    ``offers`` twice in some of its saves)."""
+    person = _subscriber(catalogue_ready, clock)
+    _decide(catalogue_ready, clock, person, [("offers", "opt_out"), ("offers", "opt_in")])
+    _decide(catalogue_ready, clock, person, [("offers", "opt_out"), ("offers", "opt_out")])
+    with engine.connect() as conn:
+        events = conn.execute(
+            sa.text(
+                "SELECT previous_state, new_state FROM consent_event "
+                "WHERE topic_id IS NOT NULL ORDER BY seq"  # the only person's
+            )
+        ).all()
+    assert [tuple(e) for e in events] == [
+        ("unset", "opt_out"),
+        ("opt_out", "opt_in"),
+        ("opt_in", "opt_out"),
+    ]
+
+
 @pytest.mark.postgres_only
-@pytest.mark.xfail(
-    reason="OPEN: on PostgreSQL one run showed an event whose previous_state was not the "
-    "last new_state for its subscriber and topic; the per-subscriber lock in "
-    "apply_decisions is not yet shown to keep the rule",
-    strict=False,
-)
 def test_fifty_concurrent_submissions_keep_one_event_per_transition(catalogue_ready, engine, clock):
     """No global lock: the per-subscriber row lock alone keeps every person's events a
     chain of transitions (previous_state = the last new_state), and the tree takes them
