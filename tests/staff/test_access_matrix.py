@@ -66,6 +66,8 @@ EXPECTED: dict[tuple[str, str], frozenset[Role]] = {
     ("/staff/campaigns/<uuid:campaign_id>/pause", "POST"): CAMPAIGNS,
     ("/staff/campaigns/<uuid:campaign_id>/resume", "POST"): CAMPAIGNS,
     ("/staff/campaigns/<uuid:campaign_id>/cancel", "POST"): CAMPAIGNS,
+    ("/staff/campaigns/<uuid:campaign_id>/clone", "POST"): CAMPAIGNS,
+    ("/staff/campaigns/drafts/<uuid:draft_id>", "GET"): CAMPAIGNS,
 }
 PUBLIC = {"/staff/login"}
 

@@ -23,6 +23,7 @@ TABLES = (
     "consent_event",
     "topic_preference",
     "campaign",
+    "campaign_draft",
     "delivery",
     "job_state",
     "job_run",
