@@ -27,7 +27,8 @@ from portal.db import affected_rows, uuid7
 from portal.errors import Conflict, NotFound, ValidationError
 from portal.inputs import text_problem
 
-# The campaign form's fields a draft keeps (the form's names; every value a string).
+# The campaign form's fields a draft keeps (the form's names, in its page order, which
+# forms.FIELD_ORDER follows; every value a string).
 FIELDS = (
     "topic",
     "title",

@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 from wtforms import BooleanField, Field, HiddenField, StringField, TextAreaField
 
 from portal.campaigns import services
+from portal.campaigns.drafts import FIELDS as DRAFT_FIELDS
 from portal.campaigns.presentation import URGENCIES
 from portal.campaigns.services import CampaignDraft
 from portal.campaigns.zones import UTC_ZONE, check_zone
@@ -32,29 +33,7 @@ _SECONDS = re.compile(r"[0-9]{1,9}")
 SCHEDULE_CHOICES = [("now", "Send now"), ("later", "At a date and time")]
 URGENCY_CHOICES = [(value, label) for value, (label, _) in URGENCIES.items()]
 # The order fields appear in on the page, which is the order of the error summary.
-FIELD_ORDER = (
-    "topic",
-    "title",
-    "body",
-    "url",
-    "icon",
-    "image",
-    "badge",
-    "action1_title",
-    "action1_url",
-    "action2_title",
-    "action2_url",
-    "require_interaction",
-    "silent",
-    "urgency",
-    "ttl",
-    "collapse_key",
-    "schedule",
-    "send_at",
-    "timezone",
-    "deliver_until",
-    "subscription",
-)
+FIELD_ORDER = (*DRAFT_FIELDS, "subscription")
 
 
 class LocalTimeError(ValueError):
@@ -161,9 +140,7 @@ class CampaignForm(CheckedForm):
 
     def typed(self) -> dict[str, str | None]:
         """The fields a draft keeps, as typed."""
-        from portal.campaigns.drafts import FIELDS
-
-        return {name: self[name].data for name in FIELDS}
+        return {name: self[name].data for name in DRAFT_FIELDS}
 
     def actions(self) -> tuple[tuple[str, str], ...]:
         """The buttons filled in (label and link; either may be missing, which
