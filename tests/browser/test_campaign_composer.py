@@ -14,7 +14,7 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from tests.browser.conftest import DESKTOP, PHONE, LiveServer
-from tests.browser.test_accessibility import AXE_OPTIONS, OVERFLOW, TARGETS, _axe, _staff
+from tests.browser.test_accessibility import OVERFLOW, TARGETS, _staff, axe_results
 
 pytestmark = pytest.mark.browser
 
@@ -112,7 +112,7 @@ def rich_review(viewport: dict[str, int] | None = None) -> Callable[..., Page]:
 
 
 def _checked(page: Page, name: str, viewport: dict[str, int], part: str | None = None) -> None:
-    results = _axe.run(page, options=AXE_OPTIONS)
+    results = axe_results(page)
     assert results.violations_count == 0, results.generate_report()
     found = page.evaluate(OVERFLOW)
     assert found["scroll"] <= 0 and not found["wide"], found

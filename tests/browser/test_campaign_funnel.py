@@ -22,7 +22,7 @@ from portal.db import db
 from portal.delivery.models import Delivery, DeliveryReceipt
 from portal.seams import current_portal
 from tests.browser.conftest import DESKTOP, PHONE, LiveServer
-from tests.browser.test_accessibility import AXE_OPTIONS, OVERFLOW, TARGETS, _axe
+from tests.browser.test_accessibility import OVERFLOW, TARGETS, axe_results
 from tests.browser.test_campaign_outcome import _open
 from tests.factories import FunnelFactory
 
@@ -62,7 +62,7 @@ def unseen_campaign(server: LiveServer) -> uuid.UUID:
 def _checked(page: Page, name: str, viewport: dict[str, int]) -> None:
     """axe-core finds nothing, nothing scrolls sideways, targets are large enough; a
     full-page screenshot kept."""
-    results = _axe.run(page, options=AXE_OPTIONS)
+    results = axe_results(page)
     assert results.violations_count == 0, results.generate_report()
     found = page.evaluate(OVERFLOW)
     assert found["scroll"] <= 0 and not found["wide"], found

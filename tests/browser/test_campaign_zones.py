@@ -16,7 +16,7 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from tests.browser.conftest import DESKTOP, PHONE, LiveServer
-from tests.browser.test_accessibility import AXE_OPTIONS, OVERFLOW, TARGETS, _axe, _staff
+from tests.browser.test_accessibility import OVERFLOW, TARGETS, _staff, axe_results
 
 pytestmark = pytest.mark.browser
 
@@ -48,7 +48,7 @@ def _open(new_context: Callable[..., Any], server: LiveServer, viewport: dict[st
 def _checked(page: Page, name: str, viewport: dict[str, int], part: str | None = None) -> None:
     """axe-core finds nothing, nothing scrolls sideways, targets are large enough; a
     full-page screenshot kept, and one of ``part`` of the page to read at full size."""
-    results = _axe.run(page, options=AXE_OPTIONS)
+    results = axe_results(page)
     assert results.violations_count == 0, results.generate_report()
     found = page.evaluate(OVERFLOW)
     assert found["scroll"] <= 0 and not found["wide"], found

@@ -19,12 +19,11 @@ from portal.db import db
 from portal.seams import current_portal
 from tests.browser.conftest import DESKTOP, PHONE, LiveServer, subscribe_through_api
 from tests.browser.test_accessibility import (
-    AXE_OPTIONS,
     OVERFLOW,
     TARGETS,
     PageState,
-    _axe,
     _staff,
+    axe_results,
     error_summary_problems,
 )
 from tests.factories import SubscriptionFactory, make_subscriber
@@ -60,7 +59,7 @@ def _checked(page: Page, name: str, viewport: dict[str, int]) -> None:
     """axe-core finds nothing, nothing scrolls sideways, targets are large enough; a
     full-page screenshot kept."""
     page.wait_for_load_state("load")
-    results = _axe.run(page, options=AXE_OPTIONS)
+    results = axe_results(page)
     assert results.violations_count == 0, results.generate_report()
     found = page.evaluate(OVERFLOW)
     assert found["scroll"] <= 0 and not found["wide"], found

@@ -15,12 +15,11 @@ from playwright.sync_api import Page, expect
 
 from tests.browser.conftest import DESKTOP, PHONE, LiveServer
 from tests.browser.test_accessibility import (
-    AXE_OPTIONS,
     GIVEN_PASSWORD,
     OVERFLOW,
     TARGETS,
-    _axe,
     audit_after_cli_publish,
+    axe_results,
     first_sign_in,
 )
 
@@ -42,7 +41,7 @@ def _sized(new_context: Callable[..., Any], viewport: dict[str, int]) -> Callabl
 def _checked(page: Page, name: str, viewport: dict[str, int]) -> None:
     """axe-core finds nothing, nothing scrolls sideways, targets are large enough; a
     full-page screenshot kept."""
-    results = _axe.run(page, options=AXE_OPTIONS)
+    results = axe_results(page)
     assert results.violations_count == 0, results.generate_report()
     found = page.evaluate(OVERFLOW)
     assert found["scroll"] <= 0 and not found["wide"], found

@@ -11,7 +11,7 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from tests.browser.conftest import DESKTOP, PHONE, LiveServer, subscribe_through_page
-from tests.browser.test_accessibility import AXE_OPTIONS, _axe, _staff
+from tests.browser.test_accessibility import _staff, axe_results
 
 pytestmark = pytest.mark.browser
 
@@ -25,7 +25,7 @@ def _timeline_item(page: Page, label: str):
 
 
 def _no_axe_violations(page: Page) -> None:
-    results = _axe.run(page, options=AXE_OPTIONS)
+    results = axe_results(page)
     assert results.violations_count == 0, results.generate_report()
 
 

@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from portal.consent import catalogue
 from portal.db import create_engine
 from tests.browser.conftest import DESKTOP, PHONE, LiveServer, subscribe_through_api
-from tests.browser.test_accessibility import AXE_OPTIONS, _axe
+from tests.browser.test_accessibility import axe_results
 from tests.browser.test_preference_centre import preferences, submit
 
 pytestmark = pytest.mark.browser
@@ -65,7 +65,7 @@ def test_a_topic_retired_elsewhere_is_not_saved_and_the_page_says_so(
     # The page after the save shows the catalogue as it is now.
     assert page.locator("#topic-offers").count() == 0
     assert page.is_checked("#topic-weekly-digest")
-    results = _axe.run(page, options=AXE_OPTIONS)
+    results = axe_results(page)
     assert results.violations_count == 0, results.generate_report()
     if SHOTS.parent.is_dir():
         SHOTS.mkdir(exist_ok=True)

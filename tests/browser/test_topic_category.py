@@ -15,7 +15,7 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from tests.browser.conftest import DESKTOP, PHONE, LiveServer
-from tests.browser.test_accessibility import AXE_OPTIONS, OVERFLOW, TARGETS, _axe, _staff
+from tests.browser.test_accessibility import OVERFLOW, TARGETS, _staff, axe_results
 
 pytestmark = pytest.mark.browser
 
@@ -34,7 +34,7 @@ def _admin(new_context: Callable[..., Any], server: LiveServer, viewport: dict[s
 
 
 def _checked(page: Page, name: str, viewport: dict[str, int]) -> None:
-    results = _axe.run(page, options=AXE_OPTIONS)
+    results = axe_results(page)
     assert results.violations_count == 0, results.generate_report()
     found = page.evaluate(OVERFLOW)
     assert found["scroll"] <= 0 and not found["wide"], found
