@@ -298,9 +298,11 @@ WORKER = textwrap.dedent(
     from tests.conftest import make_settings
     from portal.config import ScheduleSettings
 
-    url, mode, start, until = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
+    url, mode = sys.argv[1], sys.argv[2]
     app = create_app(make_settings(url, "/tmp/portal-worker", schedule=ScheduleSettings(sweep=2)))
-    while time.time() < start:  # every process starts together, after its imports
+    print("ready", flush=True)  # imported and built: the test names the window once all are
+    start, until = map(float, sys.stdin.readline().split())
+    while time.time() < start:  # every process starts together
         time.sleep(0.005)
     if mode == "tick":
         while time.time() < until:
@@ -317,11 +319,30 @@ WORKER = textwrap.dedent(
 
 
 def _three(database_url: str, mode: str, seconds: float) -> None:
-    start = time.time() + 10  # after every process has imported, even on a busy machine
-    args = [database_url, mode, str(start), str(start + seconds)]
-    workers = [subprocess.Popen([sys.executable, "-c", WORKER, *args], cwd=ROOT) for _ in range(3)]
+    """Three processes, the window of ``seconds`` opened only once every one of them has
+    imported and built its app: on a busy machine that can take longer than the window
+    (a fixed head start once left one process ticking alone at the end of it)."""
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-c", WORKER, database_url, mode],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(3)
+    ]
+    for worker in workers:
+        assert worker.stdout is not None and worker.stdout.readline().strip() == "ready"
+    start = time.time() + 0.5
+    for worker in workers:
+        assert worker.stdin is not None
+        worker.stdin.write(f"{start} {start + seconds}\n")
+        worker.stdin.close()
     for worker in workers:
         assert worker.wait(timeout=120) == 0
+        assert worker.stdout is not None
+        worker.stdout.close()
 
 
 @pytest.mark.postgres_only
