@@ -111,10 +111,13 @@ class FunnelFactory:
         after: Any = None,
         shown: Any = None,
         clicked: Any = None,
+        button_1: Any = None,
+        button_2: Any = None,
     ) -> str:
         """A delivery answered ``after`` the send (a timedelta; its status ``status``) and
-        the receipts its browser sent ``shown`` and ``clicked`` after the send (None: none
-        sent). Returns its ``deliveryId``."""
+        the receipts its browser sent ``shown``, ``clicked`` (on the notification) and
+        ``button_1`` / ``button_2`` (on a button: ``action-1``, ``action-2``) after the
+        send (None: none sent). Returns its ``deliveryId``."""
         import datetime as dt
         import uuid
 
@@ -134,7 +137,13 @@ class FunnelFactory:
         )
         self.session.add(delivery)
         self.session.flush()
-        for event, delay in (("shown", shown), ("clicked", clicked)):
+        receipts = (
+            ("shown", shown),
+            ("clicked", clicked),
+            ("action-1", button_1),
+            ("action-2", button_2),
+        )
+        for event, delay in receipts:
             if delay is not None:
                 self.session.add(
                     DeliveryReceipt(

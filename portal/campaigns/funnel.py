@@ -9,7 +9,9 @@ PostgreSQL alike. The rules (docs/campaigns.md, "Delivery funnel"):
 - **Shown**: accepted deliveries the browser reported showing, or reported clicked — a
   click means the notification was on screen, and a worker offline when it showed it
   sends no ``shown`` receipt. Counted from the earlier of the two receipts.
-- **Clicked**: accepted deliveries the browser reported clicked.
+- **Clicked**: accepted deliveries the browser reported clicked: on the notification
+  itself (``clicked``) or on one of its buttons (``action-1``, ``action-2``), each counted
+  also by where it was clicked.
 
 Each counts deliveries, not reports: a receipt is one row per (delivery, event)
 (``uq_delivery_receipt_delivery_event``), so a repeated report is counted once. Receipts
@@ -108,6 +110,10 @@ class Funnel:
     now: dt.datetime
     width: int | None  # seconds per period; None without any accepted delivery
     buckets: list[Bucket]
+    # Of ``clicked``, by where: the notification itself, its first and its second button.
+    # A delivery clicked in two places (two receipts) is in both, and once in ``clicked``.
+    clicked_body: int = 0
+    clicked_buttons: tuple[int, int] = (0, 0)
 
     @property
     def receipts(self) -> bool:
@@ -127,6 +133,15 @@ class Funnel:
     def clicked_of_accepted(self) -> Rate | None:
         """The click-through rate of everything the push services took."""
         return rate(self.clicked, self.accepted)
+
+    def of_accepted(self, count: int) -> Rate | None:
+        return rate(count, self.accepted)
+
+    @property
+    def clicked_again(self) -> int:
+        """Clicks beyond the first on the same deliveries (on the notification and on a
+        button): in the rows by where, not again in ``clicked``."""
+        return self.clicked_body + sum(self.clicked_buttons) - self.clicked
 
 
 def _seconds(session: Session, column: sa.ColumnElement[Any]) -> sa.ColumnElement[int]:
@@ -168,9 +183,15 @@ def read(session: Session, campaign: Campaign, *, now: dt.datetime) -> Funnel:
     per period since its first acceptance."""
     shown = _r.alias("shown_receipt")
     clicked = _r.alias("clicked_receipt")
+    button_1 = _r.alias("button_1_receipt")
+    button_2 = _r.alias("button_2_receipt")
     key = sa.cast(_d.c.id, sa.String)
     shown_at = _seconds(session, shown.c.at)
-    clicked_at = _seconds(session, clicked.c.at)
+    # Clicked: the first click anywhere, on the notification or one of its buttons.
+    clicked_at = _earlier(
+        _earlier(_seconds(session, clicked.c.at), _seconds(session, button_1.c.at)),
+        _seconds(session, button_2.c.at),
+    )
     seen_at = _earlier(shown_at, clicked_at)  # shown: its receipt, or the click
     per_delivery = (
         sa.select(
@@ -179,6 +200,9 @@ def read(session: Session, campaign: Campaign, *, now: dt.datetime) -> Funnel:
             seen_at.label("shown_at"),
             clicked_at.label("clicked_at"),
             shown.c.id.is_(None).label("no_shown_receipt"),
+            clicked.c.id.is_not(None).label("body_clicked"),
+            button_1.c.id.is_not(None).label("button_1_clicked"),
+            button_2.c.id.is_not(None).label("button_2_clicked"),
         )
         .select_from(_d)
         .outerjoin(
@@ -187,6 +211,14 @@ def read(session: Session, campaign: Campaign, *, now: dt.datetime) -> Funnel:
         .outerjoin(
             clicked,
             sa.and_(clicked.c.delivery_id == key, clicked.c.event == ReceiptEvent.CLICKED.value),
+        )
+        .outerjoin(
+            button_1,
+            sa.and_(button_1.c.delivery_id == key, button_1.c.event == ReceiptEvent.ACTION_1.value),
+        )
+        .outerjoin(
+            button_2,
+            sa.and_(button_2.c.delivery_id == key, button_2.c.event == ReceiptEvent.ACTION_2.value),
         )
         .where(_d.c.campaign_id == campaign.id)
         .subquery("per_delivery")
@@ -204,6 +236,9 @@ def read(session: Session, campaign: Campaign, *, now: dt.datetime) -> Funnel:
             count(accepted, p.clicked_at.is_not(None)),
             count(accepted, p.clicked_at.is_not(None), p.no_shown_receipt.is_(True)),
             count(p.accepted.is_(False), p.shown_at.is_not(None)),
+            count(accepted, p.body_clicked.is_(True)),
+            count(accepted, p.button_1_clicked.is_(True)),
+            count(accepted, p.button_2_clicked.is_(True)),
             sa.func.min(sa.case((accepted, p.accepted_at))),
             # clicked ≥ shown ≥ accepted for each delivery: its latest event is the first given.
             sa.func.max(
@@ -212,7 +247,8 @@ def read(session: Session, campaign: Campaign, *, now: dt.datetime) -> Funnel:
         )
     ).one()
     n_accepted, n_shown, n_clicked, unreported, unaccepted = (int(x) for x in totals[:5])
-    first, last = totals[5], totals[6]
+    body, first_button, second_button = (int(x) for x in totals[5:8])
+    first, last = totals[8], totals[9]
     width: int | None = None
     buckets: list[Bucket] = []
     if n_accepted and first is not None and last is not None:
@@ -261,4 +297,6 @@ def read(session: Session, campaign: Campaign, *, now: dt.datetime) -> Funnel:
         now=now,
         width=width,
         buckets=buckets,
+        clicked_body=body,
+        clicked_buttons=(first_button, second_button),
     )

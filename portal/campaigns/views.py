@@ -640,6 +640,8 @@ def _funnel_data(read: funnel.Funnel) -> dict[str, Any]:
         "accepted": read.accepted,
         "shown": read.shown,
         "clicked": read.clicked,
+        "clickedOutsideButtons": read.clicked_body,
+        "clickedOnButtons": list(read.clicked_buttons),
         "clickedWithoutShown": read.clicked_unreported,
         "receiptsNotAccepted": read.unaccepted,
         "clickedOfShown": share(read.clicked_of_shown),

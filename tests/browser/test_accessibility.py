@@ -787,9 +787,13 @@ def _campaign_funnel(kind: str) -> Reach:
     test_campaign_funnel.py)."""
 
     def reach(new_context: Callable[..., Any], server: LiveServer) -> Page:
-        from tests.browser.test_campaign_funnel import seen_campaign, unseen_campaign
+        from tests.browser.test_campaign_funnel import (
+            buttons_campaign,
+            seen_campaign,
+            unseen_campaign,
+        )
 
-        made = seen_campaign if kind == "seen" else unseen_campaign
+        made = {"seen": seen_campaign, "buttons": buttons_campaign}.get(kind, unseen_campaign)
         campaign_id = made(server)
         page = _staff(new_context, server, email="sender@example.test", roles=("campaigns",))
         page.goto(f"/staff/campaigns/{campaign_id}")
@@ -980,6 +984,7 @@ STAFF_PAGES = [
     PageState("staff-campaign-retrying", _campaign_outcome("retrying")),
     PageState("staff-campaign-funnel", _campaign_funnel("seen")),
     PageState("staff-campaign-funnel-no-receipts", _campaign_funnel("unseen")),
+    PageState("staff-campaign-funnel-buttons", _campaign_funnel("buttons")),
     PageState("staff-campaign-launched", _campaign_launched),
     PageState("staff-campaign-test-sent", _campaign_test_sent),
     PageState("staff-campaigns-listed", _campaigns_listed),

@@ -47,6 +47,24 @@ def seen_campaign(server: LiveServer) -> uuid.UUID:
         return factory.campaign.id
 
 
+def buttons_campaign(server: LiveServer) -> uuid.UUID:
+    """Finished 30 minutes ago with two buttons: 10 accepted, 9 shown, 5 clicked — 2 on
+    the notification, 3 on "Shop now", 1 on "Read later" (one delivery in two places)."""
+    now = current_portal(server.app).clock.now().replace(second=0, microsecond=0)
+    with db.begin(server.app) as session:
+        factory = FunnelFactory(session, sent_at=now - dt.timedelta(minutes=30))
+        factory.campaign.actions = [
+            {"title": "Shop now", "url": "/shop"},
+            {"title": "Read later", "url": "/later"},
+        ]
+        factory.many(4, after=5 * S, shown=40 * S)
+        factory.delivery(after=5 * S, shown=50 * S, clicked=2 * 60 * S)
+        factory.delivery(after=5 * S, shown=50 * S, clicked=2 * 60 * S, button_2=9 * 60 * S)
+        factory.many(3, after=5 * S, shown=50 * S, button_1=5 * 60 * S)
+        factory.delivery(after=5 * S)
+        return factory.campaign.id
+
+
 def unseen_campaign(server: LiveServer) -> uuid.UUID:
     """Sending: 5 deliveries accepted a few seconds ago, no browser has reported yet."""
     now = current_portal(server.app).clock.now()
@@ -150,6 +168,29 @@ def test_a_campaign_with_receipts_shows_its_funnel_and_chart(
     _apart(page.evaluate(BOXES, "svg.funnel-chart .funnel-chart__name"), across=False)
     _apart(page.evaluate(BOXES, "svg.funnel-chart .funnel-chart__time"), across=True)
     assert page.evaluate(OVERFLOW)["scroll"] <= 0
+
+
+@WIDTHS
+def test_clicks_on_the_buttons_are_clicks_counted_by_where(
+    viewport: dict[str, int], new_context: Callable[..., Any], server: LiveServer
+) -> None:
+    campaign_id = buttons_campaign(server)
+    page = _open(new_context, server, viewport, f"/staff/campaigns/{campaign_id}")
+    assert _stages(page) == [
+        "Accepted by a push service 10 100.0%",
+        "Shown on screen 9 90.0%",
+        "Clicked 5 50.0%",
+        "Clicked outside the buttons 2 20.0%",
+        "Clicked on button 1, “Shop now” 3 30.0%",
+        "Clicked on button 2, “Read later” 1 10.0%",
+    ]
+    expect(page.locator("#funnel-ctr-shown")).to_have_text("55.6% (5 of 9 shown)")
+    expect(page.locator("#funnel-notes")).to_contain_text(
+        "the rows by where it was clicked add up to 1 more"
+    )
+    names = page.evaluate(BOXES, "svg.funnel-chart .funnel-chart__name")
+    assert [n["text"] for n in names] == ["Accepted 10", "Shown 9", "Clicked 5"]
+    _checked(page, "funnel-buttons", viewport)
 
 
 @WIDTHS

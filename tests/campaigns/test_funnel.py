@@ -234,3 +234,38 @@ def test_running_totals_never_fall_and_end_at_the_counts(make):
     )
     for a, b in itertools.pairwise(got.buckets):
         assert a.accepted_by <= b.accepted_by and a.shown_by <= b.shown_by
+
+
+# -- where it was clicked -------------------------------------------------------------------
+
+
+def test_a_click_on_a_button_is_a_click_and_is_counted_by_its_button(make):
+    """The service worker reports a button's click as ``action-1`` or ``action-2``, not
+    ``clicked``: the funnel counts it as clicked (and shown), under its own button."""
+    make.delivery(shown=2 * S, button_1=9 * S)
+    make.delivery(button_2=30 * S)  # no shown receipt: the click says it was on screen
+    make.delivery(shown=2 * S, clicked=5 * S)
+    make.delivery(shown=2 * S)
+    got = make.read()
+    assert (got.accepted, got.shown, got.clicked) == (4, 4, 3)
+    assert (got.clicked_body, got.clicked_buttons) == (1, (1, 1))
+    assert got.clicked_unreported == 1
+    assert got.clicked_again == 0
+    assert got.of_accepted(got.clicked_buttons[0]) == Rate(1, 4)
+    (only,) = got.buckets
+    assert (only.shown_by, only.clicked_by) == (4, 3)
+
+
+def test_a_delivery_clicked_in_two_places_counts_once_and_under_each(make, clock):
+    make.delivery(shown=2 * S, clicked=4 * S, button_1=3 * 60 * S)
+    got = make.read()
+    assert got.clicked == 1
+    assert (got.clicked_body, got.clicked_buttons, got.clicked_again) == (1, (1, 0), 1)
+    # Clicked from its first click (the notification, at 4 s), not the later button.
+    assert got.buckets[0].clicked == 1
+
+
+def test_button_clicks_of_deliveries_not_accepted_are_counted_apart(make):
+    make.delivery("queued", button_1=5 * S)
+    got = make.read()
+    assert (got.accepted, got.clicked, got.clicked_buttons, got.unaccepted) == (0, 0, (0, 0), 1)

@@ -133,6 +133,8 @@ def test_progress_json_carries_the_funnel_and_its_fragment(campaigner, catalogue
         "accepted": 20,
         "shown": 8,
         "clicked": 2,
+        "clickedOutsideButtons": 2,
+        "clickedOnButtons": [0, 0],
         "clickedWithoutShown": 1,
         "receiptsNotAccepted": 0,
         "clickedOfShown": 25.0,
@@ -236,3 +238,49 @@ def test_names_pushed_off_the_bottom_move_up_only_as_far_as_they_must():
     assert spread([50, 200, 200], gap=15, low=16, high=200) == [50, 185, 200]
     assert spread([190, 195, 200], gap=15, low=16, high=200) == [170, 185, 200]
     assert spread([0, 0, 0], gap=15, low=16, high=200) == [16, 31, 46]
+
+
+def _with_buttons(factory: FunnelFactory) -> None:
+    """Two buttons; 10 accepted: 2 clicked on the notification, 3 on "Shop now", 1 on
+    "Later", one of those also on the notification."""
+    factory.campaign.actions = [
+        {"title": "Shop now", "url": "/shop"},
+        {"title": "Later", "url": "/later"},
+    ]
+    factory.many(4, after=5 * S, shown=40 * S)
+    factory.delivery(after=5 * S, shown=50 * S, clicked=60 * S)
+    factory.delivery(after=5 * S, shown=50 * S, clicked=60 * S, button_2=90 * S)
+    factory.many(3, after=5 * S, shown=50 * S, button_1=70 * S)
+    factory.delivery(after=5 * S)
+
+
+def test_the_page_counts_clicks_by_where_with_each_buttons_label(
+    campaigner, catalogue_ready, clock
+):
+    campaign_id = _campaign(catalogue_ready, clock, _with_buttons)
+    funnel = _section(campaigner.get(f"/staff/campaigns/{campaign_id}").text)
+    cells = re.findall(
+        r'<tr(?: class="funnel__where")?><th scope="row">([^<]+)</th>'
+        r'<td class="numeric" data-funnel="[\w-]+">([\d,]+)</td><td class="numeric">([^<]+)</td>',
+        funnel,
+    )
+    assert cells == [
+        ("Accepted by a push service", "10", "100.0%"),
+        ("Shown on screen", "9", "90.0%"),
+        ("Clicked", "5", "50.0%"),
+        ("Clicked outside the buttons", "2", "20.0%"),
+        ("Clicked on button 1, “Shop now”", "3", "30.0%"),
+        ("Clicked on button 2, “Later”", "1", "10.0%"),
+    ]
+    assert "the rows by where it was clicked add up to 1 more" in funnel
+    data = campaigner.get(f"/staff/campaigns/{campaign_id}/progress.json").get_json()
+    assert (data["funnel"]["clickedOutsideButtons"], data["funnel"]["clickedOnButtons"]) == (
+        2,
+        [3, 1],
+    )
+
+
+def test_without_buttons_there_are_no_rows_by_where(campaigner, catalogue_ready, clock):
+    campaign_id = _campaign(catalogue_ready, clock, _sent_and_seen)
+    funnel = _section(campaigner.get(f"/staff/campaigns/{campaign_id}").text)
+    assert "funnel__where" not in funnel and "more than one place" not in funnel
