@@ -199,7 +199,8 @@ def plan_export(connection: sa.Connection, filters: ExportFilter) -> ExportPlan:
     if not count:
         return ExportPlan(filters, topic_id, int(head), 0, None, None, ())
     ends = {
-        row.seq: Endpoint(int(row.seq), bytes(row.hash).hex())
+        # Events written since the tree (migration 0018) have no chain hash: "".
+        row.seq: Endpoint(int(row.seq), bytes(row.hash).hex() if row.hash is not None else "")
         for row in connection.execute(
             sa.select(_e.c.seq, _e.c.hash).where(_e.c.seq.in_([int(low), int(high)]))
         )

@@ -1,0 +1,36 @@
+"""The consent log's sequencer as a scheduled job (``consent-log-sequencer``)."""
+
+from __future__ import annotations
+
+import logging
+
+from flask import Flask
+
+from portal.consent import tree
+from portal.db import db
+from portal.jobreport import JobReport, Progress
+from portal.seams import current_portal
+
+logger = logging.getLogger(__name__)
+
+
+def sequence_once(app: Flask) -> tree.Integrated:
+    """One integration, in its own transaction (committed when it returns)."""
+    portal = current_portal(app)
+    settings = portal.settings
+    key = tree.signing_key(settings.consent_log_signing_key)
+    with db.begin(app) as session:
+        return tree.integrate(
+            session,
+            key,
+            now=portal.clock.now(),
+            gap_grace_seconds=settings.consent_log_gap_grace_seconds,
+        )
+
+
+def sequencer_job(app: Flask, progress: Progress) -> JobReport:
+    result = sequence_once(app)
+    report = JobReport("consent-log-sequencer", processed=result.leaves, changed=result.leaves)
+    for seq in result.gaps_closed:
+        logger.info("consent log: sequence number %s closed with a gap event", seq)
+    return report
