@@ -26,12 +26,12 @@ def _post_in_a_thread(sender, raw: bytes) -> tuple[threading.Thread, list]:
 
 
 def test_a_digest_of_transient_events_is_recorded_beside_an_open_save(
-    app, sender, subscribe, engine, clock
+    catalogue_ready, sender, subscribe, engine, clock
 ):
     sub = subscribe()
     transient = {"provider": "webpush", "endpoint": sub.endpoint, "status": "DEAD"}
     raw = digest([transient | {"deliveryId": "d-1", "reason": "TIMEOUT", "attempts": 5}])
-    with preference_save_open(app, clock):
+    with preference_save_open(catalogue_ready, clock):
         thread, answers = _post_in_a_thread(sender, raw)
         thread.join(WAIT)
         assert not thread.is_alive()
@@ -41,10 +41,10 @@ def test_a_digest_of_transient_events_is_recorded_beside_an_open_save(
 
 
 def test_a_digest_that_revokes_is_recorded_beside_an_open_save(
-    app, sender, subscribe, engine, clock
+    catalogue_ready, sender, subscribe, engine, clock
 ):
     sub = subscribe()
-    with preference_save_open(app, clock):
+    with preference_save_open(catalogue_ready, clock):
         thread, answers = _post_in_a_thread(
             sender, digest([invalid_target(sub.endpoint, delivery_id="d-2")])
         )
