@@ -242,8 +242,10 @@ def purge(
 
 def receipt_id(event_seq: int, event_hash: str) -> str:
     """An erasure receipt's ID, ``ER-<event>-<first 8 hex of its hash>``: the consent log's
-    erasure event, with a check so a mistyped number names no other erasure. Every receipt
-    ever issued holds both parts (``consentEventSeq``, ``consentEventHash``)."""
+    erasure event, with a check so a mistyped number names no other erasure. The hash is
+    the event's RFC 9162 leaf hash (its hash-chain hash on receipts issued before the
+    tree). Every receipt ever issued holds both parts (``consentEventSeq``,
+    ``consentEventHash``)."""
     return f"ER-{event_seq}-{event_hash[:RECEIPT_CHECK].upper()}"
 
 
@@ -273,11 +275,16 @@ def erasure_by_receipt_id(session: Session, text: str) -> uuid.UUID | None:
     seq, check = parsed
     e = ConsentEvent.__table__
     row = session.execute(
-        sa.select(e.c.subscriber_id, e.c.hash).where(
-            e.c.seq == seq, e.c.kind == EventKind.ERASED.value
-        )
+        sa.select(e).where(e.c.seq == seq, e.c.kind == EventKind.ERASED.value)
     ).first()
-    if row is None or row.subscriber_id is None or not bytes(row.hash).hex().startswith(check):
+    if row is None or row.subscriber_id is None:
+        return None
+    # Receipts issued since the tree name the event's RFC 9162 leaf hash; those issued
+    # before it (migration 0018) named its hash-chain hash, which that event still has.
+    checks = [log.event_leaf_hash(row).hex()]
+    if row.hash is not None:
+        checks.append(bytes(row.hash).hex())
+    if not any(value.startswith(check) for value in checks):
         return None
     return uuid.UUID(str(row.subscriber_id))
 
