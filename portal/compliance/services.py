@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 from portal.campaigns.models import Campaign
 from portal.compliance.export import ExportFilter, ExportPlan, plan_export
 from portal.consent import catalogue
+from portal.consent.jobs import integrate_in
 from portal.consent.log import Context, event_leaf_hash
 from portal.consent.models import ConsentEvent, EventKind, Source, Topic
 from portal.consent.preferences import Reason, TopicView, topic_views
@@ -641,7 +642,10 @@ def start_export(
     via: str,
 ) -> ExportPlan:
     """Fix the export's snapshot and audit it before any row leaves: who, the filters and
-    the exact number of events (the caller commits, then streams)."""
+    the exact number of events (the caller commits, then streams). The snapshot is the
+    consent log's tree, brought up to every committed event first (as the sequencer would
+    within a second), and the export carries its signed head."""
+    integrate_in(session)
     plan = plan_export(session.connection(), filters)
     audit.record(
         session,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 from flask import Flask
+from sqlalchemy.orm import Session
 
 from portal.consent import tree
 from portal.db import db
@@ -14,18 +15,24 @@ from portal.seams import current_portal
 logger = logging.getLogger(__name__)
 
 
-def sequence_once(app: Flask) -> tree.Integrated:
-    """One integration, in its own transaction (committed when it returns)."""
+def integrate_in(session: Session, app: Flask | None = None) -> tree.Integrated:
+    """One integration in the caller's transaction (the caller commits): what the
+    sequencer does, done now by a reader that needs the tree to hold every committed
+    event (an export)."""
     portal = current_portal(app)
     settings = portal.settings
-    key = tree.signing_key(settings.consent_log_signing_key)
+    return tree.integrate(
+        session,
+        tree.signing_key(settings.consent_log_signing_key),
+        now=portal.clock.now(),
+        gap_grace_seconds=settings.consent_log_gap_grace_seconds,
+    )
+
+
+def sequence_once(app: Flask) -> tree.Integrated:
+    """One integration, in its own transaction (committed when it returns)."""
     with db.begin(app) as session:
-        return tree.integrate(
-            session,
-            key,
-            now=portal.clock.now(),
-            gap_grace_seconds=settings.consent_log_gap_grace_seconds,
-        )
+        return integrate_in(session, app)
 
 
 def sequencer_job(app: Flask, progress: Progress) -> JobReport:
