@@ -84,7 +84,8 @@ def latest() -> Response:
 @bp.get("/tree-head/<string:size>")
 def archived(size: str) -> Response:
     wanted = _size(size, "size")
-    head = tree.head_at(db.session, wanted)
+    # Above the latest head (up to 2^64 - 1, past what a BIGINT holds) there is none.
+    head = tree.head_at(db.session, wanted) if wanted <= _latest_size() else None
     if head is None:
         raise NotFound("unknown_tree_size", f"no signed tree head of size {wanted}", "size")
     return _answer(head.to_json(), _IMMUTABLE)

@@ -271,6 +271,9 @@ def test_the_api_serves_heads_and_proofs_that_verify_and_match_pymerkle(app, cli
         ("/api/consent-log/tree-head/-1", 400, "invalid_parameter"),
         ("/api/consent-log/tree-head/99999999999999999999", 400, "invalid_parameter"),
         ("/api/consent-log/tree-head/4", 404, "unknown_tree_size"),
+        # A valid size (at most 2^64 - 1) past what the database's BIGINT holds.
+        ("/api/consent-log/tree-head/18446744073709551615", 404, "unknown_tree_size"),
+        ("/api/consent-log/consistency?from=1&to=18446744073709551615", 404, "unknown_tree_size"),
         ("/api/consent-log/consistency?from=0&to=3", 400, "invalid_parameter"),
         ("/api/consent-log/consistency?from=3&to=2", 400, "invalid_parameter"),
         ("/api/consent-log/consistency?from=1", 400, "invalid_parameter"),
