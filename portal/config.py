@@ -242,6 +242,8 @@ class RetentionSettings:
     feedback_marker_days: int = setting("FEEDBACK_MARKER_RETENTION_DAYS", _positive_whole, 30)
     staff_session_days: int = setting("STAFF_SESSION_RETENTION_DAYS", _whole, 1)
     receipt_months: int = setting("RECEIPT_RETENTION_MONTHS", _positive_whole, 13)
+    # Job runs: the sequencer alone records one a second (portal/retention/tables.py).
+    job_run_days: int = setting("JOB_RUN_RETENTION_DAYS", _positive_whole, 7)
 
 
 @dataclass(frozen=True)
