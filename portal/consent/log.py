@@ -25,7 +25,6 @@ from portal.consent.models import ConsentEvent, EventKind
 from portal.db import is_postgres
 from portal.subscriptions.models import Subscriber
 
-GENESIS = bytes(32)
 GENESIS = bytes(32)  # the hash chain's prev_hash of its first event
 _t = cast(sa.Table, ConsentEvent.__table__)
 _s = cast(sa.Table, Subscriber.__table__)
