@@ -174,6 +174,7 @@ def portal_environ(url: str, instance: Path) -> dict[str, str]:
         "VAPID_SUBJECT": "mailto:bench@example.test",
         "SUBSCRIPTION_AUTH_KEY_V1": base64.b64encode(os.urandom(32)).decode(),
         "EXPORT_SIGNING_KEY": generate_signing_key(),
+        "CONSENT_LOG_SIGNING_KEY": generate_signing_key(),
         # Jobs would compete for the CPUs being measured; they run elsewhere here.
         "PORTAL_SCHEDULER": "off",
         "PORTAL_AUTO_MIGRATE": "off",

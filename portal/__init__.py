@@ -113,6 +113,7 @@ def _register_blueprints(app: Flask) -> None:
     from portal.compliance import cli as compliance_cli
     from portal.compliance import views as compliance_pages
     from portal.consent import cli as consent_cli
+    from portal.consent import log_api as consent_log_api
     from portal.consent import views as consent_views
     from portal.delivery import receipts
     from portal.feedback import ops as feedback_pages
@@ -133,6 +134,7 @@ def _register_blueprints(app: Flask) -> None:
     app.register_blueprint(erasure_views.bp)
     app.register_blueprint(subscription_views.bp)
     app.register_blueprint(consent_views.api)
+    app.register_blueprint(consent_log_api.bp)
     # The staff console: one blueprint (its sign-in check, headers and CSRF page) that
     # these modules hang their pages on as they are imported above. The dashboard lists
     # their pages in this order.

@@ -12,7 +12,6 @@ import sqlalchemy as sa
 from flask import Flask
 from sqlalchemy.orm import Session
 
-from portal.consent import log
 from portal.db import affected_rows, db, is_postgres
 from portal.jobreport import JobReport, Progress
 
@@ -29,7 +28,6 @@ def keyset_batches(
     report: JobReport,
     key: sa.ColumnElement[Any] | None = None,
     columns: tuple[sa.ColumnElement[Any], ...] = (),
-    appends_events: bool = False,
     between: Callable[[], bool] | None = None,
 ) -> None:
     """Walk the rows of ``table`` matching ``candidates`` by ``key`` (its primary key
@@ -39,8 +37,9 @@ def keyset_batches(
     batch's work and returns how many rows it changed; each row carries the key as
     ``key``. Stops between batches once ``stop`` is set, or when ``between`` (called after
     every full batch: a backfill's pause and replication check) answers False; the next
-    run picks up what is left. ``appends_events``: take the consent chain's lock first,
-    as every appender does, before the row locks.
+    run picks up what is left. A ``handle`` that appends consent events needs no lock
+    of the log's: each event follows a conditional UPDATE of its row's state, so none is
+    written twice.
     """
     if key is None:
         (key,) = table.primary_key.columns
@@ -53,8 +52,6 @@ def keyset_batches(
     last: Any = None
     while stop is None or not stop.is_set():
         with db.begin(app) as session:
-            if appends_events:
-                log.lock_chain(session)
             query = sa.select(key.label("key"), *columns).where(candidates)
             if last is not None:
                 query = query.where(key > last)

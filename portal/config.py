@@ -242,6 +242,8 @@ class RetentionSettings:
     feedback_marker_days: int = setting("FEEDBACK_MARKER_RETENTION_DAYS", _positive_whole, 30)
     staff_session_days: int = setting("STAFF_SESSION_RETENTION_DAYS", _whole, 1)
     receipt_months: int = setting("RECEIPT_RETENTION_MONTHS", _positive_whole, 13)
+    # Job runs: the sequencer alone records one a second (portal/retention/tables.py).
+    job_run_days: int = setting("JOB_RUN_RETENTION_DAYS", _positive_whole, 7)
 
 
 @dataclass(frozen=True)
@@ -256,6 +258,10 @@ class ScheduleSettings:
     verify_log: int = setting("VERIFY_LOG_INTERVAL_SECONDS", _whole_or_default, 86400)
     rate_limit_prune: int = setting("RATE_LIMIT_PRUNE_INTERVAL_SECONDS", _whole_or_default, 600)
     table_retention: int = setting("TABLE_RETENTION_INTERVAL_SECONDS", _whole_or_default, 3600)
+    # The consent log's maximum merge delay: how often the sequencer integrates.
+    consent_log_sequencer: int = setting(
+        "CONSENT_LOG_MAX_MERGE_DELAY_SECONDS", _whole_or_default, 1
+    )
 
 
 @dataclass(frozen=True)
@@ -321,6 +327,11 @@ class Settings:
     # When set, /metrics answers only "Authorization: Bearer <this>".
     metrics_token: str | None = setting("METRICS_TOKEN", _text_or_none, None)
     export_signing_key: str = setting("EXPORT_SIGNING_KEY", _secret, "")
+    # Ed25519, base64url of the 32 raw bytes: signs the consent log's tree heads.
+    consent_log_signing_key: str = setting("CONSENT_LOG_SIGNING_KEY", _secret, "")
+    # How long a sequence number with no committed event may hold up the tree before
+    # the sequencer closes it with a gap event.
+    consent_log_gap_grace_seconds: int = setting("CONSENT_LOG_GAP_GRACE_SECONDS", _whole, 10)
     endpoint_max_length: int = setting("PUSH_ENDPOINT_MAX_LENGTH", _whole, 4096)
     api_max_body_bytes: int = setting("API_MAX_BODY_BYTES", _whole, 16 * 1024)
     max_body_bytes: int = setting("MAX_BODY_BYTES", _positive_whole, 1024 * 1024)
@@ -433,6 +444,7 @@ _CHECKED = frozenset(
         "feedback_secrets",
         "metrics_token",
         "export_signing_key",
+        "consent_log_signing_key",
     }
 )
 
@@ -455,6 +467,7 @@ def _check(values: Mapping[str, Any], *, production: bool) -> None:
             _require_secret("FEEDBACK_SECRETS", secret)
         if values["metrics_token"] is not None:
             _require_secret("METRICS_TOKEN", values["metrics_token"])
+        _require_secret("CONSENT_LOG_SIGNING_KEY", values["consent_log_signing_key"])
     if version not in auth_keys:
         raise ConfigError(
             f"SUBSCRIPTION_AUTH_KEY_V{version} is missing: "
@@ -465,6 +478,8 @@ def _check(values: Mapping[str, Any], *, production: bool) -> None:
         raise ConfigError("VAPID_SUBJECT must be a mailto: address or an https: URL")
     _check_vapid_pair(values["vapid_private_key"], values["vapid_public_key"])
     _check_signing_key(values["export_signing_key"])
+    if values["consent_log_signing_key"]:
+        _check_signing_key(values["consent_log_signing_key"], "CONSENT_LOG_SIGNING_KEY")
 
 
 def canonical_origin(text: str) -> str | None:
@@ -597,7 +612,7 @@ def _check_vapid_pair(private: str, public: str) -> None:
         raise ConfigError("VAPID_PUBLIC_KEY does not match VAPID_PRIVATE_KEY")
 
 
-def _check_signing_key(value: str) -> None:
+def _check_signing_key(value: str, name: str = "EXPORT_SIGNING_KEY") -> None:
     # Unset is allowed (exports are then refused, saying why); a malformed key is not.
     if not value:
         return
@@ -606,7 +621,7 @@ def _check_signing_key(value: str) -> None:
     except (ValueError, binascii.Error):
         raw = b""
     if len(raw) != 32:
-        raise ConfigError("EXPORT_SIGNING_KEY must be a base64url raw 32-byte Ed25519 private key")
+        raise ConfigError(f"{name} must be a base64url raw 32-byte Ed25519 private key")
 
 
 def _dev_secrets(instance_path: str) -> dict[str, str]:
@@ -614,7 +629,16 @@ def _dev_secrets(instance_path: str) -> dict[str, str]:
     folder = Path(instance_path)
     path = folder / _SECRETS_FILE
     if path.exists():
-        return json.loads(path.read_text())
+        stored: dict[str, str] = json.loads(path.read_text())
+        if "CONSENT_LOG_SIGNING_KEY" not in stored:
+            # An instance folder from before the log key: add it, keeping the rest.
+            stored["CONSENT_LOG_SIGNING_KEY"] = generate_signing_key()
+            tmp = folder / f".{_SECRETS_FILE}.{os.getpid()}"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as handle:
+                json.dump(stored, handle, indent=2)
+            tmp.replace(path)
+        return stored
     # The instance folder holds these secrets and the SQLite database: its owner only.
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     private, public = generate_vapid_keys()
@@ -626,6 +650,7 @@ def _dev_secrets(instance_path: str) -> dict[str, str]:
         "FEEDBACK_SECRETS": secrets.token_urlsafe(32),
         "IDENTITY_ASSERTION_SECRETS": secrets.token_urlsafe(32),
         "EXPORT_SIGNING_KEY": generate_signing_key(),
+        "CONSENT_LOG_SIGNING_KEY": generate_signing_key(),
     }
     # Written with 0600 and renamed into place so two processes starting together
     # end up with one set of keys.

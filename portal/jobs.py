@@ -15,6 +15,7 @@ from flask import Flask
 
 from portal.compliance.jobs import verify_log
 from portal.config import ScheduleSettings, Settings
+from portal.consent.jobs import sequencer_job
 from portal.delivery.jobs import dispatch_job
 from portal.jobreport import JobFunction, JobReport, NoProgress, Progress
 from portal.ratelimit import prune_job
@@ -104,8 +105,8 @@ JOBS: tuple[Job, ...] = (
         "verify-log",
         verify_log,
         interval="verify_log",
-        description="Walks the whole consent log's hash chain and records the verdict for "
-        "the compliance dashboard.",
+        description="Walks the whole consent log, recomputes every leaf and the root of "
+        "the latest signed tree head, and records the verdict for the compliance dashboard.",
     ),
     Job(
         "rate-limit-prune",
@@ -119,6 +120,14 @@ JOBS: tuple[Job, ...] = (
         interval="table_retention",
         description="Deletes feedback digests and markers, ended staff sessions and display "
         "receipts past their retention, in batches.",
+    ),
+    Job(
+        "consent-log-sequencer",
+        sequencer_job,
+        interval="consent_log_sequencer",
+        description="Integrates committed consent events into the consent log's Merkle "
+        "tree in sequence order, closes sequence numbers left by rolled-back writes with a "
+        "gap event after the grace period, and signs the new tree head.",
     ),
     Job(
         "backfill-hash",

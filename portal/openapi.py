@@ -67,6 +67,96 @@ def _sources(route: str) -> JsonSchema:
     return {"enum": _values(*ROUTE_SOURCES[route]), "description": "Who calls (default api)."}
 
 
+_BASE64_32: JsonSchema = {"type": "string", "pattern": "^[A-Za-z0-9+/]{43}=$"}
+_SIZE_RULE = "a whole number from 0 to 2^64 - 1"
+
+
+def _size_parameter(name: str, where: str, description: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "in": where,
+        "required": True,
+        "description": description,
+        "schema": {"type": "string", "pattern": "^[0-9]{1,20}$"},
+    }
+
+
+def _consent_log_paths() -> dict[str, Any]:
+    """The consent log's public evidence (portal/consent/log_api.py): GET only, no cookies."""
+    bad = _error(f"A parameter is missing or not {_SIZE_RULE} (invalid_parameter).")
+    return {
+        "/api/consent-log/tree-head": {
+            "get": {
+                "summary": "The consent log's latest signed tree head.",
+                "responses": {
+                    "200": _ok("The latest head.", "TreeHead"),
+                    "404": _error("No head has been signed yet (no_tree_head)."),
+                },
+            }
+        },
+        "/api/consent-log/tree-head/{size}": {
+            "get": {
+                "summary": "The signed tree head of a past size (every size the log had).",
+                "parameters": [_size_parameter("size", "path", "The tree size.")],
+                "responses": {
+                    "200": _ok("The head of that size.", "TreeHead"),
+                    "400": bad,
+                    "404": _error("The log never had a head of that size (unknown_tree_size)."),
+                },
+            }
+        },
+        "/api/consent-log/consistency": {
+            "get": {
+                "summary": "A consistency proof between two tree sizes (RFC 9162 §2.1.4).",
+                "parameters": [
+                    _size_parameter("from", "query", "The first tree size, at least 1."),
+                    _size_parameter(
+                        "to", "query", "The second tree size: at least from, at most the latest."
+                    ),
+                ],
+                "responses": {
+                    "200": _ok("The proof.", "ConsistencyProof"),
+                    "400": bad,
+                    "404": _error("to is beyond the latest signed head (unknown_tree_size)."),
+                },
+            }
+        },
+        "/api/consent-log/inclusion": {
+            "get": {
+                "summary": "The inclusion proof of a leaf in a tree size (RFC 9162 §2.1.3).",
+                "parameters": [
+                    {
+                        "name": "leaf",
+                        "in": "query",
+                        "required": True,
+                        "description": "The RFC 9162 leaf hash: SHA-256(0x00 ‖ the event's "
+                        "canonical bytes), base64 ('+' sent as %2B), base64url or hex.",
+                        "schema": {"type": "string"},
+                    },
+                    _size_parameter("size", "query", "The tree size, at most the latest."),
+                ],
+                "responses": {
+                    "200": _ok("The proof.", "InclusionProof"),
+                    "400": bad,
+                    "404": _error(
+                        "size is beyond the latest signed head (unknown_tree_size), or the "
+                        "leaf is not in the tree of that size (unknown_leaf)."
+                    ),
+                },
+            }
+        },
+        "/api/consent-log/key": {
+            "get": {
+                "summary": "The consent log's public key, to check tree head signatures.",
+                "responses": {
+                    "200": _ok("The key.", "LogKey"),
+                    "404": _error("This deployment has no log key (no_log_key)."),
+                },
+            }
+        },
+    }
+
+
 def _schemas(endpoint_max: int, decided_at_skew: int) -> dict[str, JsonSchema]:
     endpoint = {"type": "string", "minLength": 1, "maxLength": endpoint_max}
     states = _values(SubscriptionState)
@@ -335,6 +425,52 @@ def _schemas(endpoint_max: int, decided_at_skew: int) -> dict[str, JsonSchema]:
                 "truncated",
                 "eventsOmitted",
             ],
+            "additionalProperties": False,
+        },
+        "TreeHead": {
+            "type": "object",
+            "description": "A signed tree head of the consent log (RFC 6962 §4.3). The "
+            "signature is Ed25519, raw 64 bytes base64, over the 50 bytes 0x00 ‖ 0x01 ‖ "
+            "timestamp (8, big-endian) ‖ tree_size (8, big-endian) ‖ root (32).",
+            "properties": {
+                "tree_size": {"type": "integer", "minimum": 0},
+                "timestamp": {
+                    "type": "integer",
+                    "minimum": 0,
+                    "description": "Milliseconds since the epoch.",
+                },
+                "sha256_root_hash": _BASE64_32,
+                "tree_head_signature": {
+                    "type": "string",
+                    "pattern": "^[A-Za-z0-9+/]{86}==$",
+                },
+            },
+            "required": ["tree_size", "timestamp", "sha256_root_hash", "tree_head_signature"],
+            "additionalProperties": False,
+        },
+        "ConsistencyProof": {
+            "type": "object",
+            "description": "RFC 6962 §4.4 / RFC 9162 §2.1.4: the hashes, base64.",
+            "properties": {"consistency": {"type": "array", "items": _BASE64_32}},
+            "required": ["consistency"],
+            "additionalProperties": False,
+        },
+        "InclusionProof": {
+            "type": "object",
+            "description": "RFC 6962 §4.5 / RFC 9162 §2.1.3: the leaf's index (its event's "
+            "seq - 1) and its audit path, base64.",
+            "properties": {
+                "leaf_index": {"type": "integer", "minimum": 0},
+                "audit_path": {"type": "array", "items": _BASE64_32},
+            },
+            "required": ["leaf_index", "audit_path"],
+            "additionalProperties": False,
+        },
+        "LogKey": {
+            "type": "object",
+            "description": "The consent log's Ed25519 public key: the raw 32 bytes, base64.",
+            "properties": {"key": _BASE64_32},
+            "required": ["key"],
             "additionalProperties": False,
         },
         "VapidPublicKey": {
@@ -611,6 +747,7 @@ def build(settings: Any) -> dict[str, Any]:
             }
         },
     }
+    paths.update(_consent_log_paths())
     _add_shared_answers(paths, settings)
     return {
         "openapi": "3.1.0",

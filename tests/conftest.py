@@ -60,6 +60,7 @@ KEY_V1 = base64.b64encode(b"\x01" * 32).decode()
 KEY_V2 = base64.b64encode(b"\x02" * 32).decode()
 VAPID_PRIVATE, VAPID_PUBLIC = generate_vapid_keys()
 EXPORT_SIGNING_KEY = generate_signing_key()
+CONSENT_LOG_SIGNING_KEY = generate_signing_key()
 # The run's and this process's parts of every database name: a run with workers passes
 # its id to each of them (pytest_configure_node).
 RUN_ID_KEY = "portal_test_run"
@@ -341,6 +342,7 @@ def make_settings(database_url: str, instance_path: str, **overrides: object) ->
         "scheduler": False,
         "feedback_secrets": ("feedback-secret-one",),
         "export_signing_key": EXPORT_SIGNING_KEY,
+        "consent_log_signing_key": CONSENT_LOG_SIGNING_KEY,
         "auto_migrate": False,
         # Tests send many API requests from one address under a frozen clock; the
         # limits are tested on their own (tests/test_ratelimit.py) and in the browser.

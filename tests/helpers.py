@@ -148,3 +148,10 @@ def without_cell_labels(html: str) -> str:
     screens (the column's name, shown before the value there), so a test can read cells as
     ``<td>value</td>``."""
     return re.sub(r' data-label="[^"]*"', "", html)
+
+
+def sequence(app: Any) -> Any:
+    """Run the consent log's sequencer once (what the scheduler does every second)."""
+    from portal.consent.jobs import sequence_once
+
+    return sequence_once(app)

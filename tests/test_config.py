@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from portal.config import ConfigError, Settings, generate_vapid_keys
+from portal.config import ConfigError, Settings, generate_signing_key, generate_vapid_keys
 
 ROOT = Path(__file__).resolve().parent.parent
 PRIVATE, PUBLIC = generate_vapid_keys()
@@ -24,6 +24,7 @@ GOOD_PRODUCTION = {
     "SUBSCRIPTION_AUTH_KEY_V1": base64.b64encode(bytes(range(32))).decode(),
     "DATABASE_URL": "postgresql://u@db/portal",
     "PUBLIC_URL": "https://portal.example.com",
+    "CONSENT_LOG_SIGNING_KEY": generate_signing_key(),
 }
 
 
@@ -33,6 +34,9 @@ def test_development_needs_nothing_and_generates_secrets_once(tmp_path):
     assert first.secret_key and first.secret_key == second.secret_key
     assert first.vapid_public_key == second.vapid_public_key
     assert first.auth_keys == second.auth_keys and len(first.auth_keys[1]) == 32
+    assert first.consent_log_signing_key and (
+        first.consent_log_signing_key == second.consent_log_signing_key
+    )
     assert first.database_url == f"sqlite:///{tmp_path.resolve() / 'portal.sqlite3'}"
     assert first.auto_migrate is True
     assert first.seed_demo_data is True  # the run command shows demo topics and a notice
@@ -86,6 +90,13 @@ def test_production_with_everything_set(tmp_path):
             generate_vapid_keys()[1],
             "VAPID_PUBLIC_KEY does not match",
             id="VAPID_PUBLIC_KEY-another-key",
+        ),
+        ("CONSENT_LOG_SIGNING_KEY", None, "CONSENT_LOG_SIGNING_KEY is missing"),
+        ("CONSENT_LOG_SIGNING_KEY", "changeme", "CONSENT_LOG_SIGNING_KEY is missing or left"),
+        (
+            "CONSENT_LOG_SIGNING_KEY",
+            "bm90IDMyIGJ5dGVz",
+            "CONSENT_LOG_SIGNING_KEY must be a base64url raw 32-byte Ed25519 private key",
         ),
         ("PORTAL_SCHEDULER", "maybe", "PORTAL_SCHEDULER must be 'on' or 'off'"),
         ("PUBLIC_URL", None, "PUBLIC_URL is missing"),
@@ -231,3 +242,22 @@ def test_the_decided_at_skew_comes_from_the_environment_and_is_never_zero(tmp_pa
     for value in ("0", "-1", "a day"):
         with pytest.raises(ConfigError, match="DECIDED_AT_MAX_SKEW_SECONDS must"):
             Settings.from_env({"DECIDED_AT_MAX_SKEW_SECONDS": value}, str(tmp_path))
+
+
+def test_an_instance_folder_from_before_the_log_key_gains_one(tmp_path):
+    """Development secrets written before CONSENT_LOG_SIGNING_KEY existed keep every other
+    value and get a log key once."""
+    import json
+
+    first = Settings.from_env({}, str(tmp_path))
+    path = tmp_path / "portal-secrets.json"
+    stored = json.loads(path.read_text())
+    del stored["CONSENT_LOG_SIGNING_KEY"]
+    path.write_text(json.dumps(stored))
+    second = Settings.from_env({}, str(tmp_path))
+    third = Settings.from_env({}, str(tmp_path))
+    assert second.secret_key == first.secret_key
+    assert second.consent_log_signing_key and (
+        second.consent_log_signing_key == third.consent_log_signing_key
+    )
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600

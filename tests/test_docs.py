@@ -876,7 +876,7 @@ def test_the_plain_tools_recipe_checks_an_export(
     assert good.stdout.rstrip().endswith("[]")  # every consecutive pair chains
 
     data = bundle / "consent-events.ndjson"
-    data.write_bytes(data.read_bytes().replace(b'"hash":"', b'"hash":"0', 1))
+    data.write_bytes(data.read_bytes().replace(b'"leaf_hash":"', b'"leaf_hash":"0', 1))
     tampered = run()
     assert tampered.returncode != 0
     assert "consent-events.ndjson: FAILED" in tampered.stdout

@@ -34,7 +34,7 @@ from werkzeug.serving import make_server
 from portal import create_app
 from portal.config import ScheduleSettings
 from portal.consent import catalogue
-from portal.consent.log import verify_chain
+from portal.consent.tree import verify_chain
 from portal.db import create_engine, db
 from portal.identity import SUBSCRIBER_COOKIE, _serializer
 from portal.migrate import upgrade

@@ -39,6 +39,7 @@ def test_every_scheduled_job_names_an_interval_setting_that_exists(app):
         "verify-log",
         "rate-limit-prune",
         "table-retention",
+        "consent-log-sequencer",
     }
     for entry in scheduled:
         assert entry.interval in intervals, entry.name
@@ -54,6 +55,7 @@ def test_the_singletons_are_the_jobs_that_always_were():
         "verify-log",
         "rate-limit-prune",
         "table-retention",
+        "consent-log-sequencer",  # one at a time, and its state row's lock besides
     )
     assert not find("dispatch").singleton  # every process sends
     assert [entry.name for entry in JOBS if entry.by_hand] == [

@@ -14,7 +14,7 @@ can break it: on PostgreSQL it is added back ``NOT VALID`` (no scan under the lo
 validated in a transaction of its own. On SQLite the table is copied (batch mode).
 
 Revision ID: 0019
-Revises: 0017
+Revises: 0018
 Create Date: 2026-12-02
 """
 
@@ -24,7 +24,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0019"
-down_revision = "0017"
+down_revision = "0018"
 branch_labels = None
 depends_on = None
 

@@ -35,9 +35,17 @@ import sqlalchemy as sa
 
 from portal.clock import LAST_DAY
 from portal.compliance.signing import ALGORITHM, SigningKey
-from portal.consent.models import ConsentEvent, PolicyVersion, Topic
+from portal.consent import tree
+from portal.consent.merkle import TreeHead
+from portal.consent.models import (
+    ConsentEvent,
+    ConsentLogNode,
+    ConsentLogState,
+    PolicyVersion,
+    Topic,
+)
 
-FORMAT = "push-consent-portal/consent-export/1"
+FORMAT = "push-consent-portal/consent-export/2"
 MANIFEST = "manifest.json"
 POLICY_FOLDER = "policies"
 DATA_FILES = {"csv": "consent-events.csv", "ndjson": "consent-events.ndjson"}
@@ -59,6 +67,7 @@ COLUMNS = (
     "context",
     "prev_hash",
     "hash",
+    "leaf_hash",
 )
 # Columns that hold free text (everything else is a number, a time, a UUID or hex).
 TEXT_COLUMNS = frozenset(
@@ -85,6 +94,10 @@ BATCH_SIZE = 20_000
 _e = cast(sa.Table, ConsentEvent.__table__)
 _t = cast(sa.Table, Topic.__table__)
 _p = cast(sa.Table, PolicyVersion.__table__)
+_n = cast(sa.Table, ConsentLogNode.__table__)
+_st = cast(sa.Table, ConsentLogState.__table__)
+# An event's leaf in the consent log's tree: leaf seq - 1 (portal.consent.tree).
+_leaf = _n.alias("leaf")
 
 
 def neutralise(value: str) -> str:
@@ -156,11 +169,13 @@ class ExportPlan:
 
     filters: ExportFilter
     topic_id: int | None
-    head_seq: int  # the log's last event when the export started
+    head_seq: int  # the log's last event in its tree when the export started
     rows: int
     first: Endpoint | None
     last: Endpoint | None
     policy_versions: tuple[str, ...]
+    # The signed tree head of size head_seq: every exported event is a leaf under it.
+    tree_head: TreeHead | None = None
 
     @property
     def after_seq(self) -> int:
@@ -191,17 +206,22 @@ def plan_export(connection: sa.Connection, filters: ExportFilter) -> ExportPlan:
         ).scalar_one_or_none()
         if topic_id is None:
             raise ExportError(f"there is no topic {filters.topic!r}")
-    head = connection.execute(sa.select(sa.func.coalesce(sa.func.max(_e.c.seq), 0))).scalar_one()
+    # The snapshot is the log's tree as far as it goes (the caller integrates first:
+    # portal.compliance.services.start_export): event seq is leaf seq - 1 of it.
+    head = int(connection.execute(sa.select(_st.c.tree_size).where(_st.c.id == 1)).scalar_one())
+    signed = tree.head_at(connection, head)
     where = [*_conditions(filters, topic_id), _e.c.seq <= head]
     count, low, high = connection.execute(
         sa.select(sa.func.count(), sa.func.min(_e.c.seq), sa.func.max(_e.c.seq)).where(*where)
     ).one()
     if not count:
-        return ExportPlan(filters, topic_id, int(head), 0, None, None, ())
+        return ExportPlan(filters, topic_id, head, 0, None, None, (), signed)
     ends = {
-        row.seq: Endpoint(int(row.seq), bytes(row.hash).hex())
+        int(row.idx) + 1: Endpoint(int(row.idx) + 1, bytes(row.hash).hex())
         for row in connection.execute(
-            sa.select(_e.c.seq, _e.c.hash).where(_e.c.seq.in_([int(low), int(high)]))
+            sa.select(_n.c.idx, _n.c.hash).where(
+                _n.c.level == 0, _n.c.idx.in_([int(low) - 1, int(high) - 1])
+            )
         )
     }
     versions = connection.execute(
@@ -217,6 +237,7 @@ def plan_export(connection: sa.Connection, filters: ExportFilter) -> ExportPlan:
         ends[low],
         ends[high],
         tuple(sorted(versions)),
+        signed,
     )
 
 
@@ -255,7 +276,8 @@ _UUID_PARTS = ((1, 8), (9, 4), (13, 4), (17, 4), (21, 12))
 def _hex(column: Any, dialect: str) -> Any:
     if dialect == "postgresql":
         return sa.func.encode(column, sa.literal_column("'hex'"))
-    return sa.func.lower(sa.func.hex(column))
+    # SQLite's hex(NULL) is '': NULL stays NULL, as encode() leaves it on PostgreSQL.
+    return sa.case((column.is_(None), sa.null()), else_=sa.func.lower(sa.func.hex(column)))
 
 
 def _neutralised(column: Any, dialect: str) -> Any:
@@ -300,6 +322,7 @@ def event_query(
         "context": _e.c.context,
         "prev_hash": _hex(_e.c.prev_hash, dialect),
         "hash": _hex(_e.c.hash, dialect),
+        "leaf_hash": _hex(_leaf.c.hash, dialect),
     }
     columns = [
         (
@@ -311,7 +334,11 @@ def event_query(
     ]
     query = (
         sa.select(*(column.label(name) for column, name in zip(columns, COLUMNS, strict=True)))
-        .select_from(_e.outerjoin(_t, _t.c.id == _e.c.topic_id))
+        .select_from(
+            _e.outerjoin(_t, _t.c.id == _e.c.topic_id).join(
+                _leaf, (_leaf.c.level == 0) & (_leaf.c.idx == _e.c.seq - 1)
+            )
+        )
         .where(
             *_conditions(plan.filters, plan.topic_id),
             _e.c.seq > after,
@@ -569,6 +596,7 @@ def build_manifest(
         "exporter": dict(exporter),
         "filters": plan.filters.describe(),
         "log_head_seq": plan.head_seq,
+        "tree_head": plan.tree_head.to_json() if plan.tree_head is not None else None,
         "data": data,
         "events": {
             "first": {"seq": plan.first.seq, "hash": plan.first.hash} if plan.first else None,

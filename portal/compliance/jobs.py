@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from flask import Flask
 
-from portal.consent.log import verify_chain
+from portal.consent.tree import verify_chain
 from portal.jobreport import JobReport, Progress
 
 

@@ -22,7 +22,8 @@ from sqlalchemy.orm import Session
 from portal.campaigns.models import Campaign
 from portal.compliance.export import ExportFilter, ExportPlan, plan_export
 from portal.consent import catalogue
-from portal.consent.log import Context
+from portal.consent.jobs import integrate_in
+from portal.consent.log import Context, event_leaf_hash
 from portal.consent.models import ConsentEvent, EventKind, Source, Topic
 from portal.consent.preferences import Reason, TopicView, topic_views
 from portal.db import is_postgres
@@ -366,6 +367,7 @@ KIND_LABELS = {
     EventKind.UNSUBSCRIBED: "Unsubscribed",
     EventKind.ACCOUNT_LINKED: "Account linked",
     EventKind.ERASED: "Erased",
+    EventKind.GAP: "Gap closed by the sequencer (a rolled-back sequence number)",
 }
 
 # The reason a topic is on or off, in the words a compliance officer uses.
@@ -535,7 +537,7 @@ def history(
                 screen=context.pop("screen", None),
                 client=context.pop("client", None),
                 extra=context,
-                hash=bytes(row.hash).hex(),
+                hash=event_leaf_hash(row).hex(),
                 subscription_id=row.subscription_id,
                 deliveries=allowed.get(row.seq, 0),
             )
@@ -640,7 +642,10 @@ def start_export(
     via: str,
 ) -> ExportPlan:
     """Fix the export's snapshot and audit it before any row leaves: who, the filters and
-    the exact number of events (the caller commits, then streams)."""
+    the exact number of events (the caller commits, then streams). The snapshot is the
+    consent log's tree, brought up to every committed event first (as the sequencer would
+    within a second), and the export carries its signed head."""
+    integrate_in(session)
     plan = plan_export(session.connection(), filters)
     audit.record(
         session,

@@ -5,7 +5,9 @@ Ed25519 signature (with the key given, else the manifest's own — which proves 
 is intact, not who made it), that the manifest is byte for byte as the exporter lays it
 out (the signature covers its content, so this catches an edit that changes only
 spacing), the data file's SHA-256 and row count, each policy text's
-SHA-256, each event's hash against its content, the chain between consecutive events,
+SHA-256, each event's RFC 9162 leaf hash against its content (and, for the events written
+before the tree, their hash chain), that every event is a leaf under the manifest's signed
+tree head,
 and that the rows are the ones the manifest describes (order, first and last events,
 filters, cited policy versions).
 """
@@ -34,6 +36,8 @@ from portal.compliance.export import (
     restore,
 )
 from portal.compliance.signing import ALGORITHM, PublicKey
+from portal.consent import merkle
+from portal.consent.log import canonical as event_canonical
 from portal.consent.log import chain_hash, event_fields
 
 # Columns that may be NULL in the log: an empty CSV cell reads back as None.
@@ -210,7 +214,7 @@ def bundle_anchors(path: Path, public_key: PublicKey | None = None) -> dict[int,
         events = json.loads(handle.read()).get("events") or {}
     anchors: dict[int, bytes] = {}
     for end in ("first", "last"):
-        if isinstance(events.get(end), dict):
+        if isinstance(events.get(end), dict) and events[end].get("hash"):
             anchors[int(events[end]["seq"])] = bytes.fromhex(events[end]["hash"])
     return anchors
 
@@ -359,8 +363,8 @@ def _parse(text: IO[str], data_format: str) -> Iterator[tuple[int, dict[str, Any
         yield number, row
 
 
-def _event_hash(row: dict[str, Any]) -> bytes:
-    fields = event_fields(
+def _fields(row: dict[str, Any]) -> dict[str, Any]:
+    return event_fields(
         seq=row["seq"],
         subscriber_id=uuid.UUID(row["subscriber_id"]),
         subscription_id=uuid.UUID(row["subscription_id"]) if row["subscription_id"] else None,
@@ -375,7 +379,16 @@ def _event_hash(row: dict[str, Any]) -> bytes:
         actor=row["actor"],
         context=row["context"],
     )
-    return chain_hash(bytes.fromhex(row["prev_hash"]), fields)
+
+
+def _event_hash(row: dict[str, Any]) -> bytes:
+    """The hash chain's hash of an event written before the tree (migration 0018)."""
+    return chain_hash(bytes.fromhex(row["prev_hash"]), _fields(row))
+
+
+def _leaf_hash(row: dict[str, Any]) -> bytes:
+    """The event's RFC 9162 leaf hash in the consent log's tree."""
+    return merkle.leaf_hash(event_canonical(_fields(row)))
 
 
 @dataclass
@@ -385,6 +398,7 @@ class _RowState:
     previous: dict[str, Any] | None = None
     shown: int = 0
     hidden: int = 0
+    tree_size: int | None = None  # the manifest's signed tree head's
 
 
 def _check_rows(
@@ -396,6 +410,9 @@ def _check_rows(
     report: Report,
 ) -> None:
     state = _RowState()
+    head = manifest.get("tree_head")
+    if isinstance(head, dict) and isinstance(head.get("tree_size"), int):
+        state.tree_size = head["tree_size"]
     filters = manifest.get("filters") if isinstance(manifest.get("filters"), dict) else {}
     assert isinstance(filters, dict)
 
@@ -433,7 +450,7 @@ def _check_rows(
     assert isinstance(events, dict)
     for end, found in (("first", state.first), ("last", state.previous)):
         expected = events.get(end)
-        actual = {"seq": found["seq"], "hash": found["hash"]} if found else None
+        actual = {"seq": found["seq"], "hash": found["leaf_hash"]} if found else None
         if expected != actual:
             report.add(name, f"{end} event", f"the data has {actual}, the manifest says {expected}")
 
@@ -450,15 +467,24 @@ def _check_row(
     previous = state.previous
     if previous is not None and row["seq"] <= previous["seq"]:
         problem("order", f"{where}: does not come after seq {previous['seq']}")
+    # Every event is a leaf of the log's tree: its leaf hash covers its content. The
+    # events written before the tree (migration 0018) also carry their hash chain.
+    chained = bool(row["hash"]) or bool(row["prev_hash"])
     try:
-        matches = _event_hash(row).hex() == row["hash"]
-    except ValueError as error:
+        matches = _leaf_hash(row).hex() == row["leaf_hash"] and (
+            not chained or _event_hash(row).hex() == row["hash"]
+        )
+    except (ValueError, TypeError) as error:
         problem("event hash", f"{where}: a value cannot be read ({error})")
         matches = True
     if not matches:
         problem("event hash", f"{where}: the hash does not match the event's content")
+    head = state.tree_size
+    if head is not None and row["seq"] > head:
+        problem("tree head", f"{where}: is not in the tree head of size {head}")
     if (
-        previous is not None
+        chained
+        and previous is not None
         and row["seq"] == previous["seq"] + 1
         and row["prev_hash"] != previous["hash"]
     ):

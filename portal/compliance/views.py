@@ -4,6 +4,7 @@ history, erasure on request, exports, the dashboard and the export signing key."
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +22,7 @@ from portal.compliance.forms import (
 )
 from portal.compliance.services import REASON_LABELS, LookupKind
 from portal.compliance.signing import SigningKey, SigningKeyMissing
-from portal.consent import catalogue
+from portal.consent import catalogue, merkle, tree
 from portal.db import db
 from portal.inputs import error_list, query_form
 from portal.retention.views import RECEIPT_FLASH, receipt_token
@@ -63,6 +64,11 @@ PAGES = (
         "staff.signing_key",
         "Export signing key",
         "The public key that checks the signature of every export bundle.",
+    ),
+    StaffPage(
+        "staff.consent_log_key",
+        "Consent log key and tree head",
+        "The public key that checks the consent log's signed tree heads, and the latest head.",
     ),
 )
 
@@ -282,6 +288,33 @@ def signing_key() -> Any:
     key = _signing_key()
     return render_template(
         "staff/compliance/signing_key.html", public=key.public if key else None, errors=[]
+    )
+
+
+@bp.get("/compliance/consent-log")
+@staff_required(Role.COMPLIANCE, Role.ADMIN)
+def consent_log_key() -> Any:
+    """The log key's public half (as ``GET /api/consent-log/key`` serves it) and the
+    latest signed tree head, for staff to hand to an auditor through another channel."""
+    text = current_portal().settings.consent_log_signing_key
+    public = None
+    if text:
+        raw = merkle.public_key_bytes(tree.signing_key(text).public_key())
+        public = {
+            "base64": merkle.log_key_to_json(tree.signing_key(text).public_key())["key"],
+            "hex": raw.hex(),
+            "fingerprint": hashlib.sha256(raw).hexdigest(),
+        }
+    head = tree.latest_head(db.session)
+    signed_at = (
+        dt.datetime.fromtimestamp(head.timestamp / 1000, dt.UTC) if head is not None else None
+    )
+    return render_template(
+        "staff/compliance/consent_log.html",
+        public=public,
+        head=head.to_json() if head is not None else None,
+        signed_at=signed_at,
+        errors=[],
     )
 
 

@@ -42,7 +42,7 @@ def link_account(
     that topic more recently. A browser already linked to another account is not
     merged (its devices are that account's); it simply switches to this one.
     """
-    log.lock_chain(session)
+    log.lock_subscriber(session, browser_subscriber_id)
     browser = _live(session, browser_subscriber_id)
     account = session.scalars(
         sa.select(Subscriber).where(
@@ -50,6 +50,8 @@ def link_account(
             Subscriber.erased_at.is_(None),
         )
     ).first()
+    if account is not None:
+        log.lock_subscriber(session, account.id)
     merged_from: Subscriber | None = None
     if account is None and browser is not None and browser.external_user_id is None:
         account = browser  # the anonymous browser becomes the account: nothing to merge

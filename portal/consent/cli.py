@@ -5,6 +5,7 @@ forms do, so each change is in the audit trail with the command line as its acto
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -13,8 +14,7 @@ from flask.cli import AppGroup
 
 from portal.cli import ClickProgress
 from portal.compliance.verify import BundleError, bundle_anchors
-from portal.consent import catalogue
-from portal.consent.log import verify_chain
+from portal.consent import catalogue, merkle, tree
 from portal.db import db
 from portal.errors import ApiError
 from portal.seams import current_portal
@@ -160,11 +160,32 @@ def _anchor(value: str) -> tuple[int, bytes]:
     help="A signed export bundle (folder or .zip): its first and last events are anchors. "
     "Repeatable.",
 )
-def verify_log(anchor_values: tuple[str, ...], bundles: tuple[Path, ...]) -> None:
-    """Check the consent log's hash chain; exit 1 naming the first bad event.
+@click.option(
+    "--tree-head",
+    "tree_head_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="A signed tree head saved earlier (the JSON of GET /api/consent-log/tree-head): "
+    "today's log must be consistent with it.",
+)
+@click.option(
+    "--save-tree-head",
+    "save_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the verified latest signed tree head here, to check against later.",
+)
+def verify_log(
+    anchor_values: tuple[str, ...],
+    bundles: tuple[Path, ...],
+    tree_head_file: Path | None,
+    save_file: Path | None,
+) -> None:
+    """Check the consent log's Merkle tree; exit 1 naming the first bad event.
 
-    The chain shows any event changed or removed inside it; anchors kept outside the
-    database also show the newest events removed, or the whole log rebuilt.
+    Every leaf is recomputed from its event, the root from the leaves, and the latest
+    signed tree head's root and signature are checked (with the log key of this
+    deployment); the events from before the tree keep their hash chain, checked too.
+    A tree head saved earlier (``--tree-head``) shows history rewritten since, and
+    anchors kept outside the database show the newest events removed.
     """
     anchors = dict(_anchor(value) for value in anchor_values)
     for bundle in bundles:
@@ -173,20 +194,45 @@ def verify_log(anchor_values: tuple[str, ...], bundles: tuple[Path, ...]) -> Non
         except BundleError as error:
             click.echo(f"error: {error}", err=True)
             sys.exit(1)
+    saved = None
+    if tree_head_file is not None:
+        try:
+            saved = merkle.TreeHead.from_json(json.loads(tree_head_file.read_text()))
+        except (ValueError, UnicodeDecodeError) as error:
+            click.echo(f"error: {tree_head_file} is not a signed tree head ({error})", err=True)
+            sys.exit(1)
+    key_text = current_portal().settings.consent_log_signing_key
+    public_key = tree.signing_key(key_text).public_key() if key_text else None
     with db.engine.connect() as connection:
         total = connection.exec_driver_sql("SELECT count(*) FROM consent_event").scalar_one()
         progress = ClickProgress("verify-log")
         progress.start(total)
         try:
-            report = verify_chain(connection, progress=progress, anchors=anchors)
+            report = tree.verify_log(
+                connection,
+                progress=progress,
+                anchors=anchors,
+                public_key=public_key,
+                saved_head=saved,
+            )
         finally:
             progress.close()
     if report.ok:
         checked = f", {len(anchors)} anchors found" if anchors else ""
-        click.echo(
-            f"consent log intact: {report.events} events{checked}, "
-            f"head {report.events}:{report.last_hash.hex()}"
+        if saved is not None:
+            checked += f", consistent with the saved head of size {saved.tree_size}"
+        head = report.head
+        described = (
+            f"signed tree head size {head.tree_size} root {head.root_hash.hex()}"
+            if head is not None
+            else "no signed tree head yet"
         )
+        click.echo(
+            f"consent log intact: {report.events} events ({report.pending} not yet in the "
+            f"tree){checked}, {described}"
+        )
+        if save_file is not None and head is not None:
+            save_file.write_text(json.dumps(head.to_json(), indent=2) + "\n")
         return
     click.echo(f"consent log BROKEN at {report.problem}", err=True)
     sys.exit(1)

@@ -1,10 +1,10 @@
-"""The consent log: append-only, SHA-256 hash-chained, verified end to end.
+"""The consent log: append-only events, each a leaf of a Merkle tree (RFC 9162).
 
-Each event's hash covers a canonical encoding of its fields and the previous event's
-hash, so editing or deleting any event breaks the chain from there on. Appends are
-serialised — an advisory lock on PostgreSQL, the write lock SQLite takes at BEGIN
-IMMEDIATE — and ``prev_hash`` is UNIQUE, so the chain cannot fork even if a writer
-forgot the lock.
+Writers append with no global lock (``append_many``); the sequencer
+(``portal.consent.tree``) integrates committed events into the tree in ``seq`` order and
+signs tree heads; ``portal.consent.tree.verify_log`` checks it all end to end. The events
+written before the tree (migration 0018) also keep their SHA-256 hash chain
+(``hash``/``prev_hash``), which the verifier still checks as history.
 """
 
 from __future__ import annotations
@@ -13,20 +13,21 @@ import datetime as dt
 import hashlib
 import json
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from portal.consent import merkle
 from portal.consent.models import ConsentEvent, EventKind
 from portal.db import is_postgres
+from portal.subscriptions.models import Subscriber
 
-GENESIS = bytes(32)
-# Any constant; names the one advisory lock that orders appends to the chain.
-_CHAIN_LOCK = 0x636F6E73656E74  # "consent"
+GENESIS = bytes(32)  # the hash chain's prev_hash of its first event
 _t = cast(sa.Table, ConsentEvent.__table__)
+_s = cast(sa.Table, Subscriber.__table__)
 
 
 def _iso(value: dt.datetime) -> str:
@@ -72,27 +73,59 @@ def event_fields(
 
 
 def chain_hash(prev_hash: bytes, fields: Mapping[str, Any]) -> bytes:
+    """The hash chain's rule, for the events written before the tree (migration 0018)."""
     return hashlib.sha256(prev_hash + canonical(fields)).digest()
 
 
-_CHAIN_LOCK_HELD = "portal.chain_lock_held"
+def row_fields(row: Any) -> dict[str, Any]:
+    """``event_fields`` of a stored event row."""
+    return event_fields(
+        seq=row.seq,
+        subscriber_id=row.subscriber_id,
+        subscription_id=row.subscription_id,
+        topic_id=row.topic_id,
+        kind=row.kind,
+        previous_state=row.previous_state,
+        new_state=row.new_state,
+        source=row.source,
+        policy_version=row.policy_version,
+        decided_at=row.decided_at,
+        recorded_at=row.recorded_at,
+        actor=row.actor,
+        context=row.context,
+    )
 
 
-def lock_chain(session: Session) -> None:
-    """Take the chain's append lock for this transaction.
+def event_leaf_hash(row: Any) -> bytes:
+    """The event's leaf in the tree: RFC 9162's SHA-256(0x00 ‖ canonical event bytes)."""
+    return merkle.leaf_hash(canonical(row_fields(row)))
 
-    Call it before any other write in a transaction that may append, so every such
-    transaction takes its locks in the same order and none can deadlock on the chain.
+
+def lock_subscriber(session: Session, *subscriber_ids: uuid.UUID | None) -> None:
+    """Take the row lock of each subscriber whose events this transaction will append.
+
+    The rule it keeps: one event per transition, each event's ``previous_state`` the
+    last event's ``new_state`` for that subscriber and topic. Two saves for one person
+    take turns (the second reads the state the first committed); saves for different
+    people never wait on each other. Taken in id order, so two transactions locking the
+    same people cannot deadlock. On SQLite the write lock taken at BEGIN IMMEDIATE
+    already serialises writers.
     """
+    ids = sorted({value for value in subscriber_ids if value is not None})
+    if not ids or not is_postgres(session):
+        return
+    session.execute(
+        sa.select(_s.c.id).where(_s.c.id.in_(ids)).order_by(_s.c.id).with_for_update()
+    ).all()
+
+
+def lock_resource(session: Session, name: str, key: bytes) -> None:
+    """A transaction-scoped lock on one named thing (an endpoint hash) that has no row to
+    lock yet: requests about the same push endpoint take turns, others do not wait."""
     if not is_postgres(session):
         return
-    # Held until the transaction ends: once taken, asking again is a wasted round trip.
-    # Keyed by the innermost transaction, as rolling back a savepoint releases it.
-    transaction = session.get_nested_transaction() or session.get_transaction()
-    if transaction is not None and session.info.get(_CHAIN_LOCK_HELD) is transaction:
-        return
-    session.execute(sa.select(sa.func.pg_advisory_xact_lock(_CHAIN_LOCK)))
-    session.info[_CHAIN_LOCK_HELD] = session.get_nested_transaction() or session.get_transaction()
+    number = int.from_bytes(hashlib.sha256(name.encode() + b"\0" + key).digest()[:8], "big")
+    session.execute(sa.select(sa.func.pg_advisory_xact_lock(number - (1 << 63))))
 
 
 @dataclass(frozen=True)
@@ -173,156 +206,43 @@ class NewEvent:
 def append_many(session: Session, events: Sequence[NewEvent]) -> list[int]:
     """Append events in order in the caller's transaction; returns their sequence numbers.
 
-    One read of the chain's head and one multi-row INSERT, however many events: batch
-    jobs hold the chain lock for as little time as their batch needs, not a round trip
-    or two per event.
+    No global lock: on PostgreSQL each event takes its ``seq`` from the sequence
+    ``consent_event_seq`` (one multi-row INSERT … RETURNING) and commits with the
+    caller's transaction; the sequencer integrates it into the tree once every number
+    before it is settled. A number taken by a transaction that rolls back is a gap the
+    sequencer closes (``portal.consent.tree``). On SQLite, where the transaction holds
+    the write lock from BEGIN IMMEDIATE, the next number is ``max(seq) + 1``.
+
+    The caller keeps the per-subscriber rule by locking the subscriber
+    (``lock_subscriber``) before it reads the state it derives ``previous_state`` from.
     """
     if not events:
         return []
-    lock_chain(session)
-    last = session.execute(
-        sa.select(_t.c.seq, _t.c.hash).order_by(_t.c.seq.desc()).limit(1)
-    ).one_or_none()
-    seq, prev_hash = (last.seq, bytes(last.hash)) if last else (0, GENESIS)
     rows: list[dict[str, Any]] = []
     for event in events:
-        seq += 1
-        decided_at = event.decided_at or event.recorded_at
-        fields = event_fields(
-            seq=seq,
-            subscriber_id=event.subscriber_id,
-            subscription_id=event.subscription_id,
-            topic_id=event.topic_id,
-            kind=event.kind.value,
-            previous_state=event.previous_state,
-            new_state=event.new_state,
-            source=event.source,
-            policy_version=event.policy_version,
-            decided_at=decided_at,
-            recorded_at=event.recorded_at,
-            actor=event.actor,
-            context=(event.context or Context()).encode(),
-        )
-        digest = chain_hash(prev_hash, fields)
         rows.append(
             {
-                "seq": seq,
                 "subscriber_id": event.subscriber_id,
                 "subscription_id": event.subscription_id,
                 "topic_id": event.topic_id,
-                "kind": fields["kind"],
+                "kind": event.kind.value,
                 "previous_state": event.previous_state,
                 "new_state": event.new_state,
                 "source": event.source,
                 "policy_version": event.policy_version,
-                "decided_at": decided_at,
+                "decided_at": event.decided_at or event.recorded_at,
                 "recorded_at": event.recorded_at,
                 "actor": event.actor,
-                "context": fields["context"],
-                "prev_hash": prev_hash,
-                "hash": digest,
+                "context": (event.context or Context()).encode(),
             }
         )
-        prev_hash = digest
+    if is_postgres(session):
+        result = session.execute(
+            sa.insert(_t).returning(_t.c.seq, sort_by_parameter_order=True), rows
+        )
+        return [int(seq) for seq in result.scalars()]
+    last = session.execute(sa.select(sa.func.max(_t.c.seq))).scalar_one_or_none() or 0
+    for offset, row in enumerate(rows, start=1):
+        row["seq"] = last + offset
     session.execute(sa.insert(_t), rows)
     return [row["seq"] for row in rows]
-
-
-@dataclass(frozen=True)
-class ChainProblem:
-    seq: int
-    reason: str
-
-    def __str__(self) -> str:
-        return f"event {self.seq}: {self.reason}"
-
-
-@dataclass(frozen=True)
-class ChainReport:
-    events: int
-    problem: ChainProblem | None
-    last_hash: bytes
-
-    @property
-    def ok(self) -> bool:
-        return self.problem is None
-
-
-def _rows(connection: sa.Connection, batch: int) -> Iterator[Any]:
-    last = 0
-    while True:
-        rows = connection.execute(
-            sa.select(_t).where(_t.c.seq > last).order_by(_t.c.seq).limit(batch)
-        ).all()
-        if not rows:
-            return
-        yield from rows
-        last = rows[-1].seq
-
-
-def verify_chain(
-    connection: sa.Connection,
-    *,
-    batch: int = 5000,
-    progress: Any = None,
-    anchors: Mapping[int, bytes] | None = None,
-) -> ChainReport:
-    """Walk the whole log in order; report the first event that breaks the chain.
-
-    A chain that verifies proves nothing was changed inside it, but not that its newest
-    events are all still there, nor that the whole log was not rebuilt from the start.
-    ``anchors`` (seq → hash, kept outside the database: a signed export manifest, a head
-    printed by an earlier check) close that gap: each must still be in the log, unchanged.
-    """
-    anchors = dict(anchors or {})
-    expected_seq, prev_hash, count = 1, GENESIS, 0
-    for row in _rows(connection, batch):
-        count += 1
-        if progress is not None:
-            progress.advance(1)
-        if row.seq != expected_seq:
-            return ChainReport(count, ChainProblem(expected_seq, "missing (deleted?)"), prev_hash)
-        if bytes(row.prev_hash) != prev_hash:
-            return ChainReport(
-                count,
-                ChainProblem(row.seq, "prev_hash does not match the previous event"),
-                prev_hash,
-            )
-        fields = event_fields(
-            seq=row.seq,
-            subscriber_id=row.subscriber_id,
-            subscription_id=row.subscription_id,
-            topic_id=row.topic_id,
-            kind=row.kind,
-            previous_state=row.previous_state,
-            new_state=row.new_state,
-            source=row.source,
-            policy_version=row.policy_version,
-            decided_at=row.decided_at,
-            recorded_at=row.recorded_at,
-            actor=row.actor,
-            context=row.context,
-        )
-        if chain_hash(prev_hash, fields) != bytes(row.hash):
-            return ChainReport(
-                count, ChainProblem(row.seq, "hash does not match its content (altered)"), prev_hash
-            )
-        anchored = anchors.pop(row.seq, None)
-        if anchored is not None and anchored != bytes(row.hash):
-            return ChainReport(
-                count,
-                ChainProblem(row.seq, "hash differs from the anchor (the log was rewritten)"),
-                prev_hash,
-            )
-        prev_hash = bytes(row.hash)
-        expected_seq += 1
-    if anchors:
-        return ChainReport(
-            count,
-            ChainProblem(
-                min(anchors),
-                f"missing: the log ends at seq {expected_seq - 1} (newest events deleted?)",
-            ),
-            prev_hash,
-        )
-    return ChainReport(count, None, prev_hash)

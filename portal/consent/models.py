@@ -29,6 +29,9 @@ class EventKind(enum.StrEnum):
     UNSUBSCRIBED = "unsubscribed"
     ACCOUNT_LINKED = "account_linked"
     ERASED = "erased"
+    # A sequence number taken by a transaction that rolled back, closed by the sequencer
+    # (portal.consent.tree) so the tree never stalls and never hides the hole.
+    GAP = "gap"
 
 
 class Source(enum.StrEnum):
@@ -109,7 +112,8 @@ class TopicPreference(Base):
 
 
 class ConsentEvent(Base):
-    """One row per transition, hash-chained; the database refuses UPDATE and DELETE.
+    """One row per transition, one leaf of the log's Merkle tree; the database refuses
+    UPDATE and DELETE.
 
     Holds no raw personal data (ids and a user-agent family, never an IP or endpoint),
     so erasure never has to edit it.
@@ -117,7 +121,11 @@ class ConsentEvent(Base):
 
     __tablename__ = "consent_event"
 
-    seq: Mapped[int] = mapped_column(sa.BigInteger, primary_key=True, autoincrement=False)
+    # PostgreSQL: from the sequence (migration 0018), with no lock; SQLite: max + 1 under
+    # the write lock (portal.consent.log.append_many).
+    seq: Mapped[int] = mapped_column(
+        sa.BigInteger, sa.Sequence("consent_event_seq"), primary_key=True, autoincrement=False
+    )
     subscriber_id: Mapped[uuid.UUID] = mapped_column(sa.Uuid, nullable=False, index=True)
     subscription_id: Mapped[uuid.UUID | None] = mapped_column(sa.Uuid)
     topic_id: Mapped[int | None] = mapped_column(sa.Integer, sa.ForeignKey("topic.id"))
@@ -130,9 +138,64 @@ class ConsentEvent(Base):
     recorded_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, nullable=False, index=True)
     actor: Mapped[str] = mapped_column(sa.String(64), nullable=False)
     context: Mapped[str] = mapped_column(sa.Text, nullable=False, default="{}")
-    prev_hash: Mapped[bytes] = mapped_column(sa.LargeBinary(32), nullable=False, unique=True)
-    hash: Mapped[bytes] = mapped_column(sa.LargeBinary(32), nullable=False, unique=True)
+    # The hash chain of the events written before the tree (migration 0018): kept and
+    # verified as history; NULL on every event written since.
+    prev_hash: Mapped[bytes | None] = mapped_column(sa.LargeBinary(32), unique=True)
+    hash: Mapped[bytes | None] = mapped_column(sa.LargeBinary(32), unique=True)
 
     __table_args__ = (
         sa.CheckConstraint("length(hash) = 32 AND length(prev_hash) = 32", name="hash_len"),
     )
+
+
+class ConsentLogNode(Base):
+    """A complete subtree of the log's tree (``portal.consent.merkle``'s stored layout):
+    leaves ``[idx·2^level, (idx+1)·2^level)``. Level 0 is the leaf hashes. Append-only."""
+
+    __tablename__ = "consent_log_node"
+
+    level: Mapped[int] = mapped_column(sa.SmallInteger, primary_key=True, autoincrement=False)
+    idx: Mapped[int] = mapped_column(sa.BigInteger, primary_key=True, autoincrement=False)
+    hash: Mapped[bytes] = mapped_column(sa.LargeBinary(32), nullable=False)
+
+    __table_args__ = (
+        sa.CheckConstraint("length(hash) = 32", name="hash_len"),
+        sa.Index(
+            "ix_consent_log_node_leaf_hash",
+            "hash",
+            postgresql_where=sa.text("level = 0"),
+            sqlite_where=sa.text("level = 0"),
+        ),
+    )
+
+
+class ConsentLogState(Base):
+    """The sequencer's one row: how far the tree goes, its frontier, the gap it waits on.
+
+    Integration holds this row's lock (SELECT … FOR UPDATE) from reading the state to
+    COMMIT, so two sequencers never integrate the same leaf.
+    """
+
+    __tablename__ = "consent_log_state"
+
+    id: Mapped[int] = mapped_column(sa.SmallInteger, primary_key=True, autoincrement=False)
+    tree_size: Mapped[int] = mapped_column(sa.BigInteger, nullable=False)
+    frontier: Mapped[bytes] = mapped_column(sa.LargeBinary, nullable=False)
+    gap_seq: Mapped[int | None] = mapped_column(sa.BigInteger)
+    gap_seen_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    updated_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+
+    __table_args__ = (sa.CheckConstraint("id = 1", name="one_row"),)
+
+
+class ConsentTreeHead(Base):
+    """A signed tree head (RFC 6962 §3.5 layout, Ed25519), one per tree size. Immutable."""
+
+    __tablename__ = "consent_tree_head"
+
+    tree_size: Mapped[int] = mapped_column(sa.BigInteger, primary_key=True, autoincrement=False)
+    timestamp_ms: Mapped[int] = mapped_column(sa.BigInteger, nullable=False)
+    root_hash: Mapped[bytes] = mapped_column(sa.LargeBinary(32), nullable=False)
+    signature: Mapped[bytes] = mapped_column(sa.LargeBinary(64), nullable=False)
+    # The key that signed it, so a head outlives a key rotation readably.
+    public_key: Mapped[bytes] = mapped_column(sa.LargeBinary(32), nullable=False)

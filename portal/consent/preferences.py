@@ -260,18 +260,22 @@ def apply_decisions(
     equal to a stored choice made under another notice version is recorded too: the
     same state, now under ``policy_version``.
     """
-    log.lock_chain(session)
-    # Read under the lock, over whatever this session read before it: another save may
+    log.lock_subscriber(session, subscriber_id)
+    # Read under the person's row lock, over whatever this session read before it: another save may
     # have committed in between.
     rows = preference_rows(session, subscriber_id, fresh=True)
+    # Each topic's state and notice version as the decisions so far leave it: a topic
+    # decided twice in one call is two steps of one chain, never two events that both
+    # start from the stored state.
+    current = {topic_id: (row.state, row.policy_version) for topic_id, row in rows.items()}
     transitions: list[tuple[Decision, str, str]] = []
     for decision in decisions:
-        row = rows.get(decision.topic.id)
-        previous = row.state if row else PreferenceState.UNSET.value
+        previous, version = current.get(decision.topic.id, (PreferenceState.UNSET.value, None))
         new = decision.state.value
-        renewed = reconfirm and row is not None and row.policy_version != policy_version
+        renewed = reconfirm and decision.topic.id in current and version != policy_version
         if previous != new or renewed:
             transitions.append((decision, previous, new))
+            current[decision.topic.id] = (new, policy_version)
     # One read of the chain's head and one INSERT for the whole form.
     sequence = log.append_many(
         session,

@@ -652,9 +652,6 @@ class Dispatcher:
         pruned: list[_Claimed] = []
         try:
             with db.begin(self.app) as session:
-                if plan.appends_consent_events():
-                    # Before any other write of the transaction, as every appender does.
-                    consent_log.lock_chain(session)
                 closed = _ended_campaigns(session, plan.campaign_ids())
                 for item in plan.held:
                     reason = closed.get(item.campaign_id)
@@ -861,11 +858,6 @@ class _Plan:
     lifecycles: dict[uuid.UUID, Lifecycle] = field(default_factory=dict)
     # Claimed but not sent: their campaign was paused, cancelled or expired meanwhile.
     held: list[_Claimed] = field(default_factory=list)
-
-    def appends_consent_events(self) -> bool:
-        """Whether recording this plan may append to the consent log: only a revocation
-        (a 410) does; acceptances, failures, retries and skips change no consent."""
-        return any(a.step.outcome == Outcome.REVOKED for a in self.answers)
 
     def campaign_ids(self) -> set[uuid.UUID]:
         """The campaigns whose deliveries this plan may put back in the queue."""

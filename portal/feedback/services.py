@@ -5,7 +5,7 @@ A digest is handled in four steps, each refusing before the next can write:
 1. verify the signature over the raw bytes (401, nothing parsed);
 2. parse and validate the whole digest (400/422, nothing applied — not even its valid
    events, so the sender is never told a page was taken that was only partly applied);
-3. apply it in one transaction: the chain lock, the digest row, then per INVALID_TARGET
+3. apply it in one transaction: the digest row, then per INVALID_TARGET
    event a marker inserted with ON CONFLICT DO NOTHING and, only when that insert took,
    the revocation — so a duplicate, even a concurrent one, applies nothing twice;
 4. commit, and only then answer 200 (a database error answers 503 and the sender retries).
@@ -368,10 +368,6 @@ def apply_digest(
     of any of them counts as a duplicate. Other events change nothing, need no
     idempotence and are only counted.
     """
-    # First, before any write: revocations append to the consent chain. Only a cleanup
-    # (an INVALID_TARGET event) can revoke; a digest without one never waits for the lock.
-    if digest.cleanups:
-        log.lock_chain(session)
     row = FeedbackDigest(
         id=uuid7(),
         received_at=now,

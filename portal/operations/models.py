@@ -21,6 +21,11 @@ class JobState(Base):
     last_finished_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
 
 
+# The jobs page lists this many of the newest runs (portal/operations/views.py); the
+# table-retention job never deletes them (portal/retention/tables.py).
+RECENT_RUNS_LISTED = 100
+
+
 class JobRun(Base):
     __tablename__ = "job_run"
 

@@ -14,7 +14,7 @@ from werkzeug.wrappers import Response
 from portal.db import db
 from portal.jobs import job_names, scheduled_jobs
 from portal.operations.actions import RAN_BY_HAND
-from portal.operations.models import JobRun
+from portal.operations.models import RECENT_RUNS_LISTED, JobRun
 from portal.operations.scheduler import JobBusy, run_recorded
 from portal.operations.status import statuses
 from portal.seams import current_portal
@@ -24,7 +24,7 @@ from portal.staff.blueprint import bp
 from portal.staff.forms import ConfirmForm
 from portal.staff.models import Role
 
-RECENT = 100
+RECENT = RECENT_RUNS_LISTED
 # Its pages on the staff dashboard (create_app lists them, in its order).
 PAGES = (
     StaffPage(

@@ -39,11 +39,10 @@ from portal.subscriptions.models import (
 from portal.subscriptions.services import Ending, end_subscriptions
 
 _t = cast(sa.Table, PushSubscription.__table__)
-# Batches that append consent events hold the chain lock, which every subscribe, consent
-# change and erasure also needs, from their first row to their commit. At 50 a subscribe
-# waited at most ~120 ms for it on a busy 2-core machine (200: ~190 ms; 1000 rows with a
-# round trip per statement per row: seconds), for ~1,000 expiries a second
-# (bench/sweeps.py, docs/BENCHMARKS.md).
+# Batches that append consent events hold their rows' locks from their first row to their
+# commit. Measured when every consent write also took the log's global lock: at 50 rows a
+# subscribe waited at most ~120 ms on a busy 2-core machine (200: ~190 ms), for ~1,000
+# expiries a second (bench/sweeps.py, docs/BENCHMARKS.md).
 EVENT_BATCH_SIZE = 50
 _TOMBSTONE_EMPTIES = {
     "endpoint": None,
@@ -133,14 +132,13 @@ def sweep(
     subscription_batches(
         app,
         overdue,
-        # Every subscribe waits for the chain lock this phase holds for a whole batch.
+        # Its rows stay locked for the whole batch: kept short.
         batch_size=min(retention.batch_size, EVENT_BATCH_SIZE),
         progress=progress,
         handle=to_expired,
         stop=stop,
         report=report,
         columns=(_t.c.subscriber_id, _t.c.state),
-        appends_events=True,
     )
     return report
 
@@ -244,8 +242,10 @@ def purge(
 
 def receipt_id(event_seq: int, event_hash: str) -> str:
     """An erasure receipt's ID, ``ER-<event>-<first 8 hex of its hash>``: the consent log's
-    erasure event, with a check so a mistyped number names no other erasure. Every receipt
-    ever issued holds both parts (``consentEventSeq``, ``consentEventHash``)."""
+    erasure event, with a check so a mistyped number names no other erasure. The hash is
+    the event's RFC 9162 leaf hash (its hash-chain hash on receipts issued before the
+    tree). Every receipt ever issued holds both parts (``consentEventSeq``,
+    ``consentEventHash``)."""
     return f"ER-{event_seq}-{event_hash[:RECEIPT_CHECK].upper()}"
 
 
@@ -275,11 +275,16 @@ def erasure_by_receipt_id(session: Session, text: str) -> uuid.UUID | None:
     seq, check = parsed
     e = ConsentEvent.__table__
     row = session.execute(
-        sa.select(e.c.subscriber_id, e.c.hash).where(
-            e.c.seq == seq, e.c.kind == EventKind.ERASED.value
-        )
+        sa.select(e).where(e.c.seq == seq, e.c.kind == EventKind.ERASED.value)
     ).first()
-    if row is None or row.subscriber_id is None or not bytes(row.hash).hex().startswith(check):
+    if row is None or row.subscriber_id is None:
+        return None
+    # Receipts issued since the tree name the event's RFC 9162 leaf hash; those issued
+    # before it (migration 0018) named its hash-chain hash, which that event still has.
+    checks = [log.event_leaf_hash(row).hex()]
+    if row.hash is not None:
+        checks.append(bytes(row.hash).hex())
+    if not any(value.startswith(check) for value in checks):
         return None
     return uuid.UUID(str(row.subscriber_id))
 
@@ -314,8 +319,7 @@ def erase_subscriber(
     ``erased`` event proving — that consent existed and ended. It holds no raw personal
     data, so nothing in it needs editing.
     """
-    log.lock_chain(session)
-    # Read afresh: what this session holds of the row may be older than the lock.
+    # Read afresh, and locked (the consent log's per-subscriber rule).
     subscriber = session.get(
         Subscriber, subscriber_id, with_for_update=True, populate_existing=True
     )
@@ -356,7 +360,6 @@ def erase_subscriber(
         context=context,
     )
     session.flush()
-    event_hash = session.execute(
-        sa.text("SELECT hash FROM consent_event WHERE seq = :seq"), {"seq": seq}
-    ).scalar_one()
-    return ErasureReceipt(subscriber_id, now, seq, bytes(event_hash).hex(), ended)
+    # The erased event's RFC 9162 leaf hash: what GET /api/consent-log/inclusion proves.
+    row = session.execute(sa.select(log._t).where(log._t.c.seq == seq)).one()
+    return ErasureReceipt(subscriber_id, now, seq, log.event_leaf_hash(row).hex(), ended)

@@ -17,6 +17,11 @@ sweep (``portal.batches``). None of them changes a figure a page shows:
   ``RECEIPT_RETENTION_MONTHS`` (the consent log's audit window by default). The funnel
   counts receipts only through their campaign's deliveries, so it shows the same figures;
   a receipt is at most two rows per delivery, so the table is bounded by that one.
+- **job_run** rows started more than ``JOB_RUN_RETENTION_DAYS`` ago go (the consent log's
+  sequencer alone records a run every second: 86,400 a day), but never each job's newest
+  run and newest finished run (what the jobs page's table of jobs and the compliance
+  page's last log check show) nor the newest ``RECENT_RUNS_LISTED`` runs (the jobs
+  page's list of recent runs), so those pages are the same.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from portal.db import db
 from portal.delivery.models import Delivery, DeliveryReceipt
 from portal.feedback.models import FeedbackApplied, FeedbackDigest
 from portal.jobreport import JobReport, Progress
+from portal.operations.models import RECENT_RUNS_LISTED, JobRun
 from portal.retention.services import months_before
 from portal.seams import current_portal
 from portal.staff.models import StaffSession
@@ -45,6 +51,7 @@ _applied = cast(sa.Table, FeedbackApplied.__table__)
 _session = cast(sa.Table, StaffSession.__table__)
 _receipt = cast(sa.Table, DeliveryReceipt.__table__)
 _delivery = cast(sa.Table, Delivery.__table__)
+_run = cast(sa.Table, JobRun.__table__)
 
 
 def old_digests(app: Flask, now: dt.datetime, settings: Settings) -> sa.ColumnElement[bool]:
@@ -82,6 +89,31 @@ def orphaned_receipts(now: dt.datetime, settings: Settings) -> sa.ColumnElement[
     return (_receipt.c.at < cutoff) & ~delivery_left
 
 
+def old_job_runs(app: Flask, now: dt.datetime, settings: Settings) -> sa.ColumnElement[bool]:
+    """Runs past the window, bar the ones a page shows (read once, before the walk: a
+    few ids, so each batch's query stays a range on the primary key)."""
+    cutoff = now - dt.timedelta(days=settings.retention.job_run_days)
+    newest_first = (_run.c.started_at.desc(), _run.c.id.desc())  # as the pages read them
+    with db.begin(app) as session:
+        kept: set[int] = set()
+        for name in session.execute(sa.select(_run.c.name).distinct()).scalars():
+            for which in (sa.true(), _run.c.seconds.is_not(None)):
+                kept.update(
+                    session.execute(
+                        sa.select(_run.c.id)
+                        .where(_run.c.name == name, which)
+                        .order_by(*newest_first)
+                        .limit(1)
+                    ).scalars()
+                )
+        kept.update(
+            session.execute(
+                sa.select(_run.c.id).order_by(_run.c.id.desc()).limit(RECENT_RUNS_LISTED)
+            ).scalars()
+        )
+    return (_run.c.started_at < cutoff) & _run.c.id.not_in(sorted(kept))
+
+
 def table_retention_job(app: Flask, progress: Progress) -> JobReport:
     portal = current_portal(app)
     settings, now = portal.settings, portal.clock.now()
@@ -91,6 +123,7 @@ def table_retention_job(app: Flask, progress: Progress) -> JobReport:
         (_applied, old_markers(now, settings)),
         (_session, ended_sessions(now, settings)),
         (_receipt, orphaned_receipts(now, settings)),
+        (_run, old_job_runs(app, now, settings)),
     ):
         delete_batches(
             app,

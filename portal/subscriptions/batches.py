@@ -28,7 +28,6 @@ def subscription_batches(
     stop: threading.Event | None,
     report: JobReport,
     columns: tuple[sa.ColumnElement[Any], ...] = (),
-    appends_events: bool = False,
     between: Callable[[], bool] | None = None,
 ) -> None:
     """Walk the push subscriptions matching ``candidates`` by primary key in batches
@@ -44,6 +43,5 @@ def subscription_batches(
         stop=stop,
         report=report,
         columns=(_t.c.id, *columns),
-        appends_events=appends_events,
         between=between,
     )

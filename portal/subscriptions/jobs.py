@@ -283,11 +283,9 @@ def canonicalise_endpoints(
             sleep=sleep,
         ),
     )
-    # A merge appends consent events: each is a short transaction of its own that takes
-    # the chain's lock first, as every appender does; a chunk never holds that lock.
+    # A merge appends consent events: each is a short transaction of its own.
     for subscription_id, parts in collisions:
         with db.begin(app) as session:
-            log.lock_chain(session)
             report.changed += _merge_into_twin(session, subscription_id, parts, report, clock.now())
     return report
 

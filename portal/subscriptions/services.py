@@ -3,7 +3,7 @@
 Plain functions over a session. They validate nothing (the caller passed validated
 values) and commit nothing: the caller owns the transaction. Each one that names a
 subscription by its endpoint acts only for the browser that holds it
-(:mod:`portal.subscriptions.possession`), checked after the chain lock, so no request can
+(:mod:`portal.subscriptions.possession`), checked under the endpoint's lock, so no request can
 slip in between the check and the write.
 """
 
@@ -104,6 +104,12 @@ def find_by_endpoint(session: Session, endpoint: str) -> PushSubscription | None
     return next((found[h] for h in hashes if h in found), None)
 
 
+def _lock_row(session: Session, sub: PushSubscription) -> None:
+    """Lock the subscription's row until COMMIT and read it afresh: its lifecycle events
+    follow the state read here (the per-row rule that replaced the global chain lock)."""
+    session.refresh(sub, with_for_update=True)
+
+
 def held_by_endpoint(
     session: Session, endpoint: str, proof: Proof, *, keys: KeyRing, field: str = "endpoint"
 ) -> PushSubscription:
@@ -164,9 +170,12 @@ def upsert_subscription(
     permission grant and the subscription itself as consent events, against the notice
     version the registration says the page showed (validated by the caller).
     """
-    log.lock_chain(session)
     digest = subscription.endpoint.hash
-    existing = session.execute(
+    # Requests registering the same endpoint take turns (no global lock: others do not
+    # wait), and the row read below is locked until COMMIT, so the state the events'
+    # previous_state comes from cannot change under this transaction.
+    log.lock_resource(session, "push-endpoint", digest)
+    existing_query = (
         sa.select(
             _t.c.id,
             _t.c.state,
@@ -178,7 +187,10 @@ def upsert_subscription(
         )
         .select_from(_t.outerjoin(Subscriber, Subscriber.id == _t.c.subscriber_id))
         .where(_t.c.endpoint_hash == digest)
-    ).one_or_none()
+    )
+    if is_postgres(session):
+        existing_query = existing_query.with_for_update(of=_t)
+    existing = session.execute(existing_query).one_or_none()
     if existing is not None and not holds(
         Proof(registration.device_id, subscription.auth),
         subscription_id=existing.id,
@@ -568,8 +580,8 @@ def change_endpoint(
     nothing is written. The old row ends as rotated in the same transaction, so at no
     point do both or neither carry the subscriber's preferences.
     """
-    log.lock_chain(session)
     old = held_by_endpoint(session, old_endpoint, proof, keys=keys, field="oldEndpoint")
+    _lock_row(session, old)
     carry = None
     if old.deleted_at is None and old.subscriber_id is not None:
         carry = _live_subscriber(session, old.subscriber_id)
@@ -630,8 +642,8 @@ def unsubscribe_endpoint(
 ) -> PushSubscription:
     """The browser stops notifications for the subscription it holds (``proof``);
     :class:`NotYourSubscription` for any other endpoint, known or not."""
-    log.lock_chain(session)
     sub = held_by_endpoint(session, endpoint, proof, keys=keys)
+    _lock_row(session, sub)
     _unsubscribe(session, sub, now=now, source=source, context=context)
     return sub
 
@@ -646,8 +658,9 @@ def unsubscribe(
 ) -> PushSubscription | None:
     """The person stops notifications on one of their devices (the caller checked the
     device is theirs): revoked, and logged as unsubscribed."""
-    log.lock_chain(session)
-    sub = session.get(PushSubscription, subscription_id)
+    sub = session.get(
+        PushSubscription, subscription_id, with_for_update=True, populate_existing=True
+    )
     if sub is None:
         return None
     _unsubscribe(session, sub, now=now, source=source, context=context)

@@ -101,4 +101,8 @@ def world(api_app: Flask) -> World:
         assert answer.status_code == 201, answer.json
         endpoints.append(sub["endpoint"])
     assert client.post("/api/push/unsubscribe", json={"endpoint": endpoints[2]}).status_code == 200
+    # The consent log's events are in a signed tree: its routes have heads and proofs to give.
+    from portal.consent.jobs import sequence_once
+
+    sequence_once(api_app)
     return World(tuple(endpoints), tuple(t[0] for t in TOPICS), POLICY)

@@ -32,7 +32,12 @@ CHECKS = [
 # generate the headers too, cross-origin ones included.
 SAME_ORIGIN = {"Sec-Fetch-Site": "same-origin", "Origin": "http://localhost"}
 # Operations without any input: one request says all (tests/api/test_openapi.py makes it).
-NO_INPUT = {("/healthz", "GET"), ("/api/openapi.json", "GET")}
+NO_INPUT = {
+    ("/healthz", "GET"),
+    ("/api/openapi.json", "GET"),
+    ("/api/consent-log/tree-head", "GET"),
+    ("/api/consent-log/key", "GET"),
+}
 # Requests per (operation, mode). The GET takes only two optional headers, so a few dozen
 # cover it; the JSON POSTs get the most.
 BUDGET = {
@@ -45,6 +50,10 @@ BUDGET = {
     ("/api/push/preferences", "POST"): 100,
     ("/api/push/receipt", "POST"): 80,
     ("/api/push/feedback", "POST"): 60,
+    # The consent log's public evidence: a few parameters, all strings of digits or a hash.
+    ("/api/consent-log/tree-head/{size}", "GET"): 30,
+    ("/api/consent-log/consistency", "GET"): 40,
+    ("/api/consent-log/inclusion", "GET"): 40,
 }
 SCHEMA_REQUESTS = 2 * sum(BUDGET.values())
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -37,10 +38,15 @@ def test_the_document_is_valid_openapi(api_app):
     assert document["openapi"] == "3.1.0"
 
 
+def _openapi_path(rule: str) -> str:
+    """Flask's ``/x/<string:size>`` as OpenAPI's ``/x/{size}``."""
+    return re.sub(r"<(?:[a-z]+:)?([a-z_]+)>", r"{\1}", rule)
+
+
 def test_every_api_route_is_documented_and_nothing_else(api_app):
     document = api_app.test_client().get("/api/openapi.json").json
     served = {
-        (rule.rule, method.lower())
+        (_openapi_path(rule.rule), method.lower())
         for rule in api_app.url_map.iter_rules()
         if rule.rule.startswith("/api/")
         for method in (rule.methods or set()) - AUTOMATIC
@@ -49,7 +55,7 @@ def test_every_api_route_is_documented_and_nothing_else(api_app):
     assert {p for p in documented if p[0].startswith("/api/")} == served
     # The few documented routes outside /api/ exist too.
     every_route = {
-        (rule.rule, method.lower())
+        (_openapi_path(rule.rule), method.lower())
         for rule in api_app.url_map.iter_rules()
         for method in (rule.methods or set()) - AUTOMATIC
     }
@@ -96,6 +102,30 @@ def test_happy_answers_match_the_document(api_app, api_schema, world):
     _conforms(api_schema, "/healthz", "GET", 200)
     _conforms(api_schema, "/api/openapi.json", "GET", 200)
     _conforms(api_schema, "/api/push/vapid-public-key", "GET", 200)
+    head = _conforms(api_schema, "/api/consent-log/tree-head", "GET", 200).json()
+    size = head["tree_size"]
+    _conforms(api_schema, "/api/consent-log/key", "GET", 200)
+    _conforms(
+        api_schema, "/api/consent-log/tree-head/{size}", "GET", 200, path_parameters={"size": size}
+    )
+    _conforms(
+        api_schema,
+        "/api/consent-log/consistency",
+        "GET",
+        200,
+        query={"from": "1", "to": str(size)},
+    )
+    with api_app.extensions["portal.db"].engine.connect() as conn:
+        first_leaf = conn.execute(
+            sa.text("SELECT hash FROM consent_log_node WHERE level = 0 AND idx = 0")
+        ).scalar_one()
+    _conforms(
+        api_schema,
+        "/api/consent-log/inclusion",
+        "GET",
+        200,
+        query={"leaf": bytes(first_leaf).hex(), "size": str(size)},
+    )
     _conforms(
         api_schema,
         "/api/push/subscribe",
@@ -173,6 +203,12 @@ def test_error_answers_match_the_document(api_schema, world):
     # Well-formed keys that are not the ones registered for seed-one.
     bad_keys = {**subscription("seed-one")["keys"], "auth": "A" * 22}
     cases = [
+        ("/api/consent-log/tree-head/{size}", "GET", 400, {"path_parameters": {"size": "x"}}),
+        ("/api/consent-log/tree-head/{size}", "GET", 404, {"path_parameters": {"size": "999"}}),
+        ("/api/consent-log/consistency", "GET", 400, {"query": {"from": "0", "to": "1"}}),
+        ("/api/consent-log/consistency", "GET", 404, {"query": {"from": "1", "to": "999"}}),
+        ("/api/consent-log/inclusion", "GET", 400, {"query": {"leaf": "x", "size": "1"}}),
+        ("/api/consent-log/inclusion", "GET", 404, {"query": {"leaf": "0" * 64, "size": "1"}}),
         ("/api/push/vapid-public-key", "GET", 403, {"headers": {"Sec-Fetch-Site": "cross-site"}}),
         ("/api/push/subscribe", "POST", 400, {"body": {"subscription": "x"}}),
         ("/api/push/subscribe", "POST", 422, {"body": {"subscription": bad_auth}}),

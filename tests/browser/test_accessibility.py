@@ -1058,6 +1058,7 @@ STAFF_PAGES = [
         error_summary=True,
     ),
     PageState("staff-compliance-signing-key", _staff_page("/staff/compliance/signing-key")),
+    PageState("staff-compliance-consent-log", _staff_page("/staff/compliance/consent-log")),
     PageState("staff-login", _open("/staff/login")),
     PageState("staff-login-error", _staff_login_error, error_summary=True),
     PageState("staff-signed-out", _staff_signed_out),

@@ -128,13 +128,13 @@ def test_the_jobs_page_agrees_with_its_run_history(
 
 
 def _an_old_event(server: LiveServer, days_ago: int) -> dt.date:
-    """A consent event recorded ``days_ago`` days back, on the chain like any other."""
+    """A consent event recorded ``days_ago`` days back, in the log like any other."""
     from portal.subscriptions.models import PushSubscription
 
     with server.app.app_context(), db.begin() as session:
         subscriber_id = session.scalars(sa.select(PushSubscription.subscriber_id)).first()
         assert subscriber_id is not None
-        log.lock_chain(session)
+        log.lock_subscriber(session, subscriber_id)
         when = dt.datetime.now(dt.UTC) - dt.timedelta(days=days_ago)
         log.append(
             session,

@@ -6,7 +6,7 @@ import json
 
 import sqlalchemy as sa
 
-from portal.consent.log import verify_chain
+from portal.consent.tree import verify_chain
 from portal.db import db
 from portal.subscriptions.models import PushSubscription, Subscriber
 from tests.helpers import all_rows

@@ -6,7 +6,6 @@ import csv
 import datetime as dt
 import hashlib
 import io
-import itertools
 import json
 import re
 import types
@@ -29,11 +28,11 @@ from portal.compliance.export import (
 )
 from portal.compliance.signing import SigningKey
 from portal.compliance.verify import verify_bundle
-from portal.consent import catalogue, log
+from portal.consent import catalogue, log, tree
 from portal.consent.models import EventKind
 from portal.db import db
 from tests.conftest import EXPORT_SIGNING_KEY, VAPID_PRIVATE
-from tests.helpers import all_rows
+from tests.helpers import all_rows, sequence
 
 KEY = SigningKey.from_setting(EXPORT_SIGNING_KEY)
 DAY = ["--from", "2026-01-01", "--to", "2026-01-01"]
@@ -80,12 +79,18 @@ def test_export_then_verify_passes(app, engine, tmp_path, person, data_format):
     assert manifest["data"]["sha256"] == hashlib.sha256(data_file.read_bytes()).hexdigest()
     assert manifest["data"]["bytes"] == data_file.stat().st_size
     with app.app_context():
-        chain = db.session.execute(
-            sa.text("SELECT seq, hash FROM consent_event ORDER BY seq")
+        leaves = db.session.execute(
+            sa.text("SELECT idx, hash FROM consent_log_node WHERE level = 0 ORDER BY idx")
         ).all()
-    first, last = chain[0], chain[-1]
+        head = tree.latest_head(db.session)
+    # The export brought the tree up to the log first: every event is a leaf (seq - 1),
+    # and the manifest carries the signed head it was cut at.
+    assert [row.idx for row in leaves] == [0, 1, 2, 3, 4, 5]
+    first, last = leaves[0], leaves[-1]
     assert manifest["events"]["first"] == {"seq": 1, "hash": bytes(first.hash).hex()}
     assert manifest["events"]["last"] == {"seq": 6, "hash": bytes(last.hash).hex()}
+    assert head is not None and head.tree_size == manifest["log_head_seq"] == 6
+    assert manifest["tree_head"] == head.to_json()
     assert manifest["exporter"]["kind"] == "command line"
     assert manifest["filters"]["from"] == manifest["filters"]["to"] == "2026-01-01"
     assert manifest["public_key"] == KEY.public.hex
@@ -129,8 +134,16 @@ def test_the_rows_are_the_log_exactly(app, tmp_path, person):
     assert offer["subscription_id"] is None
     assert from_csv[4]["subscription_id"] == ""
     assert json.loads(offer["context"]) == {"client": "Firefox 128", "screen": "preference-centre"}
-    assert from_json[0]["prev_hash"] == "00" * 32
-    assert all(b["prev_hash"] == a["hash"] for a, b in itertools.pairwise(from_json))
+    # Written since the tree (migration 0018): no hash chain; each row's leaf hash is the
+    # event's RFC 9162 leaf hash, as the tree holds it.
+    assert all(r["prev_hash"] is None and r["hash"] is None for r in from_json)
+    assert all(r["prev_hash"] == r["hash"] == "" for r in from_csv)
+    with app.app_context():
+        events = db.session.execute(sa.select(log._t).order_by(log._t.c.seq)).all()
+    assert [r["leaf_hash"] for r in from_json] == [
+        log.event_leaf_hash(event).hex() for event in events
+    ]
+    assert [r["leaf_hash"] for r in from_csv] == [r["leaf_hash"] for r in from_json]
 
 
 def test_filters_and_the_day_boundaries(app, clock, tmp_path, person, subscriptions):
@@ -343,6 +356,31 @@ def test_an_edited_event_fails_even_when_re_signed(app, bundle):
     assert "signature" not in result.output
 
 
+def test_an_event_outside_the_bundles_tree_head_is_caught(app, bundle):
+    """A bundle claims its events are leaves under its signed tree head: one past the
+    head's size is named, even when the manifest is re-signed."""
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    manifest["tree_head"]["tree_size"] = 5
+    manifest.pop("signature")
+    manifest["signature"] = KEY.sign(canonical(manifest)).hex()
+    (bundle / "manifest.json").write_bytes(manifest_bytes(manifest))
+    result = _verify(app, bundle)
+    assert result.exit_code == 1
+    assert "tree head: line 7 (seq 6): is not in the tree head of size 5" in result.output
+
+
+def test_blank_chain_cells_do_not_skip_the_leaf_check(app, bundle):
+    def edit(rows):
+        rows[4][COLUMNS.index("new_state")] = "opt_in"
+        rows[4][COLUMNS.index("prev_hash")] = rows[4][COLUMNS.index("hash")] = ""
+        return rows
+
+    _resign(bundle, edit)
+    result = _verify(app, bundle)
+    assert result.exit_code == 1
+    assert "event hash: line 5 (seq 4): the hash does not match" in result.output
+
+
 def test_a_forged_link_is_caught_even_when_re_signed(app, bundle):
     def forge(rows):
         rows[4][COLUMNS.index("prev_hash")] = "ab" * 32  # seq 4
@@ -541,6 +579,7 @@ def many(app, clock, catalogue_ready):
                 actor="subscriber",
                 recorded_at=clock.now(),
             )
+    sequence(app)  # in the tree, as the sequencer has them within a second
 
 
 @pytest.mark.parametrize("data_format", ["csv", "ndjson"])

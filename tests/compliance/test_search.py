@@ -10,8 +10,15 @@ import sqlalchemy as sa
 
 from portal.compliance import services
 from portal.compliance.services import Match, SearchRefused, search_subscribers
-from portal.db import db
-from portal.retention.services import erase_subscriber, parse_receipt_id, receipt_id
+from portal.consent import log
+from portal.consent.models import EventKind
+from portal.db import db, uuid7
+from portal.retention.services import (
+    erase_subscriber,
+    erasure_by_receipt_id,
+    parse_receipt_id,
+    receipt_id,
+)
 from portal.staff.models import StaffUser
 from portal.subscriptions import reference
 from tests.factories import make_subscriber
@@ -192,3 +199,50 @@ def test_a_search_is_audited_without_its_value_and_a_refusal_is_not(app, engine,
     detail = json.loads(detail) if isinstance(detail, str) else detail
     assert detail == {"by": "search", "found": 10, "page": 1}
     assert "acct-02" not in json.dumps(rows, default=str)
+
+
+def test_a_receipt_id_from_before_the_tree_still_finds_the_erased_person(
+    app, engine, clock, backend
+):
+    """A receipt issued while the log was a hash chain (before migration 0018) names the
+    erased event's chain hash: it still finds the person; the leaf hash does too."""
+    person = uuid7()
+    fields = log.event_fields(
+        seq=1,
+        subscriber_id=person,
+        subscription_id=None,
+        topic_id=None,
+        kind=EventKind.ERASED.value,
+        previous_state=None,
+        new_state="erased",
+        source="preference-centre",
+        policy_version=None,
+        decided_at=clock.now(),
+        recorded_at=clock.now(),
+        actor="subscriber",
+        context="{}",
+    )
+    chained = log.chain_hash(log.GENESIS, fields)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.insert(log._t),
+            [
+                {
+                    **fields,
+                    "subscriber_id": person,
+                    "decided_at": clock.now(),
+                    "recorded_at": clock.now(),
+                    "prev_hash": log.GENESIS,
+                    "hash": chained,
+                }
+            ],
+        )
+        if backend == "postgresql":
+            conn.execute(sa.text("SELECT setval('consent_event_seq', 1)"))
+    with app.app_context():
+        (row,) = db.session.execute(sa.select(log._t)).all()
+        leaf = log.event_leaf_hash(row).hex()
+        for check in (chained.hex(), leaf):
+            assert erasure_by_receipt_id(db.session, receipt_id(1, check)) == person
+        wrong = "0" if leaf[0] != "0" and chained.hex()[0] != "0" else "f"
+        assert erasure_by_receipt_id(db.session, f"ER-1-{wrong}{leaf[1:8]}") is None

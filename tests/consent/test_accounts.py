@@ -6,9 +6,9 @@ import sqlalchemy as sa
 
 from portal.consent import catalogue
 from portal.consent.accounts import link_account
-from portal.consent.log import verify_chain
 from portal.consent.models import PreferenceState, Topic, TopicPreference
 from portal.consent.preferences import Decision, apply_decisions
+from portal.consent.tree import verify_chain
 from portal.db import db, uuid7
 from portal.identity import Assertion
 from portal.subscriptions.models import Subscriber

@@ -1,4 +1,4 @@
-"""The consent log: append-only at the database, a hash chain that finds tampering."""
+"""The consent log: append-only at the database, a Merkle tree that finds tampering."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from portal.consent import catalogue, log
-from portal.consent.log import verify_chain
 from portal.consent.models import PreferenceState
 from portal.consent.preferences import Decision, apply_decisions
+from portal.consent.tree import verify_chain
 from portal.db import db, uuid7
 from portal.identity import sign_assertion
 from portal.seams import current_portal
 from portal.subscriptions.models import Subscriber
-from tests.helpers import confirm_account_link, count_rows, csrf_token
+from tests.helpers import confirm_account_link, count_rows, csrf_token, sequence
 
 
 def _subscriber(app, clock):
@@ -43,7 +43,9 @@ def _decide(app, clock, subscriber_id, pairs):
         )
 
 
-def _verify(engine):
+def _verify(engine, app=None):
+    if app is not None:
+        sequence(app)
     with engine.connect() as conn:
         return verify_chain(conn)
 
@@ -96,7 +98,9 @@ def test_current_state_is_the_fold_of_the_log(catalogue_ready, engine, clock, su
             )
         }
     assert table == folded
-    assert _verify(engine).ok
+    report = _verify(engine, app)
+    assert report.ok, report.problem
+    assert report.pending == 0
 
 
 def test_only_real_transitions_are_logged(catalogue_ready, engine, clock):
@@ -164,17 +168,17 @@ def _tamper(engine, backend, sql):
     [
         (
             "UPDATE consent_event SET new_state = 'unset' WHERE seq = 3",
-            "event 3: hash does not match its content",
+            "event 3: leaf hash does not match its content",
         ),
         (
             "UPDATE consent_event SET recorded_at = recorded_at WHERE seq = 2; UPDATE consent_event SET actor = 'staff' WHERE seq = 2",
-            "event 2: hash does not match",
+            "event 2: leaf hash does not match",
         ),
         ("DELETE FROM consent_event WHERE seq = 4", "event 4: missing"),
         (
-            # Two events edited: the first in the chain is the one named.
+            # Two events edited: the first in the log is the one named.
             "UPDATE consent_event SET new_state = 'opt_in' WHERE seq = 4; UPDATE consent_event SET actor = 'staff' WHERE seq = 2",
-            "event 2: hash does not match",
+            "event 2: leaf hash does not match",
         ),
     ],
     ids=["edited-state", "edited-actor", "deleted", "two-edited"],
@@ -186,6 +190,7 @@ def test_verify_log_names_the_first_tampered_event(
     for state in ["opt_in", "opt_out", "opt_in", "opt_out", "opt_in"]:
         clock.advance(seconds=5)
         _decide(catalogue_ready, clock, who, [("offers", state)])
+    sequence(catalogue_ready)
     runner = catalogue_ready.test_cli_runner()
     ok = runner.invoke(args=["portal", "verify-log"])
     assert ok.exit_code == 0
@@ -197,8 +202,32 @@ def test_verify_log_names_the_first_tampered_event(
     assert expected in broken.output
 
 
+def test_a_topic_decided_twice_in_one_save_is_one_chain(catalogue_ready, engine, clock):
+    """Two decisions for one topic in one call: each event starts where the one before it
+    left the topic, not both from the stored state (the fifty-writer test below decides
+    ``offers`` twice in some of its saves)."""
+    person = _subscriber(catalogue_ready, clock)
+    _decide(catalogue_ready, clock, person, [("offers", "opt_out"), ("offers", "opt_in")])
+    _decide(catalogue_ready, clock, person, [("offers", "opt_out"), ("offers", "opt_out")])
+    with engine.connect() as conn:
+        events = conn.execute(
+            sa.text(
+                "SELECT previous_state, new_state FROM consent_event "
+                "WHERE topic_id IS NOT NULL ORDER BY seq"  # the only person's
+            )
+        ).all()
+    assert [tuple(e) for e in events] == [
+        ("unset", "opt_out"),
+        ("opt_out", "opt_in"),
+        ("opt_in", "opt_out"),
+    ]
+
+
 @pytest.mark.postgres_only
-def test_fifty_concurrent_submissions_keep_the_chain_linear(catalogue_ready, engine, clock):
+def test_fifty_concurrent_submissions_keep_one_event_per_transition(catalogue_ready, engine, clock):
+    """No global lock: the per-subscriber row lock alone keeps every person's events a
+    chain of transitions (previous_state = the last new_state), and the tree takes them
+    all."""
     app = catalogue_ready
     people = [_subscriber(app, clock) for _ in range(10)]
     barrier = threading.Barrier(50)
@@ -221,14 +250,27 @@ def test_fifty_concurrent_submissions_keep_the_chain_linear(catalogue_ready, eng
         thread.join()
     assert failures == []
     with engine.connect() as conn:
-        seqs = conn.execute(sa.text("SELECT seq FROM consent_event ORDER BY seq")).scalars().all()
-        prevs = conn.execute(
-            sa.text("SELECT count(DISTINCT prev_hash) FROM consent_event")
-        ).scalar_one()
-    assert seqs == list(range(1, len(seqs) + 1))
-    assert prevs == len(seqs)  # no fork: every event has its own predecessor
-    assert len(seqs) >= 10
-    assert _verify(engine).ok
+        rows = conn.execute(
+            sa.text(
+                "SELECT seq, subscriber_id, topic_id, previous_state, new_state "
+                "FROM consent_event ORDER BY seq"
+            )
+        ).all()
+        table = {
+            (r.subscriber_id, r.topic_id): r.state
+            for r in conn.execute(sa.text("SELECT * FROM topic_preference"))
+        }
+    folded: dict[tuple, str] = {}
+    for row in rows:
+        key = (row.subscriber_id, row.topic_id)
+        assert folded.get(key, "unset") == row.previous_state, row
+        assert row.previous_state != row.new_state
+        folded[key] = row.new_state
+    assert folded == table
+    assert len(rows) >= 10
+    report = _verify(engine, app)
+    assert report.ok, report.problem
+    assert report.head.tree_size == len(rows) == rows[-1].seq
 
 
 def test_events_hold_no_raw_personal_data(app, engine, subscriptions, catalogue_ready):
@@ -320,85 +362,180 @@ def _blob(backend: str, value: bytes) -> str:
     return f"decode('{value.hex()}', 'hex')" if backend == "postgresql" else f"X'{value.hex()}'"
 
 
-def _head(output: str) -> str:
-    return output.rsplit("head ", 1)[1].split(maxsplit=1)[0]
-
-
 def _five_decisions(app, clock):
     who = _subscriber(app, clock)
     for state in ["opt_in", "opt_out", "opt_in", "opt_out", "opt_in"]:
         clock.advance(seconds=5)
         _decide(app, clock, who, [("offers", state)])
+    sequence(app)
 
 
-def test_anchors_find_the_newest_events_deleted(catalogue_ready, engine, clock, backend):
-    """Deleting the newest events leaves a valid chain; the head printed earlier finds it."""
+def test_a_saved_tree_head_finds_the_newest_events_deleted(
+    catalogue_ready, engine, clock, backend, tmp_path
+):
+    """Events deleted with the tree cut back and re-signed still make a tree that
+    verifies on its own; the head saved earlier finds it."""
     _five_decisions(catalogue_ready, clock)
     runner = catalogue_ready.test_cli_runner()
-    first = runner.invoke(args=["portal", "verify-log"])
+    saved = tmp_path / "head.json"
+    first = runner.invoke(args=["portal", "verify-log", "--save-tree-head", str(saved)])
     assert first.exit_code == 0, first.output
-    head = _head(first.output)
-    with engine.connect() as conn:
-        stored = conn.execute(sa.text("SELECT hash FROM consent_event WHERE seq = 5")).scalar_one()
-    assert head == f"5:{bytes(stored).hex()}"
-
-    _tamper(engine, backend, "DELETE FROM consent_event WHERE seq >= 4")
-    unanchored = runner.invoke(args=["portal", "verify-log"])
-    assert unanchored.exit_code == 0  # a shorter chain still verifies on its own
-    assert "3 events" in unanchored.output
-    anchored = runner.invoke(args=["portal", "verify-log", "--anchor", head])
-    assert anchored.exit_code == 1
-    assert "event 5: missing: the log ends at seq 3" in anchored.output
+    assert json.loads(saved.read_text())["tree_size"] == 5
+    # The operator rebuilds the tree from three events with the log key.
+    _rebuild(engine, backend, catalogue_ready, "DELETE FROM consent_event WHERE seq >= 4")
+    alone = runner.invoke(args=["portal", "verify-log"])
+    assert alone.exit_code == 0, alone.output  # a shorter tree still verifies on its own
+    assert "3 events" in alone.output
+    checked = runner.invoke(args=["portal", "verify-log", "--tree-head", str(saved)])
+    assert checked.exit_code == 1
+    assert "the saved tree head has 5 leaves" in checked.output
 
 
-def test_anchors_find_a_rebuilt_chain(catalogue_ready, engine, clock, backend):
-    """An event edited and every hash after it recomputed: only an anchor tells."""
+def test_a_saved_tree_head_finds_history_rewritten(
+    catalogue_ready, engine, clock, backend, tmp_path
+):
+    """An event edited and the whole tree rebuilt and re-signed: only a saved head tells,
+    since no consistency proof from it exists."""
     _five_decisions(catalogue_ready, clock)
     runner = catalogue_ready.test_cli_runner()
-    head = _head(runner.invoke(args=["portal", "verify-log"]).output)
-    _tamper(engine, backend, "UPDATE consent_event SET new_state = 'opt_out' WHERE seq = 3")
-    with engine.connect() as conn:
-        rows = conn.execute(sa.select(log._t).order_by(log._t.c.seq)).all()
-    prev = log.GENESIS
-    for row in rows:
-        fields = log.event_fields(**{name: getattr(row, name) for name in HASHED})
-        digest = log.chain_hash(prev, fields)
-        _tamper(
-            engine,
-            backend,
-            f"UPDATE consent_event SET prev_hash = {_blob(backend, prev)}, "
-            f"hash = {_blob(backend, digest)} WHERE seq = {row.seq}",
-        )
-        prev = digest
-    assert runner.invoke(args=["portal", "verify-log"]).exit_code == 0  # a consistent forgery
-    anchored = runner.invoke(args=["portal", "verify-log", "--anchor", head])
-    assert anchored.exit_code == 1
-    assert "event 5: hash differs from the anchor" in anchored.output
-
-
-def test_a_signed_export_bundle_is_an_anchor(catalogue_ready, engine, clock, backend, tmp_path):
-    _five_decisions(catalogue_ready, clock)
-    runner = catalogue_ready.test_cli_runner()
-    bundle = tmp_path / "bundle"
-    day = clock.now().date().isoformat()
-    exported = runner.invoke(
-        args=["portal", "export", "--from", day, "--to", day, "--out", str(bundle)]
+    saved = tmp_path / "head.json"
+    assert (
+        runner.invoke(args=["portal", "verify-log", "--save-tree-head", str(saved)]).exit_code == 0
     )
-    assert exported.exit_code == 0, exported.output
-    ok = runner.invoke(args=["portal", "verify-log", "--bundle", str(bundle)])
-    assert ok.exit_code == 0, ok.output
-    assert "5 events, 2 anchors found" in ok.output
+    _decide(catalogue_ready, clock, _subscriber(catalogue_ready, clock), [("offers", "opt_in")])
+    sequence(catalogue_ready)
+    good = runner.invoke(args=["portal", "verify-log", "--tree-head", str(saved)])
+    assert good.exit_code == 0, good.output
+    assert "consistent with the saved head of size 5" in good.output
+    _rebuild(
+        engine,
+        backend,
+        catalogue_ready,
+        "UPDATE consent_event SET new_state = 'opt_out' WHERE seq = 3",
+    )
+    assert runner.invoke(args=["portal", "verify-log"]).exit_code == 0  # a consistent forgery
+    checked = runner.invoke(args=["portal", "verify-log", "--tree-head", str(saved)])
+    assert checked.exit_code == 1
+    assert "event 5: the tree of the saved head's size has another root" in checked.output
 
-    _tamper(engine, backend, "DELETE FROM consent_event WHERE seq = 5")
-    broken = runner.invoke(args=["portal", "verify-log", "--bundle", str(bundle)])
+
+def test_a_saved_tree_head_signed_by_another_key_is_refused(catalogue_ready, clock, tmp_path):
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    from portal.consent import merkle, tree
+
+    _five_decisions(catalogue_ready, clock)
+    with catalogue_ready.extensions["portal.db"].engine.connect() as conn:
+        head = tree.latest_head(conn)
+    forged = merkle.sign_tree_head(
+        ed25519.Ed25519PrivateKey.generate(),
+        tree_size=head.tree_size,
+        timestamp=head.timestamp,
+        root_hash=head.root_hash,
+    )
+    saved = tmp_path / "head.json"
+    saved.write_text(json.dumps(forged.to_json()))
+    result = catalogue_ready.test_cli_runner().invoke(
+        args=["portal", "verify-log", "--tree-head", str(saved)]
+    )
+    assert result.exit_code == 1
+    assert "signature does not verify" in result.output
+    saved.write_text('{"tree_size": 5}')
+    result = catalogue_ready.test_cli_runner().invoke(
+        args=["portal", "verify-log", "--tree-head", str(saved)]
+    )
+    assert result.exit_code == 1
+    assert "is not a signed tree head" in result.output
+
+
+def _rebuild(engine, backend, app, sql):
+    """Tamper with the events, then rebuild the tree from them and sign it with the log
+    key: what an operator with the database and the key could do."""
+    _tamper(engine, backend, sql)
+    with engine.begin() as conn:
+        if backend == "postgresql":
+            conn.execute(sa.text("SET LOCAL session_replication_role = replica"))
+            conn.execute(sa.text("DELETE FROM consent_log_node"))
+            conn.execute(sa.text("DELETE FROM consent_tree_head"))
+        else:
+            for table in ("consent_log_node", "consent_tree_head"):
+                conn.execute(sa.text(f"DROP TRIGGER {table}_no_delete"))
+                conn.execute(sa.text(f"DELETE FROM {table}"))
+                conn.execute(
+                    sa.text(
+                        f"CREATE TRIGGER {table}_no_delete BEFORE DELETE ON {table} "
+                        f"BEGIN SELECT RAISE(ABORT, 'append-only: DELETE refused on {table}'); END"
+                    )
+                )
+        conn.execute(
+            sa.text("UPDATE consent_log_state SET tree_size = 0, frontier = :f, gap_seq = NULL"),
+            {"f": b"\x01" + bytes(8)},
+        )
+    sequence(app)
+
+
+def test_an_anchor_is_a_leaf_hash(catalogue_ready, engine, clock, backend):
+    from portal.consent import tree
+
+    _five_decisions(catalogue_ready, clock)
+    with engine.connect() as conn:
+        leaf = tree.DatabaseNodes(conn).node_hashes([tree.merkle.NodeId(0, 4)])[0]
+    runner = catalogue_ready.test_cli_runner()
+    anchor = f"5:{leaf.hex()}"
+    assert runner.invoke(args=["portal", "verify-log", "--anchor", anchor]).exit_code == 0
+    _rebuild(engine, backend, catalogue_ready, "DELETE FROM consent_event WHERE seq >= 5")
+    broken = runner.invoke(args=["portal", "verify-log", "--anchor", anchor])
     assert broken.exit_code == 1
     assert "event 5: missing: the log ends at seq 4" in broken.output
 
-    manifest = bundle / "manifest.json"
-    manifest.write_text(manifest.read_text().replace('"rows": 5', '"rows": 4'))
-    forged = runner.invoke(args=["portal", "verify-log", "--bundle", str(bundle)])
-    assert forged.exit_code == 1
-    assert "does not verify" in forged.output
+
+def test_events_from_before_the_tree_keep_their_chain(catalogue_ready, engine, clock, backend):
+    """Events chained before migration 0018 are the tree's first leaves; their chain is
+    still checked, and an edit is named by it."""
+    from portal.consent.models import EventKind
+
+    who = _subscriber(catalogue_ready, clock)
+    prev = log.GENESIS
+    rows = []
+    for seq in (1, 2, 3):
+        fields = log.event_fields(
+            seq=seq,
+            subscriber_id=who,
+            subscription_id=None,
+            topic_id=None,
+            kind=EventKind.ACCOUNT_LINKED.value,
+            previous_state=None,
+            new_state=None,
+            source="system",
+            policy_version=None,
+            decided_at=clock.now(),
+            recorded_at=clock.now(),
+            actor="system",
+            context="{}",
+        )
+        digest = log.chain_hash(prev, fields)
+        row = {
+            **fields,
+            "subscriber_id": who,
+            "decided_at": clock.now(),
+            "recorded_at": clock.now(),
+            "prev_hash": prev,
+            "hash": digest,
+        }
+        rows.append(row)
+        prev = digest
+    with engine.begin() as conn:
+        conn.execute(sa.insert(log._t), rows)
+        if backend == "postgresql":
+            conn.execute(sa.text("SELECT setval('consent_event_seq', 3)"))
+    _decide(catalogue_ready, clock, who, [("offers", "opt_in")])  # seq 4, unchained
+    report = _verify(engine, catalogue_ready)
+    assert report.ok, report.problem
+    assert report.head.tree_size == 4
+    assert report.last_hash == prev
+    _tamper(engine, backend, "UPDATE consent_event SET actor = 'staff' WHERE seq = 2")
+    report = _verify(engine)
+    assert str(report.problem) == "event 2: hash does not match its content (altered)"
 
 
 @pytest.mark.parametrize("value", ["5", "x:00", "0:" + "00" * 32, "3:" + "00" * 31, "3:zz"])

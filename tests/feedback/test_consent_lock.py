@@ -1,9 +1,5 @@
-"""A feedback digest takes the consent log's lock only when it can revoke (SPEC §7).
-
-Only a cleanup event (INVALID_TARGET) can end a subscription with a consent event; a
-digest of transient events is recorded without the chain lock, so it never waits behind
-a preference save holding it.
-"""
+"""A feedback digest never waits on a preference save (SPEC §7): neither one of transient
+events nor one whose cleanup revokes a subscription with a consent event."""
 
 from __future__ import annotations
 
@@ -11,7 +7,7 @@ import threading
 
 import pytest
 
-from tests.delivery.test_consent_lock import WAIT, chain_lock_held
+from tests.delivery.test_consent_lock import WAIT, preference_save_open
 from tests.feedback.conftest import digest, invalid_target
 from tests.helpers import count_rows
 
@@ -19,7 +15,7 @@ from tests.helpers import count_rows
 @pytest.fixture(autouse=True)
 def postgres_only(backend):
     if backend != "postgresql":
-        pytest.skip("the chain lock is a PostgreSQL advisory lock")
+        pytest.skip("SQLite serialises every writer: only PostgreSQL can show who waits")
 
 
 def _post_in_a_thread(sender, raw: bytes) -> tuple[threading.Thread, list]:
@@ -29,11 +25,13 @@ def _post_in_a_thread(sender, raw: bytes) -> tuple[threading.Thread, list]:
     return thread, answers
 
 
-def test_a_digest_that_cannot_revoke_is_recorded_while_the_lock_is_held(sender, subscribe, engine):
+def test_a_digest_of_transient_events_is_recorded_beside_an_open_save(
+    catalogue_ready, sender, subscribe, engine, clock
+):
     sub = subscribe()
     transient = {"provider": "webpush", "endpoint": sub.endpoint, "status": "DEAD"}
     raw = digest([transient | {"deliveryId": "d-1", "reason": "TIMEOUT", "attempts": 5}])
-    with chain_lock_held(engine):
+    with preference_save_open(catalogue_ready, clock):
         thread, answers = _post_in_a_thread(sender, raw)
         thread.join(WAIT)
         assert not thread.is_alive()
@@ -42,15 +40,16 @@ def test_a_digest_that_cannot_revoke_is_recorded_while_the_lock_is_held(sender, 
         assert count_rows(engine, "feedback_digest") == 1
 
 
-def test_a_digest_that_revokes_waits_for_the_lock(sender, subscribe, engine):
+def test_a_digest_that_revokes_is_recorded_beside_an_open_save(
+    catalogue_ready, sender, subscribe, engine, clock
+):
     sub = subscribe()
-    with chain_lock_held(engine):
+    with preference_save_open(catalogue_ready, clock):
         thread, answers = _post_in_a_thread(
             sender, digest([invalid_target(sub.endpoint, delivery_id="d-2")])
         )
-        thread.join(1.0)
-        assert thread.is_alive(), (answers[0].status_code, answers[0].json)  # waiting for the lock
-        assert count_rows(engine, "feedback_digest") == 0
-    thread.join(WAIT)
-    (answer,) = answers
-    assert (answer.status_code, answer.json["revoked"]) == (200, 1)
+        thread.join(WAIT)
+        assert not thread.is_alive()
+        (answer,) = answers
+        assert (answer.status_code, answer.json["revoked"]) == (200, 1)
+        assert count_rows(engine, "feedback_digest") == 1

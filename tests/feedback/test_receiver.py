@@ -11,7 +11,7 @@ from prometheus_client import REGISTRY
 from sqlalchemy.exc import OperationalError
 
 from portal import create_app
-from portal.consent.log import verify_chain
+from portal.consent.tree import verify_chain
 from portal.feedback import services
 from tests.feedback.conftest import HEADER, SECRET, URL, Sender, digest, invalid_target
 from tests.helpers import all_rows, count_rows

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import itertools
 import os
@@ -20,6 +21,7 @@ import pytest
 import sqlalchemy as sa
 
 from portal import create_app, jobs
+from portal.config import ScheduleSettings
 from portal.jobs import Job, JobReport
 from portal.operations.scheduler import SINGLETON_JOBS, JobBusy, job_lock, run_recorded
 from tests.helpers import all_rows
@@ -252,18 +254,37 @@ def test_the_scheduler_command_runs_the_jobs_and_stops_cleanly_on_sigterm(
 INTERVAL = 2
 
 
+def _interval_variables() -> list[str]:
+    """The environment variable of each singleton job's interval, from the job table."""
+    variables = {
+        item.name: item.metadata["env"].name for item in dataclasses.fields(ScheduleSettings)
+    }
+    by_name = {entry.name: entry for entry in jobs.scheduled_jobs()}
+    found = []
+    for name in SINGLETON_JOBS:
+        interval = by_name[name].interval
+        assert interval is not None, name
+        found.append(variables[interval])
+    return found
+
+
+def test_every_singleton_job_has_an_interval_variable():
+    assert "CONSENT_LOG_MAX_MERGE_DELAY_SECONDS" in _interval_variables()
+    assert len(set(_interval_variables())) == len(SINGLETON_JOBS)
+
+
 def test_three_scheduler_processes_run_each_singleton_job_once_per_interval(
     settings, engine, tmp_path, scheduler_processes
 ):
     """Three ``portal scheduler`` processes on one database, every singleton job due
-    every 2 s: each job runs once per interval across all three, whichever runs it."""
+    every 2 s: each job runs once per interval across all three, whichever runs it.
+
+    Each job's interval is set through the variable its ``ScheduleSettings`` field reads
+    (the job table names the field), so a job whose variable is not spelled after its
+    name (the sequencer's CONSENT_LOG_MAX_MERGE_DELAY_SECONDS, default 1 s) is slowed to
+    2 s too, and a second run inside one interval is still a double run."""
     environ = portal_process_environ(
-        settings,
-        tmp_path,
-        **{
-            f"{name.upper().replace('-', '_')}_INTERVAL_SECONDS": str(INTERVAL)
-            for name in SINGLETON_JOBS
-        },
+        settings, tmp_path, **{variable: str(INTERVAL) for variable in _interval_variables()}
     )
     processes = [scheduler_processes(environ, tmp_path / f"scheduler-{n}.log") for n in range(3)]
     for process in processes:

@@ -16,14 +16,18 @@ from flask import Flask
 
 from portal import create_app
 from portal.campaigns import funnel
+from portal.compliance.services import chain_status
 from portal.config import ConfigError, RetentionSettings, Settings
 from portal.db import db
 from portal.delivery.models import DeliveryReceipt
 from portal.feedback import services as feedback
 from portal.feedback.models import FeedbackApplied, FeedbackDigest
 from portal.jobs import job_names, run_job
+from portal.operations.models import RECENT_RUNS_LISTED, JobRun
+from portal.operations.status import statuses
 from portal.ratelimit import RateLimitCounter, window_start
 from portal.retention.tables import RECENT_DIGESTS_KEPT
+from portal.seams import current_portal
 from portal.staff.models import Role, StaffSession, StaffUser
 from tests.conftest import publish_test_catalogue
 from tests.factories import FunnelFactory
@@ -222,9 +226,79 @@ def test_receipts_live_as_long_as_their_delivery_and_the_funnel_is_unchanged(app
     assert _count(app, DeliveryReceipt) == 7 + 2
 
 
+def _job_run(session, name: str, at: dt.datetime, *, finished: bool = True) -> JobRun:
+    row = JobRun(
+        name=name,
+        trigger="scheduler",
+        host="test:1",
+        started_at=at,
+        seconds=0.01 if finished else None,
+        processed=0,
+        changed=0,
+    )
+    session.add(row)
+    session.flush()
+    return row
+
+
+def test_old_job_runs_go_and_the_jobs_pages_show_the_same(app, clock):
+    now = clock.now()
+    with db.begin(app) as session:
+        # A job whose newest run, and newest finished run (by start, as the pages read
+        # them), are both old: they stay.
+        verify_finished = _job_run(session, "verify-log", now - 30 * DAY)
+        verify_older = _job_run(session, "verify-log", now - 31 * DAY)
+        verify_stuck = _job_run(session, "verify-log", now - 29 * DAY, finished=False)
+        # The sequencer's runs, one a second, some of them 8 days and more ago.
+        old_sequencer = [
+            _job_run(session, "consent-log-sequencer", now - 8 * DAY - n * dt.timedelta(seconds=1))
+            for n in range(5)
+        ]
+        # More than the jobs page lists, all recent.
+        recent_sequencer = [
+            _job_run(session, "consent-log-sequencer", now - n * dt.timedelta(seconds=1))
+            for n in range(RECENT_RUNS_LISTED + 3)
+        ]
+        old_ids = {row.id for row in (*old_sequencer, verify_older)}
+        kept_ids = {row.id for row in (*recent_sequencer, verify_finished, verify_stuck)}
+    settings = current_portal(app).settings
+    with db.begin(app) as session:
+        statuses_before = [
+            (s.job.name, s.last_run.id if s.last_run else None)
+            for s in statuses(session, settings, now)
+        ]
+        listed = list(
+            session.execute(
+                sa.select(JobRun.id).order_by(JobRun.id.desc()).limit(RECENT_RUNS_LISTED)
+            ).scalars()
+        )
+        check_before = chain_status(session, now)
+    _retain(app)
+    with db.begin(app) as session:
+        ids = set(session.execute(sa.select(JobRun.id)).scalars())
+        statuses_after = [
+            (s.job.name, s.last_run.id if s.last_run else None)
+            for s in statuses(session, settings, now)
+        ]
+        check_after = chain_status(session, now)
+        assert (
+            list(
+                session.execute(
+                    sa.select(JobRun.id).order_by(JobRun.id.desc()).limit(RECENT_RUNS_LISTED)
+                ).scalars()
+            )
+            == listed
+        )
+    assert not ids & old_ids
+    assert kept_ids <= ids
+    assert statuses_after == statuses_before
+    assert check_after.last_result.id == check_before.last_result.id == verify_finished.id
+
+
 @pytest.mark.parametrize(
     ("name", "value", "message"),
     [
+        ("JOB_RUN_RETENTION_DAYS", "0", "JOB_RUN_RETENTION_DAYS must"),
         ("FEEDBACK_DIGEST_RETENTION_DAYS", "0", "FEEDBACK_DIGEST_RETENTION_DAYS must"),
         ("FEEDBACK_MARKER_RETENTION_DAYS", "-3", "FEEDBACK_MARKER_RETENTION_DAYS must"),
         # A negative margin would delete sessions still in use.
@@ -247,6 +321,7 @@ def test_the_defaults_are_the_documented_ones(tmp_path):
         retention.feedback_marker_days,
         retention.staff_session_days,
         retention.receipt_months,
-    ) == (90, 30, 1, 13)
+        retention.job_run_days,
+    ) == (90, 30, 1, 13, 7)
     assert Settings.from_env({}, str(tmp_path)).schedule.table_retention == 3600
     assert Settings.from_env({}, str(tmp_path)).database_prepared_statements is False

@@ -56,6 +56,7 @@ EXPECTED: dict[tuple[str, str], frozenset[Role]] = {
     ("/staff/compliance/export", "POST"): COMPLIANCE,
     ("/staff/compliance/verify-log", "POST"): COMPLIANCE,
     ("/staff/compliance/signing-key", "GET"): AUDIT,
+    ("/staff/compliance/consent-log", "GET"): AUDIT,
     ("/staff/campaigns", "GET"): CAMPAIGNS,
     ("/staff/campaigns/new", "GET"): CAMPAIGNS,
     ("/staff/campaigns/new", "POST"): CAMPAIGNS,

@@ -10,7 +10,7 @@ import uuid
 
 import sqlalchemy as sa
 
-from portal.consent.log import verify_chain
+from portal.consent.tree import verify_chain
 from portal.jobs import NoProgress, run_job
 from portal.seams import current_portal
 from portal.subscriptions.models import PushSubscription

@@ -10,6 +10,7 @@ leaves the machine. The scheduler is off: nothing writes but the walk.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import datetime as dt
 import time
@@ -29,7 +30,8 @@ from portal.campaigns import services as campaign_services
 from portal.campaigns.services import CampaignDraft
 from portal.clock import FrozenClock
 from portal.config import Settings
-from portal.consent import catalogue
+from portal.consent import catalogue, merkle
+from portal.consent import tree as consent_tree
 from portal.db import db
 from portal.identity import preference_link_token, sign_assertion
 from portal.jobs import job_names
@@ -43,6 +45,7 @@ from portal.staff.passwords import Passwords
 from portal.subscriptions.models import PushSubscription
 from tests.conftest import TOPICS, make_settings, publish_test_catalogue
 from tests.factories import SubscriptionFactory
+from tests.helpers import sequence
 from tests.staff.conftest import FAST_HASHER, GENEROUS, PASSWORD, csrf_from
 from tests.support import ROOT
 
@@ -287,6 +290,12 @@ def build_world(app: Flask) -> World:
             receipt = erase_subscriber(session, gone_id, now=NOW)
         token = receipt_token(receipt)
         link = preference_link_token(_owner(app, subscriber.devices[0]), app)
+    # The consent log's tree and a signed head over every event so far (what the
+    # sequencer does every second): heads, proofs and a leaf to ask about.
+    integrated = sequence(app)
+    tree_size = integrated.after
+    with app.app_context():
+        first_leaf = consent_tree.DatabaseNodes(db.session).node_hashes([merkle.NodeId(0, 0)])[0]
 
     for persona in personas.values():
         persona.refresh_token()
@@ -306,6 +315,8 @@ def build_world(app: Flask) -> World:
         "name": job_names(),
         "token": [token],
         "filename": sorted(p.relative_to(static).as_posix() for p in static.rglob("*.*")),
+        # An archived head that exists and sizes that have none.
+        "size": [str(tree_size), "1", "18446744073709551615"],
     }
     good = [
         "victim@example.test",
@@ -324,6 +335,10 @@ def build_world(app: Flask) -> World:
         "customer-1",
         str(person_id),
         *topics,
+        str(tree_size),  # a tree size, and a leaf hash in it (hex and base64)
+        "1",
+        first_leaf.hex(),
+        base64.b64encode(first_leaf).decode(),
     ]
     by_field = {
         "email": ["victim@example.test", "new.person{n}@example.test"],

@@ -42,7 +42,20 @@ _ARGUMENT = re.compile(r"<(?:[^<>:]+:)?(\w+)>")
 # Stands for the sending persona's CSRF token in a drawn request.
 OWN_TOKEN = "own-csrf-token"
 # Query parameters the views read outside any form.
-QUERY_NAMES = ("next", "token", "assertion", "before", "after", "tests", "subscriber")
+QUERY_NAMES = (
+    "next",
+    "token",
+    "assertion",
+    "before",
+    "after",
+    "tests",
+    "subscriber",
+    # The consent log's proofs (GET /api/consent-log/consistency and …/inclusion).
+    "from",
+    "to",
+    "leaf",
+    "size",
+)
 
 
 def targets(app: Flask) -> dict[Target, Rule]:
