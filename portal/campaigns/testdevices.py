@@ -52,6 +52,9 @@ MAX_DEVICES_PER_SEND = 10
 SENDS_PER_WINDOW = 10
 SEND_WINDOW = dt.timedelta(minutes=10)
 
+# The largest id the column holds (a 32-bit INTEGER): a larger number names no device.
+MAX_ID = 2**31 - 1
+
 SENT, GONE, ERROR = "sent", "gone", "error"
 RESULT_LABELS = {SENT: "Sent", GONE: "Gone", ERROR: "Error"}
 
@@ -112,6 +115,8 @@ def devices_of(session: Session, staff_id: uuid.UUID) -> list[TestDevice]:
 
 def own_device(session: Session, staff_id: uuid.UUID, device_id: int) -> TestDevice | None:
     """The device when it is this person's; None for anyone else's and for no device."""
+    if not 1 <= device_id <= MAX_ID:
+        return None
     return session.scalars(
         sa.select(TestDevice).where(
             TestDevice.id == device_id, TestDevice.staff_user_id == staff_id
@@ -218,7 +223,7 @@ def parse_choice(values: Iterable[str]) -> list[int]:
     chosen: list[int] = []
     for value in values:
         text = value.strip()
-        if not text.isascii() or not text.isdigit() or len(text) > 18 or int(text) < 1:
+        if not text.isascii() or not text.isdigit() or not 1 <= int(text[:12]) <= MAX_ID:
             raise DeviceChoiceError(
                 "invalid_device", "A device in the choice is not a device number"
             )

@@ -506,3 +506,45 @@ def test_the_heartbeat_leaves_a_test_devices_subscription_alone(app, staff, fake
         "/api/push/heartbeat", json={"endpoint": sub.endpoint, "auth": sub.auth_b64}
     )
     assert gone.json["action"] == "unsubscribe"
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/staff/campaigns/test-devices", "rename", "remove", "/staff/campaigns/device-test"],
+)
+def test_every_test_device_form_needs_its_csrf_token(app, staff, fake_push, engine, path):
+    register(staff, fake_push, "Laptop")
+    (device_id,) = device_ids(app).values()
+    if not path.startswith("/"):
+        path = f"/staff/campaigns/test-devices/{device_id}/{path}"
+    before = snapshot(engine)
+    data = {
+        **form_data(),
+        "name": "Renamed",
+        "device": [str(device_id)],
+        "subscription": json.dumps(fake_push.subscribe().to_json()),
+    }
+    for token in (None, "forged"):
+        response = staff.client.post(
+            path, data={**data, **({"csrf_token": token} if token else {})}
+        )
+        assert response.status_code == 400
+        assert "This form has expired" in response.text
+    assert snapshot(engine) == before
+    assert fake_push.received() == []
+
+
+def test_the_audit_page_lists_test_device_actions(app, staff, sign_in, fake_push):
+    register(staff, fake_push, "Laptop")
+    (device_id,) = device_ids(app).values()
+    location = send(staff, [device_id]).headers["Location"]
+    send_id = location.rsplit("/", 1)[1]
+    admin = sign_in(app, "admin@example.test", Role.ADMIN)
+    page = admin.get("/staff/admin/audit?action=test_device.registered")
+    assert page.status_code == 200
+    assert "Test device registered" in page.text
+    assert f"test-device:{device_id}" in page.text
+    sent = admin.get("/staff/admin/audit?action=campaign.device_test_sent")
+    assert "Campaign test sent to test devices" in sent.text
+    assert f"test-send:{send_id}" in sent.text
+    assert "Laptop: sent" in sent.text
