@@ -51,6 +51,9 @@ MAX_DEVICES_PER_STAFF = 20
 MAX_DEVICES_PER_SEND = 10
 SENDS_PER_WINDOW = 10
 SEND_WINDOW = dt.timedelta(minutes=10)
+# A test send's answer page lasts this long; older ones of the same person are deleted
+# when they send the next (the audit trail keeps what was sent to which device).
+SEND_KEPT = dt.timedelta(days=30)
 
 # The largest id the column holds (a 32-bit INTEGER): a larger number names no device.
 MAX_ID = 2**31 - 1
@@ -278,6 +281,27 @@ def next_send_allowed(
     if len(times) < SENDS_PER_WINDOW:
         return None
     return times[len(times) - SENDS_PER_WINDOW] + SEND_WINDOW
+
+
+def record_send(
+    session: Session,
+    staff_id: uuid.UUID,
+    fields: dict[str, Any],
+    outcomes: list[dict[str, Any]],
+    *,
+    now: dt.datetime,
+) -> TestSend:
+    """Keep a send's form and outcomes (its answer page), and let go of this person's
+    sends older than SEND_KEPT."""
+    session.execute(
+        sa.delete(TestSend).where(
+            TestSend.staff_user_id == staff_id, TestSend.sent_at < now - SEND_KEPT
+        )
+    )
+    sent = TestSend(staff_user_id=staff_id, sent_at=now, fields=fields, outcomes=outcomes)
+    session.add(sent)
+    session.flush()
+    return sent
 
 
 # -- sending ------------------------------------------------------------------------------

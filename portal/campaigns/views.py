@@ -592,7 +592,10 @@ def campaign_device_test() -> Any:
             f"{int(testdevices.SEND_WINDOW.total_seconds() // 60)} minutes: you can send "
             f"the next one at {wait:%H:%M:%S} UTC"
         )
-        return _review_page(form, draft, chosen=ids, device_error=message), 429
+        refused = _review_page(form, draft, chosen=ids, device_error=message)
+        refused.status_code = 429
+        refused.headers["Retry-After"] = str(max(1, int((wait - now).total_seconds() + 0.999)))
+        return refused
     campaign = services.unsaved_campaign(
         db.session,
         draft,
@@ -610,11 +613,9 @@ def campaign_device_test() -> Any:
         transport=testdevices.transport_for(current_app._get_current_object()),  # type: ignore[attr-defined]
         now=now,
     )
-    sent = testdevices.TestSend(
-        staff_user_id=staff.id, sent_at=now, fields=_device_form_fields(form), outcomes=outcomes
+    sent = testdevices.record_send(
+        db.session, staff.id, _device_form_fields(form), outcomes, now=now
     )
-    db.session.add(sent)
-    db.session.flush()
     audit.record(
         db.session,
         staff,

@@ -54,6 +54,38 @@
     return registration.pushManager.subscribe({ userVisibleOnly: true, applicationServerKey: keyBytes(key) });
   }
 
+  /* Marks the row of this browser, when it is one of the devices listed: its push
+     subscription's endpoint hashes (SHA-256) to the row's. Asks nothing of the person:
+     only a browser that already allowed notifications is looked at. */
+  async function markThisBrowser() {
+    if (!window.crypto || !window.crypto.subtle || !("serviceWorker" in navigator)) {
+      return;
+    }
+    if (!("Notification" in window) || Notification.permission !== "granted") {
+      return;
+    }
+    var registration = await navigator.serviceWorker.getRegistration("/");
+    var found = registration ? await registration.pushManager.getSubscription() : null;
+    if (!found) {
+      return;
+    }
+    var digest = await window.crypto.subtle.digest("SHA-256", new TextEncoder().encode(found.endpoint));
+    var hex = Array.prototype.map
+      .call(new Uint8Array(digest), function (b) {
+        return ("0" + b.toString(16)).slice(-2);
+      })
+      .join("");
+    var rows = document.querySelectorAll("tr[data-endpoint-sha256]");
+    for (var i = 0; i < rows.length; i += 1) {
+      if (rows[i].getAttribute("data-endpoint-sha256") === hex) {
+        rows[i].querySelector("[data-this-browser]").hidden = false;
+      }
+    }
+  }
+  markThisBrowser().catch(function () {
+    /* only a label: nothing to do */
+  });
+
   form.addEventListener("submit", function (event) {
     if (field.value) {
       return; // filled in below: this is the real submission

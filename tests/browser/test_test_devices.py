@@ -186,6 +186,8 @@ def test_the_empty_page_then_this_browser_registered(viewport, new_context, serv
     expect(page.locator("table.test-devices tbody tr")).to_have_count(1)
     expect(page.locator("table.test-devices")).to_contain_text("Work laptop, Chromium")
     expect(page.locator("table.test-devices")).to_contain_text("Never tested")
+    # The row of this very browser says so (its endpoint's SHA-256 matches).
+    expect(page.locator("table.test-devices [data-this-browser]")).to_be_visible()
     # The real service worker was registered and the subscription asked for once.
     assert page.evaluate("navigator.serviceWorker.getRegistration('/').then(r => !!r)")
     assert len(calls(page, "subscribe")) == 1
@@ -233,6 +235,7 @@ def test_the_review_page_chooses_devices_and_says_what_each_answered(viewport, n
     page = review(viewport)(new_context, server)
     boxes = page.locator(".device-test input[type=checkbox][name=device]")
     expect(boxes).to_have_count(2)
+    expect(page.locator(".device-test input[name=device]:checked")).to_have_count(0)
     expect(page.locator(".device-test")).to_contain_text("Work laptop, Chromium")
     expect(page.locator(".device-test")).to_contain_text("Phone, Firefox")
     _checked(page, "review-devices", viewport, part=".device-test")

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from portal.campaigns import testdevices
 from portal.campaigns.testdevice_models import TestDevice, TestSend
 from portal.campaigns.testdevices import SENDS_PER_WINDOW
 from portal.consent.catalogue import topic_by_slug
@@ -97,7 +98,7 @@ def test_the_page_registers_renames_and_removes_this_browser(app, staff, fake_pu
     sub = register(staff, fake_push, "  Work   laptop ")
     page = staff.get("/staff/campaigns/test-devices").text
     assert "This browser is registered as “Work laptop”" in page
-    assert ">Work laptop</th>" in page
+    assert 'data-label="Name">Work laptop <span' in page
     assert "Never tested" in page
     (row,) = all_rows(engine, "staff_test_device")
     # Kept as a push subscription is: the endpoint, its hash, the auth secret sealed.
@@ -429,6 +430,8 @@ def test_test_sends_are_rate_limited_per_person(app, staff, sign_in, fake_push, 
     before = snapshot(engine)
     refused = send(staff, ids)
     assert refused.status_code == 429
+    # The first of the ten went 10 seconds ago: the next may go 10 minutes after it.
+    assert refused.headers["Retry-After"] == str(10 * 60 - SENDS_PER_WINDOW)
     assert f"You have sent {SENDS_PER_WINDOW} tests in the last 10 minutes" in refused.text
     assert snapshot(engine) == before
     assert len(fake_push.received()) == SENDS_PER_WINDOW
@@ -438,6 +441,25 @@ def test_test_sends_are_rate_limited_per_person(app, staff, sign_in, fake_push, 
     assert send(other, [device_ids(app)["Other laptop"]]).status_code == 303
     clock.advance(dt.timedelta(minutes=10))
     assert send(staff, ids).status_code == 303
+
+
+def test_a_persons_old_answer_pages_go_when_they_send_again(
+    app, staff, sign_in, fake_push, clock, monkeypatch
+):
+    # Thirty days in production; minutes here, so the staff sessions stay open.
+    monkeypatch.setattr(testdevices, "SEND_KEPT", dt.timedelta(minutes=5))
+    register(staff, fake_push, "Laptop")
+    ids = list(device_ids(app).values())
+    old = send(staff, ids).headers["Location"]
+    other = sign_in(app, "other@example.test")
+    register(other, fake_push, "Other laptop")
+    others = send(other, [device_ids(app)["Other laptop"]]).headers["Location"]
+    clock.advance(dt.timedelta(minutes=5, seconds=1))
+    assert staff.get(old).status_code == 200  # kept until the next send
+    new = send(staff, ids).headers["Location"]
+    assert staff.get(old).status_code == 404
+    assert staff.get(new).status_code == 200
+    assert other.get(others).status_code == 200  # someone else's are theirs to keep
 
 
 def test_the_answer_page_is_the_senders_alone(app, staff, sign_in, fake_push):
@@ -496,6 +518,8 @@ def test_the_heartbeat_leaves_a_test_devices_subscription_alone(app, staff, fake
     )
     assert kept.status_code == 200
     assert kept.json["action"] == "none"
+    status = browser.post("/api/push/status", json={"endpoint": sub.endpoint, "auth": sub.auth_b64})
+    assert (status.json["status"], status.json["action"]) == ("unknown", "none")
     # Without its secret the endpoint proves nothing: the usual answer for a stranger.
     stranger = browser.post("/api/push/heartbeat", json={"endpoint": sub.endpoint})
     assert stranger.json["action"] == "unsubscribe"
@@ -548,3 +572,14 @@ def test_the_audit_page_lists_test_device_actions(app, staff, sign_in, fake_push
     assert "Campaign test sent to test devices" in sent.text
     assert f"test-send:{send_id}" in sent.text
     assert "Laptop: sent" in sent.text
+
+
+def test_an_only_device_is_chosen_already_and_several_are_not(app, staff, fake_push):
+    register(staff, fake_push, "Laptop")
+    (only,) = device_ids(app).values()
+    html = staff.post("/staff/campaigns/new", {**form_data(), "action": "review"}).text
+    assert f'name="device" value="{only}" checked>' in html
+    register(staff, fake_push, "Phone")
+    html = staff.post("/staff/campaigns/new", {**form_data(), "action": "review"}).text
+    assert 'name="device" value="' in html
+    assert "checked>" not in html.split("Which of your test devices")[1].split("</fieldset>")[0]
