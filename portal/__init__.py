@@ -109,6 +109,7 @@ def create_app(
 def _register_blueprints(app: Flask) -> None:
     from portal import api, cli, health, metrics, openapi, pages
     from portal.campaigns import cli as campaign_cli
+    from portal.campaigns import device_views as test_device_pages
     from portal.campaigns import views as campaign_pages
     from portal.compliance import cli as compliance_cli
     from portal.compliance import views as compliance_pages
@@ -141,6 +142,7 @@ def _register_blueprints(app: Flask) -> None:
     staff_page_modules = (
         staff_pages,
         campaign_pages,
+        test_device_pages,
         feedback_pages,
         operations_pages,
         compliance_pages,

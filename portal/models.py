@@ -1,6 +1,7 @@
 """Every model, imported in one place so the metadata is complete (Alembic, tests)."""
 
 from portal.campaigns.models import Campaign, CircuitState, Draft
+from portal.campaigns.testdevice_models import TestDevice, TestSend
 from portal.consent.models import ConsentEvent, PolicyVersion, Topic, TopicPreference
 from portal.delivery.models import Delivery, DeliveryReceipt
 from portal.feedback.models import FeedbackApplied, FeedbackDigest
@@ -31,6 +32,8 @@ __all__ = [
     "StaffSession",
     "StaffUser",
     "Subscriber",
+    "TestDevice",
+    "TestSend",
     "Topic",
     "TopicPreference",
 ]

@@ -89,8 +89,21 @@ def action_id(index: int) -> str:
 
 def payload(campaign: Campaign, delivery_id: int) -> bytes:
     """What the service worker receives (decrypted): compact JSON."""
+    return _encoded({"deliveryId": str(delivery_id), **_message(campaign)})
+
+
+def device_payload(campaign: Campaign) -> bytes:
+    """The same message for a test device: every field but ``deliveryId``, since a test
+    is no delivery (the service worker then reports no receipt for it)."""
+    return _encoded(_message(campaign))
+
+
+def _encoded(message: dict[str, Any]) -> bytes:
+    return json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def _message(campaign: Campaign) -> dict[str, Any]:
     message: dict[str, Any] = {
-        "deliveryId": str(delivery_id),
         "campaignId": str(campaign.id),
         "title": campaign.title,
         "body": campaign.body,
@@ -113,7 +126,7 @@ def payload(campaign: Campaign, delivery_id: int) -> bytes:
         message["requireInteraction"] = True
     if campaign.silent:
         message["silent"] = True
-    return json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    return message
 
 
 class PayloadTemplate:
@@ -339,8 +352,35 @@ def create_campaign(
     problems = validate_draft(session, draft, now=now, link_origins=link_origins)
     if problems:
         raise problems[0]
+    campaign = unsaved_campaign(
+        session,
+        draft,
+        created_by=created_by,
+        now=now,
+        is_test=is_test,
+        campaign_id=campaign_id,
+        link_origins=link_origins,
+    )
+    session.add(campaign)
+    session.flush()
+    return campaign
+
+
+def unsaved_campaign(
+    session: Session,
+    draft: CampaignDraft,
+    *,
+    created_by: str,
+    now: dt.datetime,
+    is_test: bool = False,
+    campaign_id: uuid.UUID | None = None,
+    link_origins: LinkOrigins = _PATHS_ONLY,
+) -> Campaign:
+    """The campaign a valid draft makes, not added to the session: what
+    :func:`create_campaign` stores, and what a test device receives
+    (:func:`device_payload`) without anything being stored."""
     topic = topic_by_slug(session, draft.topic)
-    campaign = Campaign(
+    return Campaign(
         id=campaign_id or uuid7(),
         topic_id=topic.id,
         title=draft.title.strip(),
@@ -364,9 +404,6 @@ def create_campaign(
         launched_at=now,
         is_test=is_test,
     )
-    session.add(campaign)
-    session.flush()
-    return campaign
 
 
 def create_test_campaign(

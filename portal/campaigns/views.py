@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 
 from flask import (
     Response,
+    current_app,
     flash,
     jsonify,
     make_response,
@@ -25,10 +26,20 @@ from flask import (
 )
 from sqlalchemy.exc import IntegrityError
 
-from portal.campaigns import drafts, funnel, funnel_chart, outcome, presentation, services, zones
+from portal.campaigns import (
+    drafts,
+    funnel,
+    funnel_chart,
+    outcome,
+    presentation,
+    services,
+    testdevices,
+    zones,
+)
 from portal.campaigns.actions import (
     CANCELLED,
     CLONED,
+    DEVICE_TEST_SENT,
     DRAFT_CHANGED,
     DRAFT_SAVED,
     LAUNCHED,
@@ -206,7 +217,13 @@ def _audience(topic: Topic) -> dict[str, Any]:
 
 
 def _review_page(
-    form: CampaignForm, draft: CampaignDraft, *, test_campaign: Campaign | None = None
+    form: CampaignForm,
+    draft: CampaignDraft,
+    *,
+    test_campaign: Campaign | None = None,
+    device_test: testdevices.TestSend | None = None,
+    chosen: list[int] | None = None,
+    device_error: str | None = None,
 ) -> Any:
     if form.chosen_id() is None:
         form.campaign_id.data = str(uuid7())
@@ -229,6 +246,12 @@ def _review_page(
             family=family,
             test_campaign=test_campaign,
             dispatch_every=current_portal().settings.schedule.dispatch,
+            devices=testdevices.devices_of(db.session, _signed_in().id),
+            chosen=set(chosen or ()),
+            device_test=device_test,
+            device_error=device_error,
+            result_labels=testdevices.RESULT_LABELS,
+            max_devices=testdevices.MAX_DEVICES_PER_SEND,
         )
     )
 
@@ -528,6 +551,103 @@ def campaign_test_sent(campaign_id: uuid.UUID) -> Any:
         flash("Your test is queued. Change what the form shows before you launch.")
         return _form_page(form)
     return _review_page(form, draft, test_campaign=campaign)
+
+
+def _device_form_fields(form: CampaignForm) -> dict[str, Any]:
+    """The form as sent to test devices: the draft's fields and the review page's own
+    (the launch id, the draft being edited), to show the review page again."""
+    return {
+        **form.typed(),
+        "campaign_id": form.campaign_id.data or "",
+        "draft_id": form.draft_id.data or "",
+        "draft_version": form.draft_version.data or "",
+    }
+
+
+@bp.post("/campaigns/device-test")
+@staff_required(Role.CAMPAIGNS)
+def campaign_device_test() -> Any:
+    """Send the reviewed campaign's message to some of the sender's test devices, now.
+
+    Nothing is launched and no campaign or delivery is stored: the message goes out in
+    this request (:func:`portal.campaigns.testdevices.send_test`) and the answer page
+    says what each device's push service answered."""
+    form = CampaignForm()
+    draft = check(form, db.session, now=_now())
+    if draft is None:
+        return _form_page(form, status=422)
+    staff = _signed_in()
+    values = request.form.getlist("device")
+    try:
+        ids = testdevices.parse_choice(values)
+        devices = testdevices.chosen_devices(db.session, staff.id, ids)
+    except ApiError as problem:
+        kept = [int(v) for v in values if v.isascii() and v.isdigit() and len(v) < 19]
+        return _review_page(form, draft, chosen=kept, device_error=problem.message), 422
+    now = _now()
+    wait = testdevices.next_send_allowed(db.session, staff.id, now)
+    if wait is not None:
+        message = (
+            f"You have sent {testdevices.SENDS_PER_WINDOW} tests in the last "
+            f"{int(testdevices.SEND_WINDOW.total_seconds() // 60)} minutes: you can send "
+            f"the next one at {wait:%H:%M:%S} UTC"
+        )
+        refused = _review_page(form, draft, chosen=ids, device_error=message)
+        refused.status_code = 429
+        refused.headers["Retry-After"] = str(max(1, int((wait - now).total_seconds() + 0.999)))
+        return refused
+    campaign = services.unsaved_campaign(
+        db.session,
+        draft,
+        created_by=staff.email,
+        now=now,
+        is_test=True,
+        campaign_id=form.chosen_id(),
+        link_origins=campaign_link_origins(),
+    )
+    outcomes = testdevices.send_test(
+        db.session,
+        devices,
+        campaign,
+        keys=current_portal().keys,
+        transport=testdevices.transport_for(current_app._get_current_object()),  # type: ignore[attr-defined]
+        now=now,
+    )
+    sent = testdevices.record_send(
+        db.session, staff.id, _device_form_fields(form), outcomes, now=now
+    )
+    audit.record(
+        db.session,
+        staff,
+        DEVICE_TEST_SENT,
+        f"test-send:{sent.id}",
+        {
+            "topic": draft.topic,
+            "title": campaign.title,
+            "devices": [f"{o['name']}: {o['result']}" for o in outcomes],
+        },
+    )
+    db.session.commit()
+    # Post/redirect/get: reloading the answer shows these outcomes, never sends again.
+    return redirect(url_for("staff.campaign_device_tested", send_id=sent.id), 303)
+
+
+@bp.get("/campaigns/device-test/<uuid:send_id>")
+@staff_required(Role.CAMPAIGNS)
+def campaign_device_tested(send_id: uuid.UUID) -> Any:
+    """The review page again after a test to devices: the form as it was sent and what
+    each device's push service answered. Only the sender sees it."""
+    sent = db.session.get(testdevices.TestSend, send_id)
+    if sent is None or sent.staff_user_id != _signed_in().id:
+        return _not_found()
+    form = CampaignForm(formdata=None, data=dict(sent.fields))
+    draft = check(form, db.session, now=_now())
+    if draft is None:  # a rule changed since (a send time passed): say which
+        flash("Your test was sent. Change what the form shows before you launch.")
+        return _form_page(form)
+    return _review_page(
+        form, draft, device_test=sent, chosen=[int(o["device"]) for o in sent.outcomes]
+    )
 
 
 # -- one campaign -------------------------------------------------------------------------

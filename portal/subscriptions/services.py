@@ -21,6 +21,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
+from portal.campaigns.testdevice_models import TestDevice
 from portal.consent import log
 from portal.consent.models import EventKind, Source
 from portal.db import is_postgres, uuid7
@@ -128,6 +129,28 @@ def holds_subscription(sub: PushSubscription, proof: Proof, *, keys: KeyRing) ->
         auth_sealed=sub.auth_sealed,
         auth_key_version=sub.auth_key_version,
         keys=keys,
+    )
+
+
+def held_as_test_device(session: Session, endpoint: str, proof: Proof, *, keys: KeyRing) -> bool:
+    """True when this browser shows it holds a test device's subscription (its auth
+    secret: a test device has no device cookie) that its push service has not dropped."""
+    if proof.auth is None:
+        return False
+    devices = session.execute(
+        sa.select(TestDevice.auth_sealed, TestDevice.auth_key_version).where(
+            TestDevice.endpoint_hash.in_(lookup_hashes(endpoint)), TestDevice.gone_at.is_(None)
+        )
+    )
+    return any(
+        holds(
+            Proof(auth=proof.auth),
+            subscription_id=uuid.UUID(int=0),
+            auth_sealed=sealed,
+            auth_key_version=version,
+            keys=keys,
+        )
+        for sealed, version in devices
     )
 
 
@@ -374,6 +397,10 @@ def heartbeat(
     sub = find_by_endpoint(session, endpoint)
     if sub is None or not holds_subscription(sub, proof, keys=keys):
         known = _live_subscriber(session, subscriber_id) is not None
+        if not known and held_as_test_device(session, endpoint, proof, keys=keys):
+            # A staff member's test device (portal/campaigns/testdevices.py), not a
+            # subscription: the browser keeps it, and nothing here changes.
+            return HeartbeatResult("unknown", "none", None)
         return HeartbeatResult("unknown", "resubscribe" if known else "unsubscribe", None)
     if sub.deleted_at is not None or sub.state == SubscriptionState.REVOKED:
         # Erased, unsubscribed or revoked: the browser must drop its subscription, or the

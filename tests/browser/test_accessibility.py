@@ -723,6 +723,20 @@ def _composer(state: str) -> Reach:
     return reach
 
 
+def _test_devices(state: str) -> Reach:
+    """The states of test_test_devices.py: the Test devices page empty, with this browser
+    registered, a refused registration; the review page's choice of devices and its
+    answer after a test to them."""
+
+    def reach(new_context: Callable[..., Any], server: LiveServer) -> Page:
+        from tests.browser import test_test_devices as devices
+
+        made: Reach = getattr(devices, state)()
+        return made(new_context, server)
+
+    return reach
+
+
 def _campaign_review_with_a_device(new_context: Callable[..., Any], server: LiveServer) -> Page:
     """The review page in a browser the campaigner subscribed on: it offers a test send."""
     from tests.factories import SubscriptionFactory
@@ -1001,6 +1015,11 @@ STAFF_PAGES = [
     PageState("staff-campaign-draft", _composer("saved_draft")),
     PageState("staff-campaign-draft-stale", _composer("stale_draft")),
     PageState("staff-campaigns-with-drafts", _composer("drafts_listed")),
+    PageState("staff-test-devices-empty", _test_devices("empty")),
+    PageState("staff-test-devices-one", _test_devices("registered")),
+    PageState("staff-test-devices-error", _test_devices("refused"), error_summary=True),
+    PageState("staff-campaign-review-devices", _test_devices("review")),
+    PageState("staff-campaign-devices-tested", _test_devices("after_a_test")),
     PageState("staff-admin-topics", _staff_page("/staff/admin/topics")),
     PageState("staff-admin-topic-new", _staff_page("/staff/admin/topics/new")),
     PageState(

@@ -69,6 +69,12 @@ EXPECTED: dict[tuple[str, str], frozenset[Role]] = {
     ("/staff/campaigns/<uuid:campaign_id>/cancel", "POST"): CAMPAIGNS,
     ("/staff/campaigns/<uuid:campaign_id>/clone", "POST"): CAMPAIGNS,
     ("/staff/campaigns/drafts/<uuid:draft_id>", "GET"): CAMPAIGNS,
+    ("/staff/campaigns/test-devices", "GET"): CAMPAIGNS,
+    ("/staff/campaigns/test-devices", "POST"): CAMPAIGNS,
+    ("/staff/campaigns/test-devices/<int:device_id>/rename", "POST"): CAMPAIGNS,
+    ("/staff/campaigns/test-devices/<int:device_id>/remove", "POST"): CAMPAIGNS,
+    ("/staff/campaigns/device-test", "POST"): CAMPAIGNS,
+    ("/staff/campaigns/device-test/<uuid:send_id>", "GET"): CAMPAIGNS,
 }
 PUBLIC = {"/staff/login"}
 
@@ -136,7 +142,7 @@ def test_the_walk_finds_staff_routes_mounted_anywhere(make_app):
 
 def _url(rule: str, staff_id) -> str:
     # Plain segments (a topic slug, a policy version) name nothing: the page answers 404.
-    samples = {"uuid": str(staff_id), "default": "no-such-thing"}
+    samples = {"uuid": str(staff_id), "int": "999999", "default": "no-such-thing"}
     return re.sub(r"<(?:(\w+):)?\w+>", lambda m: samples[m.group(1) or "default"], rule)
 
 
@@ -211,7 +217,7 @@ def test_the_dashboard_lists_only_what_each_role_may_do(app, browser, make_staff
             "Change your password",
         },
         Role.COMPLIANCE: {"Audit trail", "Change your password"},
-        Role.CAMPAIGNS: {"Campaigns", "Change your password"},
+        Role.CAMPAIGNS: {"Campaigns", "Test devices", "Change your password"},
     }
     every = {
         "Staff accounts",
@@ -219,6 +225,7 @@ def test_the_dashboard_lists_only_what_each_role_may_do(app, browser, make_staff
         "Delivery feedback",
         "Background jobs",
         "Campaigns",
+        "Test devices",
         "Change your password",
     }
     for role, titles in expected.items():

@@ -28,6 +28,8 @@ TABLES = (
     "job_state",
     "job_run",
     "feedback_digest",
+    "staff_test_device",
+    "staff_test_send",
 )
 
 

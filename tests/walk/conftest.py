@@ -239,6 +239,39 @@ def _draft(app: Flask) -> uuid.UUID:
         return drafts.create(session, fields, by="campaigns@example.test", now=NOW).id
 
 
+def _test_device(app: Flask, staff_id: uuid.UUID, name: str) -> tuple[int, uuid.UUID]:
+    """A test device of this member of staff, and a test send that reached it."""
+    from portal.campaigns import testdevices
+    from portal.subscriptions.validation import HostAllowList, validate_subscription
+    from tests.campaigns.conftest import form_data
+
+    settings = current_portal(app).settings
+    subscription = validate_subscription(
+        SubscriptionFactory()().to_json(),
+        allowed=HostAllowList(settings.push_allowed_hosts),
+        max_length=settings.endpoint_max_length,
+    )
+    with app.app_context(), db.begin() as session:
+        device = testdevices.register(
+            session,
+            staff_id,
+            name,
+            subscription,
+            user_agent=None,
+            keys=current_portal(app).keys,
+            now=NOW,
+        ).device
+        sent = testdevices.TestSend(
+            staff_user_id=staff_id,
+            sent_at=NOW,
+            fields={**form_data(), "campaign_id": "", "draft_id": "", "draft_version": ""},
+            outcomes=[{"device": device.id, "name": name, "result": "sent", "detail": "Accepted"}],
+        )
+        session.add(sent)
+        session.flush()
+        return device.id, sent.id
+
+
 def _assertions() -> list[str]:
     """Signed with the configured secret, so they reach the claims: good and hostile."""
     later = time.time() + 3600  # assertions are checked against the real clock
@@ -266,10 +299,14 @@ def build_world(app: Flask) -> World:
     publish_test_catalogue(app, NOW)
     factory = SubscriptionFactory()
     personas = {name: Persona(name, app.test_client(), factory) for name in PERSONAS}
+    staff_ids = {}
     for name, role in STAFF_ROLES.items():
         personas[name].role = role
-        _staff(app, personas[name].email, role)
+        staff_ids[name] = _staff(app, personas[name].email, role)
     victim = _staff(app, "victim@example.test", Role.CAMPAIGNS)
+    # Test devices: the campaigns persona's own, and another person's.
+    own_device, own_send = _test_device(app, staff_ids["campaigns"], "Walked laptop")
+    victims_device, victims_send = _test_device(app, victim, "Victim's phone")
     disabled = _staff(app, "disabled@example.test", Role.COMPLIANCE, disabled=True)
     subscriber = personas["subscriber"]
     subscriber.subscribe()
@@ -309,6 +346,8 @@ def build_world(app: Flask) -> World:
         "subscriber_id": [str(person_id), str(gone_id)],
         "campaign_id": [str(_campaign(app, paused=False)), str(_campaign(app, paused=True))],
         "draft_id": [str(_draft(app))],
+        "device_id": [str(own_device), str(victims_device)],
+        "send_id": [str(own_send), str(victims_send)],
         "subscription_id": [str(d) for d in subscriber.devices],
         "slug": topics,
         "version": ["v1", "v1.1"],

@@ -13,6 +13,7 @@ campaigns and staff to act on.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from werkzeug.test import TestResponse
 
 from tests.api.guard import TableDigest
 from tests.campaigns.conftest import form_data
+from tests.factories import SubscriptionFactory
 from tests.staff.conftest import PASSWORD
 from tests.staff.conftest import csrf_from as csrf_token
 from tests.walk import walk
@@ -138,6 +140,30 @@ def _test_send(flow: Flow) -> TestResponse:
     )
 
 
+def _own_test_device(flow: Flow) -> str:
+    """The campaigns persona's own test device (tests/walk/conftest.py)."""
+    return flow.world.parameters["device_id"][0]
+
+
+def _register_test_device(flow: Flow) -> TestResponse:
+    subscription = json.dumps(SubscriptionFactory()().to_json())
+    return flow.post(
+        "campaigns",
+        "/staff/campaigns/test-devices",
+        {"name": "Walked phone", "subscription": subscription},
+    )
+
+
+def _device_test(flow: Flow) -> TestResponse:
+    review = flow.step("campaigns", "/staff/campaigns/new", {**form_data(), "action": "review"})
+    assert f'name="device" value="{_own_test_device(flow)}"' in review.text
+    return flow.post(
+        "campaigns",
+        "/staff/campaigns/device-test",
+        {**form_data(), "device": _own_test_device(flow)},
+    )
+
+
 def _policy_new(flow: Flow) -> TestResponse:
     path = "/staff/admin/policies/new"
     text = "We send what you choose.\r\nNow monthly."
@@ -246,6 +272,16 @@ SUBMISSIONS: dict[Target, Callable[[Flow], TestResponse]] = {
     ("/staff/compliance/verify-log", "POST"): _simple("compliance", "/staff/compliance/verify-log"),
     ("/staff/campaigns/new", "POST"): _campaign_new,
     ("/staff/campaigns/test-send", "POST"): _test_send,
+    ("/staff/campaigns/test-devices", "POST"): _register_test_device,
+    ("/staff/campaigns/test-devices/<int:device_id>/rename", "POST"): lambda flow: flow.post(
+        "campaigns",
+        f"/staff/campaigns/test-devices/{_own_test_device(flow)}/rename",
+        {"name": "Renamed laptop"},
+    ),
+    ("/staff/campaigns/test-devices/<int:device_id>/remove", "POST"): lambda flow: flow.post(
+        "campaigns", f"/staff/campaigns/test-devices/{_own_test_device(flow)}/remove", {}
+    ),
+    ("/staff/campaigns/device-test", "POST"): _device_test,
     ("/staff/campaigns/<uuid:campaign_id>/clone", "POST"): _simple(
         "campaigns", "/staff/campaigns/<scheduled>/clone"
     ),

@@ -33,6 +33,10 @@ def test_every_rule_is_walked(world):
         forms[("/staff/campaigns/new", "POST")].fields
     )
     assert "subscription" in forms[("/staff/campaigns/test-send", "POST")].fields
+    assert {"device", "title", "campaign_id"} <= set(
+        forms[("/staff/campaigns/device-test", "POST")].fields
+    )
+    assert {"name", "subscription"} <= set(forms[("/staff/campaigns/test-devices", "POST")].fields)
     assert "previewed" in forms[("/staff/admin/policies/new", "POST")].fields
     assert {"create", "edit", "review"} <= forms[("/staff/admin/topics/new", "POST")].fields[
         "action"
