@@ -31,7 +31,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from portal.campaigns.models import Campaign
-from portal.db import is_postgres
+from portal.db import is_postgres, without_jit
 from portal.delivery.models import Delivery, DeliveryReceipt, DeliveryStatus, ReceiptEvent
 
 _d = cast(sa.Table, Delivery.__table__)
@@ -151,9 +151,17 @@ def _seconds(session: Session, column: sa.ColumnElement[Any]) -> sa.ColumnElemen
     return sa.cast(sa.func.strftime("%s", column), sa.BigInteger)
 
 
-def _earlier(a: sa.ColumnElement[int], b: sa.ColumnElement[int]) -> sa.ColumnElement[int]:
-    """The earlier of two times, either of which may be NULL."""
-    return sa.case((a.is_(None), b), (b.is_(None), a), (b < a, b), else_=a)
+# Later than any time in seconds: a stand-in for "none" where SQLite's min() would give NULL.
+_NEVER = 2**62
+
+
+def _earliest(session: Session, *times: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
+    """The earliest of some times, any of which may be NULL (all NULL: NULL). PostgreSQL's
+    least() skips NULLs; SQLite's many-argument min() does not, so there NULL stands for
+    never."""
+    if is_postgres(session):
+        return sa.func.least(*times)
+    return sa.func.nullif(sa.func.min(*(sa.func.coalesce(t, _NEVER) for t in times)), _NEVER)
 
 
 def choose_width(first: int, last: int) -> tuple[int, int]:
@@ -181,28 +189,21 @@ def _at(seconds: int) -> dt.datetime:
 def read(session: Session, campaign: Campaign, *, now: dt.datetime) -> Funnel:
     """The campaign's funnel: the three counts, the receipts outside it and the counts
     per period since its first acceptance."""
+    without_jit(session)
     shown = _r.alias("shown_receipt")
     clicked = _r.alias("clicked_receipt")
     button_1 = _r.alias("button_1_receipt")
     button_2 = _r.alias("button_2_receipt")
     key = sa.cast(_d.c.id, sa.String)
-    shown_at = _seconds(session, shown.c.at)
-    # Clicked: the first click anywhere, on the notification or one of its buttons.
-    clicked_at = _earlier(
-        _earlier(_seconds(session, clicked.c.at), _seconds(session, button_1.c.at)),
-        _seconds(session, button_2.c.at),
-    )
-    seen_at = _earlier(shown_at, clicked_at)  # shown: its receipt, or the click
-    per_delivery = (
+    # Each delivery's answer and receipts, as seconds (NULL: none), in one row.
+    times = (
         sa.select(
             (_d.c.status == DeliveryStatus.ACCEPTED.value).label("accepted"),
-            _earlier(_seconds(session, _d.c.updated_at), seen_at).label("accepted_at"),
-            seen_at.label("shown_at"),
-            clicked_at.label("clicked_at"),
-            shown.c.id.is_(None).label("no_shown_receipt"),
-            clicked.c.id.is_not(None).label("body_clicked"),
-            button_1.c.id.is_not(None).label("button_1_clicked"),
-            button_2.c.id.is_not(None).label("button_2_clicked"),
+            _seconds(session, _d.c.updated_at).label("answered"),
+            _seconds(session, shown.c.at).label("shown"),
+            _seconds(session, clicked.c.at).label("body"),
+            _seconds(session, button_1.c.at).label("button_1"),
+            _seconds(session, button_2.c.at).label("button_2"),
         )
         .select_from(_d)
         .outerjoin(
@@ -221,55 +222,86 @@ def read(session: Session, campaign: Campaign, *, now: dt.datetime) -> Funnel:
             sa.and_(button_2.c.delivery_id == key, button_2.c.event == ReceiptEvent.ACTION_2.value),
         )
         .where(_d.c.campaign_id == campaign.id)
-        .subquery("per_delivery")
+        .subquery("receipt_times")
     )
+    t = times.c
+    clicks = (t.body, t.button_1, t.button_2)  # on the notification, or on one of its buttons
+    per_delivery = sa.select(
+        t.accepted,
+        # A delivery was accepted no later than anything its browser reported, shown no
+        # later than it was clicked, and clicked at its first click anywhere.
+        _earliest(session, t.answered, t.shown, *clicks).label("accepted_at"),
+        _earliest(session, t.shown, *clicks).label("shown_at"),
+        _earliest(session, *clicks).label("clicked_at"),
+        t.shown.is_(None).label("no_shown_receipt"),
+        t.body.is_not(None).label("body_clicked"),
+        t.button_1.is_not(None).label("button_1_clicked"),
+        t.button_2.is_not(None).label("button_2_clicked"),
+    ).cte("per_delivery")
     p = per_delivery.c
     accepted = p.accepted.is_(True)
-
-    def count(*conditions: sa.ColumnElement[bool]) -> sa.ColumnElement[Any]:
-        return sa.func.coalesce(sa.func.sum(sa.case((sa.and_(*conditions), 1), else_=0)), 0)
-
-    totals = session.execute(
+    # One statement, one pass over the campaign's deliveries and their receipts (the CTE,
+    # computed once): each stage's count per minute, the counts that have no time, and the
+    # first acceptance and latest event to the second. The periods are whole minutes
+    # from a minute boundary, so the minutes add up into whichever period the chart takes.
+    minute = {
+        "accepted": p.accepted_at // MINUTE,
+        "shown": p.shown_at // MINUTE,
+        "clicked": p.clicked_at // MINUTE,
+    }
+    when = {
+        "accepted": accepted,
+        "shown": sa.and_(accepted, p.shown_at.is_not(None)),
+        "clicked": sa.and_(accepted, p.clicked_at.is_not(None)),
+        "unreported": sa.and_(accepted, p.clicked_at.is_not(None), p.no_shown_receipt.is_(True)),
+        "unaccepted": sa.and_(p.accepted.is_(False), p.shown_at.is_not(None)),
+        "body": sa.and_(accepted, p.body_clicked.is_(True)),
+        "button-1": sa.and_(accepted, p.button_1_clicked.is_(True)),
+        "button-2": sa.and_(accepted, p.button_2_clicked.is_(True)),
+    }
+    parts: list[Any] = []
+    for kind, condition in when.items():
+        period = minute.get(kind)
+        part = sa.select(
+            sa.literal(kind).label("kind"),
+            (period if period is not None else sa.cast(sa.null(), sa.BigInteger)).label("at"),
+            sa.func.count().label("n"),
+        ).where(condition)
+        parts.append(part.group_by(period) if period is not None else part)
+    parts.append(
         sa.select(
-            count(accepted),
-            count(accepted, p.shown_at.is_not(None)),
-            count(accepted, p.clicked_at.is_not(None)),
-            count(accepted, p.clicked_at.is_not(None), p.no_shown_receipt.is_(True)),
-            count(p.accepted.is_(False), p.shown_at.is_not(None)),
-            count(accepted, p.body_clicked.is_(True)),
-            count(accepted, p.button_1_clicked.is_(True)),
-            count(accepted, p.button_2_clicked.is_(True)),
-            sa.func.min(sa.case((accepted, p.accepted_at))),
-            # clicked ≥ shown ≥ accepted for each delivery: its latest event is the first given.
-            sa.func.max(
-                sa.case((accepted, sa.func.coalesce(p.clicked_at, p.shown_at, p.accepted_at)))
-            ),
+            sa.literal("first").label("kind"), sa.func.min(p.accepted_at), sa.literal(0)
+        ).where(accepted)
+    )
+    # clicked ≥ shown ≥ accepted for each delivery: its latest event is the first given.
+    latest = sa.func.coalesce(p.clicked_at, p.shown_at, p.accepted_at)
+    parts.append(
+        sa.select(sa.literal("last").label("kind"), sa.func.max(latest), sa.literal(0)).where(
+            accepted
         )
-    ).one()
-    n_accepted, n_shown, n_clicked, unreported, unaccepted = (int(x) for x in totals[:5])
-    body, first_button, second_button = (int(x) for x in totals[5:8])
-    first, last = totals[8], totals[9]
+    )
+    per_minute: dict[str, dict[int, int]] = {kind: {} for kind in minute}
+    totals = dict.fromkeys(when, 0)
+    first = last = None
+    for kind, at, n in session.execute(sa.union_all(*parts)).all():
+        if kind == "first":
+            first = at
+        elif kind == "last":
+            last = at
+        else:
+            totals[kind] += int(n)
+            if kind in per_minute and at is not None:
+                per_minute[kind][int(at)] = int(n)
+    n_accepted = totals["accepted"]
     width: int | None = None
     buckets: list[Bucket] = []
     if n_accepted and first is not None and last is not None:
         width, start = choose_width(int(first), int(last))
         per_bucket: dict[tuple[str, int], int] = {}
-        parts = []
-        for kind, column in (
-            ("accepted", p.accepted_at),
-            ("shown", p.shown_at),
-            ("clicked", p.clicked_at),
-        ):
-            index = ((column - start) // width).label("bucket")
-            parts.append(
-                sa.select(
-                    sa.literal_column(f"'{kind}'").label("kind"), index, sa.func.count().label("n")
-                )
-                .where(accepted, column.is_not(None))
-                .group_by(index)
-            )
-        for kind, index, n in session.execute(sa.union_all(*parts)).all():
-            per_bucket[(str(kind), int(index))] = int(n)
+        for kind, counts in per_minute.items():
+            for at_minute, n in counts.items():
+                cell = (kind, (at_minute * MINUTE - start) // width)
+                per_bucket[cell] = per_bucket.get(cell, 0) + n
         running = {"accepted": 0, "shown": 0, "clicked": 0}
         periods = (int(last) - start) // width + 1
         for i in range(periods):
@@ -290,13 +322,13 @@ def read(session: Session, campaign: Campaign, *, now: dt.datetime) -> Funnel:
             )
     return Funnel(
         accepted=n_accepted,
-        shown=n_shown,
-        clicked=n_clicked,
-        clicked_unreported=unreported,
-        unaccepted=unaccepted,
+        shown=totals["shown"],
+        clicked=totals["clicked"],
+        clicked_unreported=totals["unreported"],
+        unaccepted=totals["unaccepted"],
         now=now,
         width=width,
         buckets=buckets,
-        clicked_body=body,
-        clicked_buttons=(first_button, second_button),
+        clicked_body=totals["body"],
+        clicked_buttons=(totals["button-1"], totals["button-2"]),
     )

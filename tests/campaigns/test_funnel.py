@@ -269,3 +269,14 @@ def test_button_clicks_of_deliveries_not_accepted_are_counted_apart(make):
     make.delivery("queued", button_1=5 * S)
     got = make.read()
     assert (got.accepted, got.clicked, got.clicked_buttons, got.unaccepted) == (0, 0, (0, 0), 1)
+
+
+@pytest.mark.postgres_only
+def test_the_funnel_is_read_without_jit_compilation(make):
+    """Compiling the funnel's statements cost PostgreSQL about 2 s a read (bench/funnel.py);
+    the read turns it off for its own transaction only."""
+    session = make.session
+    make.many(2, shown=2 * S)
+    assert session.execute(sa.text("SHOW jit")).scalar_one() == "on"
+    make.read()
+    assert session.execute(sa.text("SHOW jit")).scalar_one() == "off"
