@@ -158,7 +158,7 @@ def populate(engine: sa.Engine, size: int, campaigns: int) -> tuple[list[uuid.UU
 
 
 def explain(engine: sa.Engine, campaign: Campaign) -> str:
-    """The funnel's totals statement, as ``read`` sends it, explained (rolled back)."""
+    """The funnel's statement, as ``read`` sends it, explained (rolled back)."""
     captured: list[tuple[str, object]] = []
 
     def capture(_c: object, _cur: object, statement: str, params: object, *_: object) -> None:
@@ -289,7 +289,7 @@ read: accepted {read.accepted:,}, shown {read.shown:,}, clicked {read.clicked:,}
 the buttons {read.clicked_body:,}, on the buttons {read.clicked_buttons[0]:,} and
 {read.clicked_buttons[1]:,}).
 
-The totals statement's plan:
+The statement's plan:
 
 ```
 {plan}
