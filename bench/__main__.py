@@ -39,7 +39,16 @@ from typing import Any
 import psycopg
 
 ROOT = Path(__file__).resolve().parent.parent
-BENCHMARKS = ("audience", "export", "sweeps", "pages", "dispatch", "claims", "funnel", "consent_log")
+BENCHMARKS = (
+    "audience",
+    "export",
+    "sweeps",
+    "pages",
+    "dispatch",
+    "claims",
+    "funnel",
+    "consent_log",
+)
 ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/test"
 RESULTS = ROOT / "bench" / "results"
 
