@@ -190,37 +190,27 @@ def read(session: Session, campaign: Campaign, *, now: dt.datetime) -> Funnel:
     """The campaign's funnel: the three counts, the receipts outside it and the counts
     per period since its first acceptance."""
     without_jit(session)
-    shown = _r.alias("shown_receipt")
-    clicked = _r.alias("clicked_receipt")
-    button_1 = _r.alias("button_1_receipt")
-    button_2 = _r.alias("button_2_receipt")
     key = sa.cast(_d.c.id, sa.String)
-    # Each delivery's answer and receipts, as seconds (NULL: none), in one row.
+    # Each delivery's answer and receipts, as seconds (NULL: none), in one row: one outer
+    # join per receipt event, on the (delivery, event) unique index.
+    events = {
+        "shown": ReceiptEvent.SHOWN,
+        "body": ReceiptEvent.CLICKED,
+        "button_1": ReceiptEvent.ACTION_1,
+        "button_2": ReceiptEvent.ACTION_2,
+    }
+    receipts = {name: _r.alias(f"{name}_receipt") for name in events}
+    joined: sa.FromClause = _d
+    for name, event in events.items():
+        r = receipts[name]
+        joined = joined.outerjoin(r, sa.and_(r.c.delivery_id == key, r.c.event == event.value))
     times = (
         sa.select(
             (_d.c.status == DeliveryStatus.ACCEPTED.value).label("accepted"),
             _seconds(session, _d.c.updated_at).label("answered"),
-            _seconds(session, shown.c.at).label("shown"),
-            _seconds(session, clicked.c.at).label("body"),
-            _seconds(session, button_1.c.at).label("button_1"),
-            _seconds(session, button_2.c.at).label("button_2"),
+            *(_seconds(session, r.c.at).label(name) for name, r in receipts.items()),
         )
-        .select_from(_d)
-        .outerjoin(
-            shown, sa.and_(shown.c.delivery_id == key, shown.c.event == ReceiptEvent.SHOWN.value)
-        )
-        .outerjoin(
-            clicked,
-            sa.and_(clicked.c.delivery_id == key, clicked.c.event == ReceiptEvent.CLICKED.value),
-        )
-        .outerjoin(
-            button_1,
-            sa.and_(button_1.c.delivery_id == key, button_1.c.event == ReceiptEvent.ACTION_1.value),
-        )
-        .outerjoin(
-            button_2,
-            sa.and_(button_2.c.delivery_id == key, button_2.c.event == ReceiptEvent.ACTION_2.value),
-        )
+        .select_from(joined)
         .where(_d.c.campaign_id == campaign.id)
         .subquery("receipt_times")
     )
