@@ -7,6 +7,7 @@ BUNDLE`` runs the same check where only the package is installed.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import socket
 import sys
 import uuid
@@ -24,7 +25,8 @@ from portal.compliance.export import (
     write_bundle,
 )
 from portal.compliance.signing import SigningKey, SigningKeyMissing, parse_public_key
-from portal.compliance.verify import BundleError, verify_bundle
+from portal.compliance.verify import BundleError, LaterHead, parse_log_key, verify_bundle
+from portal.consent import merkle
 from portal.db import db
 from portal.seams import current_portal
 from portal.staff.audit import command_line_actor
@@ -120,14 +122,45 @@ def export_command(
     "Without it the manifest's own copy is used, which proves the bundle is intact but "
     "not who signed it.",
 )
-def verify_export_command(bundle: Path, public_key: str | None) -> None:
+@click.option(
+    "--log-key",
+    help="The consent log's public key (base64, or a file with GET /api/consent-log/key's "
+    "JSON): the tree head the bundle was cut at must carry its signature. Without it the "
+    "manifest's copy is used.",
+)
+@click.option(
+    "--tree-head",
+    "later_head_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="A later signed tree head (GET /api/consent-log/tree-head): with --consistency, "
+    "the log it describes must still hold every exported event.",
+)
+@click.option(
+    "--consistency",
+    "consistency_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="The consistency proof from the bundle's tree head to --tree-head "
+    "(GET /api/consent-log/consistency?from=M&to=N).",
+)
+def verify_export_command(
+    bundle: Path,
+    public_key: str | None,
+    log_key: str | None,
+    later_head_file: Path | None,
+    consistency_file: Path | None,
+) -> None:
     """Check an export bundle (folder or .zip) offline; exit 1 naming what is wrong."""
     try:
         key = parse_public_key(public_key) if public_key else None
     except ValueError as error:
         raise click.BadParameter(str(error), param_hint="--public-key") from None
     try:
-        report = verify_bundle(bundle, key)
+        tree_key = parse_log_key(log_key) if log_key else None
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--log-key") from None
+    later = _later_head(later_head_file, consistency_file)
+    try:
+        report = verify_bundle(bundle, key, log_key=tree_key, later=later)
     except BundleError as error:
         _fail(str(error))
     if not report.ok:
@@ -140,12 +173,51 @@ def verify_export_command(bundle: Path, public_key: str | None) -> None:
         f"{bundle}: OK: {report.rows} events, data sha256 {report.data_sha256}, "
         f"signed by key {report.key.hex}"
     )
+    if report.proven_head is not None:
+        head = report.proven_head
+        click.echo(
+            f"every event is a leaf of the consent log's signed tree head of size "
+            f"{head.tree_size} (root {head.root_hash.hex()})"
+        )
+    else:
+        click.echo("note: this bundle's format carries no tree proof", err=True)
+    if report.later_head is not None:
+        click.echo(
+            f"the later signed tree head of size {report.later_head.tree_size} is consistent "
+            "with it: the log still holds every exported event"
+        )
+    if report.proven_head is not None and not report.log_key_given:
+        click.echo(
+            "note: the tree head was checked with the log key inside the manifest; pass "
+            "--log-key with GET /api/consent-log/key to check it is the log's",
+            err=True,
+        )
     if not report.key_given:
         click.echo(
             "note: checked with the key inside the manifest; pass --public-key with the key "
             "from the staff console to check who signed it",
             err=True,
         )
+
+
+def _later_head(head_file: Path | None, proof_file: Path | None) -> LaterHead | None:
+    if head_file is None and proof_file is None:
+        return None
+    if head_file is None or proof_file is None:
+        raise click.UsageError("--tree-head and --consistency go together")
+    try:
+        head = merkle.TreeHead.from_json(json.loads(head_file.read_text()))
+    except (ValueError, UnicodeDecodeError) as error:
+        raise click.BadParameter(
+            f"not a signed tree head ({error})", param_hint="--tree-head"
+        ) from None
+    try:
+        proof = merkle.ConsistencyProof.from_json(json.loads(proof_file.read_text()))
+    except (ValueError, UnicodeDecodeError) as error:
+        raise click.BadParameter(
+            f"not a consistency proof ({error})", param_hint="--consistency"
+        ) from None
+    return LaterHead(head, proof)
 
 
 def register(portal_cli: AppGroup) -> None:

@@ -16,6 +16,7 @@ recompute every event's hash from the CSV. NDJSON holds the values as they are.
 
 from __future__ import annotations
 
+import base64
 import csv
 import datetime as dt
 import hashlib
@@ -35,7 +36,7 @@ import sqlalchemy as sa
 
 from portal.clock import LAST_DAY
 from portal.compliance.signing import ALGORITHM, SigningKey
-from portal.consent import tree
+from portal.consent import merkle, tree
 from portal.consent.merkle import TreeHead
 from portal.consent.models import (
     ConsentEvent,
@@ -45,10 +46,18 @@ from portal.consent.models import (
     Topic,
 )
 
-FORMAT = "push-consent-portal/consent-export/2"
+FORMAT = "push-consent-portal/consent-export/3"
 MANIFEST = "manifest.json"
 POLICY_FOLDER = "policies"
 DATA_FILES = {"csv": "consent-events.csv", "ndjson": "consent-events.ndjson"}
+# The subset proof that every exported event is a leaf under the bundle's tree head: one
+# lowercase hex hash a line, in the order merkle.subset_proof gives them.
+PROOF_FILE = "tree-proof.txt"
+PROOF_METHOD = (
+    "merkle subset proof: walk RFC 9162's MTH recursion from the root, left to right; a "
+    "range with no exported event is the next hash of this file, a range of one event is "
+    "its leaf_hash, any other range splits; the result is the tree head's root"
+)
 COLUMNS = (
     "seq",
     "recorded_at",
@@ -176,6 +185,7 @@ class ExportPlan:
     policy_versions: tuple[str, ...]
     # The signed tree head of size head_seq: every exported event is a leaf under it.
     tree_head: TreeHead | None = None
+    log_key: bytes | None = None  # the consent log's public key that signed tree_head
 
     @property
     def after_seq(self) -> int:
@@ -210,12 +220,13 @@ def plan_export(connection: sa.Connection, filters: ExportFilter) -> ExportPlan:
     # portal.compliance.services.start_export): event seq is leaf seq - 1 of it.
     head = int(connection.execute(sa.select(_st.c.tree_size).where(_st.c.id == 1)).scalar_one())
     signed = tree.head_at(connection, head)
+    log_key = tree.head_public_key(connection, head)
     where = [*_conditions(filters, topic_id), _e.c.seq <= head]
     count, low, high = connection.execute(
         sa.select(sa.func.count(), sa.func.min(_e.c.seq), sa.func.max(_e.c.seq)).where(*where)
     ).one()
     if not count:
-        return ExportPlan(filters, topic_id, head, 0, None, None, (), signed)
+        return ExportPlan(filters, topic_id, head, 0, None, None, (), signed, log_key)
     ends = {
         int(row.idx) + 1: Endpoint(int(row.idx) + 1, bytes(row.hash).hex())
         for row in connection.execute(
@@ -238,6 +249,7 @@ def plan_export(connection: sa.Connection, filters: ExportFilter) -> ExportPlan:
         ends[high],
         tuple(sorted(versions)),
         signed,
+        log_key,
     )
 
 
@@ -519,6 +531,65 @@ def data_chunks(
     raise ExportError(f"unknown format {data_format!r}: csv or ndjson")
 
 
+# -- the tree proof -------------------------------------------------------------------------
+
+
+class _EngineNodes:
+    """``merkle.NodeSource`` reading each batch in a short transaction of its own, as the
+    data batches are read."""
+
+    def __init__(self, engine: sa.Engine) -> None:
+        self._engine = engine
+
+    def node_hashes(self, nodes: Any) -> list[bytes]:
+        with self._engine.connect() as connection:
+            return tree.DatabaseNodes(connection).node_hashes(nodes)
+
+
+def leaf_indexes(
+    engine: sa.Engine, plan: ExportPlan, *, batch_size: int = BATCH_SIZE
+) -> Iterator[int]:
+    """The exported events' leaf indexes (seq - 1), in order, in keyset batches."""
+    after = plan.after_seq
+    while after < plan.last_seq:
+        with engine.connect() as connection:
+            seqs = connection.execute(
+                sa.select(_e.c.seq)
+                .where(
+                    *_conditions(plan.filters, plan.topic_id),
+                    _e.c.seq > after,
+                    _e.c.seq <= plan.last_seq,
+                )
+                .order_by(_e.c.seq)
+                .limit(batch_size)
+            ).scalars()
+            batch = [int(seq) for seq in seqs]
+        if not batch:
+            return
+        for seq in batch:
+            yield seq - 1
+        after = batch[-1]
+
+
+def proof_chunks(
+    engine: sa.Engine, plan: ExportPlan, *, batch_size: int = BATCH_SIZE
+) -> Iterator[bytes]:
+    """The tree proof file: the subset proof of the exported events under the plan's
+    signed tree head (nothing when no event is exported)."""
+    if plan.rows == 0:
+        return
+    lines: list[str] = []
+    for value in merkle.subset_proof(
+        _EngineNodes(engine), leaf_indexes(engine, plan, batch_size=batch_size), plan.head_seq
+    ):
+        lines.append(value.hex())
+        if len(lines) >= 4096:
+            yield ("\n".join(lines) + "\n").encode()
+            lines = []
+    if lines:
+        yield ("\n".join(lines) + "\n").encode()
+
+
 # -- the bundle -----------------------------------------------------------------------------
 
 
@@ -575,6 +646,7 @@ def build_manifest(
     plan: ExportPlan,
     data_format: str,
     digest: DataDigest,
+    proof: DataDigest,
     policies: list[PolicyFile],
     exporter: Mapping[str, Any],
     created_at: dt.datetime,
@@ -597,6 +669,13 @@ def build_manifest(
         "filters": plan.filters.describe(),
         "log_head_seq": plan.head_seq,
         "tree_head": plan.tree_head.to_json() if plan.tree_head is not None else None,
+        "log_key": base64.b64encode(plan.log_key).decode() if plan.log_key else None,
+        "tree_proof": {
+            "file": PROOF_FILE,
+            "method": PROOF_METHOD,
+            "hashes": proof.size // (2 * merkle.HASH_SIZE + 1),
+            "sha256": proof.sha256.hexdigest(),
+        },
         "data": data,
         "events": {
             "first": {"seq": plan.first.seq, "hash": plan.first.hash} if plan.first else None,
@@ -650,6 +729,10 @@ def write_bundle(
                 data_chunks(engine, plan, data_format, batch_size=batch_size)
             ):
                 handle.write(chunk)
+        proof = DataDigest()
+        with (staging / PROOF_FILE).open("wb") as handle:
+            for chunk in proof.watch(proof_chunks(engine, plan, batch_size=batch_size)):
+                handle.write(chunk)
         with engine.connect() as connection:
             policies = policy_files(connection, plan.policy_versions)
         (staging / POLICY_FOLDER).mkdir()
@@ -659,6 +742,7 @@ def write_bundle(
             plan=plan,
             data_format=data_format,
             digest=digest,
+            proof=proof,
             policies=policies,
             exporter=exporter,
             created_at=created_at,
@@ -732,6 +816,14 @@ def stream_zip(
                 handle.write(chunk)
                 if sink.parts:
                     yield sink.drain()
+        proof = DataDigest()
+        with archive.open(
+            _member(f"{folder}/{PROOF_FILE}", created_at), "w", force_zip64=True
+        ) as handle:
+            for chunk in proof.watch(proof_chunks(engine, plan, batch_size=batch_size)):
+                handle.write(chunk)
+                if sink.parts:
+                    yield sink.drain()
         with engine.connect() as connection:
             policies = policy_files(connection, plan.policy_versions)
         for policy in policies:
@@ -740,6 +832,7 @@ def stream_zip(
             plan=plan,
             data_format=data_format,
             digest=digest,
+            proof=proof,
             policies=policies,
             exporter=exporter,
             created_at=created_at,

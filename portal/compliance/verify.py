@@ -7,14 +7,18 @@ out (the signature covers its content, so this catches an edit that changes only
 spacing), the data file's SHA-256 and row count, each policy text's
 SHA-256, each event's RFC 9162 leaf hash against its content (and, for the events written
 before the tree, their hash chain), that every event is a leaf under the manifest's signed
-tree head,
-and that the rows are the ones the manifest describes (order, first and last events,
-filters, cited policy versions).
+tree head — its signature checked with the consent log's key, and the subset proof in
+``tree-proof.txt`` leading from the exported leaf hashes to its root — and that the rows
+are the ones the manifest describes (order, first and last events, filters, cited policy
+versions). Given a later signed tree head and a consistency proof from the export's head
+to it (both as the log's API serves them), it checks the later log still holds the export.
 """
 
 from __future__ import annotations
 
 import abc
+import base64
+import binascii
 import csv
 import datetime as dt
 import hashlib
@@ -27,9 +31,13 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
+from cryptography.hazmat.primitives.asymmetric import ed25519
+
 from portal.compliance.export import (
     COLUMNS,
+    FORMAT,
     MANIFEST,
+    PROOF_FILE,
     TEXT_COLUMNS,
     canonical,
     manifest_bytes,
@@ -74,6 +82,10 @@ class Report:
     key: PublicKey | None = None
     key_given: bool = False
     data_sha256: str | None = None
+    # The tree head every exported event was proven under (None: no proof in the bundle).
+    proven_head: merkle.TreeHead | None = None
+    log_key_given: bool = False
+    later_head: merkle.TreeHead | None = None  # a later head the export is consistent with
 
     @property
     def ok(self) -> bool:
@@ -149,9 +161,44 @@ def _sha256(handle: IO[bytes]) -> str:
     return digest.hexdigest()
 
 
-def verify_bundle(path: Path, public_key: PublicKey | None = None) -> Report:
+@dataclass(frozen=True)
+class LaterHead:
+    """A later signed tree head and the consistency proof from the export's head to it
+    (``GET /api/consent-log/tree-head`` and ``…/consistency?from=M&to=N``)."""
+
+    head: merkle.TreeHead
+    proof: merkle.ConsistencyProof
+
+
+def parse_log_key(value: str) -> ed25519.Ed25519PublicKey:
+    """The consent log's key: base64 of the 32 raw bytes, or a file holding
+    ``GET /api/consent-log/key``'s JSON."""
+    text = value.strip()
+    path = Path(text)
+    if text.startswith("{") or (len(text) < 4096 and path.is_file()):
+        raw_text = text if text.startswith("{") else path.read_text()
+        try:
+            return merkle.parse_log_key(json.loads(raw_text))
+        except (ValueError, merkle.MerkleError) as error:
+            raise ValueError(f"not the log key's JSON ({error})") from None
+    try:
+        raw = base64.b64decode(text.translate(str.maketrans("-_", "+/")) + "==", validate=False)
+    except (ValueError, binascii.Error):
+        raw = b""
+    if len(raw) != merkle.PUBLIC_KEY_SIZE:
+        raise ValueError("the log key is 32 bytes in base64, or the JSON of /api/consent-log/key")
+    return ed25519.Ed25519PublicKey.from_public_bytes(raw)
+
+
+def verify_bundle(
+    path: Path,
+    public_key: PublicKey | None = None,
+    *,
+    log_key: ed25519.Ed25519PublicKey | None = None,
+    later: LaterHead | None = None,
+) -> Report:
     bundle = _open_bundle(path)
-    report = Report(key_given=public_key is not None)
+    report = Report(key_given=public_key is not None, log_key_given=log_key is not None)
     handle = bundle.open(MANIFEST)
     if handle is None:
         raise BundleError(f"{path} has no {MANIFEST}")
@@ -182,7 +229,163 @@ def verify_bundle(path: Path, public_key: PublicKey | None = None) -> Report:
         return report
     policies = _check_policies(bundle, manifest, report)
     _check_data(bundle, manifest, data, policies, report)
+    if manifest.get("format") == FORMAT:
+        _check_tree(bundle, manifest, data, log_key, later, report)
+    elif later is not None or log_key is not None:
+        report.add(
+            MANIFEST,
+            "tree proof",
+            f"format {manifest.get('format')!r} carries no tree proof to check the log key or "
+            "a later tree head against",
+        )
     return report
+
+
+def _check_tree(
+    bundle: _Bundle,
+    manifest: dict[str, Any],
+    data: dict[str, Any],
+    log_key: ed25519.Ed25519PublicKey | None,
+    later: LaterHead | None,
+    report: Report,
+) -> None:
+    """The signed tree head (its signature with the log key), the subset proof from the
+    exported leaves to its root, and a later head's consistency with it."""
+    try:
+        head = merkle.TreeHead.from_json(manifest.get("tree_head"))
+    except merkle.MerkleError as error:
+        report.add(MANIFEST, "tree head", f"not a signed tree head ({error})")
+        return
+    try:
+        own_key = merkle.parse_log_key({"key": manifest.get("log_key")})
+    except merkle.MerkleError:
+        report.add(MANIFEST, "log key", "log_key is not a base64 Ed25519 public key")
+        return
+    if log_key is not None and merkle.public_key_bytes(log_key) != merkle.public_key_bytes(own_key):
+        report.add(MANIFEST, "log key", "the manifest names another consent log key")
+    try:
+        merkle.verify_tree_head(log_key or own_key, head)
+    except merkle.InvalidTreeHead as error:
+        report.add(MANIFEST, "tree head", str(error))
+        return
+    proof = manifest.get("tree_proof")
+    name = _safe_name(proof.get("file")) if isinstance(proof, dict) else None
+    if not isinstance(proof, dict) or name != PROOF_FILE:
+        report.add(MANIFEST, "tree proof", f"no tree_proof naming {PROOF_FILE}")
+        return
+    handle = bundle.open(name)
+    if handle is None:
+        report.add(name, "missing", "the manifest names this proof file; it is not there")
+        return
+    actual = _sha256(handle)
+    if actual != proof.get("sha256"):
+        report.add(name, "sha256", f"SHA-256 is {actual}, the manifest says {proof.get('sha256')}")
+        return
+    data_name = _safe_name(data.get("file"))
+    data_handle = bundle.open(data_name) if data_name else None
+    if data_name is None or data_handle is None:
+        return  # the data checks have named the missing file already
+    proof_handle = bundle.open(name)
+    assert proof_handle is not None  # read above
+    with data_handle, proof_handle:
+        try:
+            _prove(data_name, data_handle, str(data.get("format")), proof_handle, head, report)
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError, csv.Error, RecursionError):
+            return  # the row checks have named the unreadable line already
+    if report.proven_head is not None and later is not None:
+        _check_later(head, own_key if log_key is None else log_key, later, report)
+
+
+def _proof_hashes(handle: IO[bytes]) -> Iterator[bytes]:
+    for number, line in enumerate(handle, start=1):
+        text = line.rstrip(b"\n")
+        if len(text) != 2 * merkle.HASH_SIZE or text.lower() != text:
+            raise _BadProofLine(number)
+        try:
+            yield bytes.fromhex(text.decode("ascii"))
+        except (ValueError, UnicodeDecodeError):
+            raise _BadProofLine(number) from None
+
+
+class _BadProofLine(Exception):
+    def __init__(self, number: int) -> None:
+        super().__init__(f"line {number} is not 64 lowercase hex digits")
+
+
+def _prove(
+    data_name: str,
+    data_handle: IO[bytes],
+    data_format: str,
+    proof_handle: IO[bytes],
+    head: merkle.TreeHead,
+    report: Report,
+) -> None:
+    leaves = (
+        (int(row["seq"]) - 1, bytes.fromhex(str(row["leaf_hash"])))
+        for _, row in _rows(data_name, data_handle, data_format)
+    )
+    try:
+        first = next(leaves, None)
+        if first is None:
+            if proof_handle.read(1):
+                report.add(
+                    PROOF_FILE, "tree proof", "the export has no events, the proof has hashes"
+                )
+            else:
+                report.proven_head = head
+            return
+        merkle.verify_subset(
+            _chain_first(first, leaves),
+            _proof_hashes(proof_handle),
+            tree_size=head.tree_size,
+            root_hash=head.root_hash,
+        )
+    except _BadProofLine as error:
+        report.add(PROOF_FILE, "format", str(error))
+        return
+    except merkle.InvalidProof as error:
+        report.add(
+            PROOF_FILE,
+            "tree proof",
+            f"the exported events are not proven leaves of the tree head of size "
+            f"{head.tree_size}: {error}",
+        )
+        return
+    report.proven_head = head
+
+
+def _chain_first(
+    first: tuple[int, bytes], rest: Iterator[tuple[int, bytes]]
+) -> Iterator[tuple[int, bytes]]:
+    yield first
+    yield from rest
+
+
+def _check_later(
+    head: merkle.TreeHead, key: ed25519.Ed25519PublicKey, later: LaterHead, report: Report
+) -> None:
+    try:
+        merkle.verify_tree_head(key, later.head)
+    except merkle.InvalidTreeHead as error:
+        report.add("later tree head", "signature", str(error))
+        return
+    try:
+        merkle.verify_consistency(
+            first=head.tree_size,
+            second=later.head.tree_size,
+            first_root=head.root_hash,
+            second_root=later.head.root_hash,
+            proof=later.proof.consistency,
+        )
+    except merkle.InvalidProof as error:
+        report.add(
+            "later tree head",
+            "consistency",
+            f"the log of size {later.head.tree_size} does not extend the export's head of "
+            f"size {head.tree_size}: {error}",
+        )
+        return
+    report.later_head = later.head
 
 
 def _depth(document: object) -> int:

@@ -271,6 +271,81 @@ def tree_root(source: NodeSource, size: int) -> bytes:
     return EMPTY_ROOT if size == 0 else _resolve(source, [(0, size)])[0]
 
 
+# --- subset proofs (many leaves at once, for exports) -----------------------------------
+#
+# An export proves every one of its events is a leaf under its signed tree head. One
+# audit path per event would repeat the upper levels for every row (a million events,
+# about a gigabyte of proof); a subset proof gives each hash once. Walk the RFC 9162
+# recursion MTH(D[a:b]) = node(MTH(D[a:a+k]), MTH(D[a+k:b])) from the root, left to
+# right: a range holding none of the chosen leaves is one proof hash (its MTH); a range
+# of one chosen leaf is that leaf; any other range splits. The proof is those hashes in
+# the walk's order. Contiguous leaves need at most 2·⌈log2 n⌉ hashes; k scattered ones
+# about k·log2(n/k). Both sides stream: the walk only ever looks at the next chosen index.
+
+
+def _subset_walk(indices: Iterable[int], size: int) -> Iterable[tuple[bool, int, int]]:
+    """(is_leaf, start, end) for each step of the walk over ``size`` leaves.
+
+    ``indices`` must be strictly increasing and below ``size`` (``OutOfRange`` else).
+    """
+    if isinstance(size, bool) or not isinstance(size, int) or not 0 < size <= MAX_UINT64:
+        raise OutOfRange("a subset proof needs a tree of 1 to 2^64 - 1 leaves")
+    chosen = iter(indices)
+    state = {"next": -1, "last": -1}
+
+    def advance() -> None:
+        value = next(chosen, None)
+        if value is not None:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise OutOfRange("a leaf index must be an integer")
+            if value <= state["last"] or value >= size:
+                raise OutOfRange(
+                    f"leaf indexes must increase and stay below {size} (got {value} "
+                    f"after {state['last']})"
+                )
+            state["last"] = value
+        state["next"] = -1 if value is None else value
+
+    advance()
+    if state["next"] < 0:
+        raise OutOfRange("a subset proof needs at least one leaf")
+    # An explicit stack (right half pushed first): the depth is at most 64 anyway.
+    stack = [(0, size)]
+    while stack:
+        start, end = stack.pop()
+        following = state["next"]
+        if following < 0 or following >= end:
+            yield False, start, end
+        elif end - start == 1:
+            yield True, start, end
+            advance()
+        else:
+            k = _split(end - start)
+            stack.append((start + k, end))
+            stack.append((start, start + k))
+
+
+def subset_proof_ranges(indices: Iterable[int], size: int) -> Iterable[tuple[int, int]]:
+    """The leaf ranges whose hashes, in order, make the subset proof of ``indices``."""
+    for is_leaf, start, end in _subset_walk(indices, size):
+        if not is_leaf:
+            yield start, end
+
+
+def subset_proof(
+    source: NodeSource, indices: Iterable[int], size: int, *, batch: int = 512
+) -> Iterable[bytes]:
+    """The subset proof's hashes, looked up ``batch`` ranges at a time."""
+    pending: list[tuple[int, int]] = []
+    for span in subset_proof_ranges(indices, size):
+        pending.append(span)
+        if len(pending) >= batch:
+            yield from _resolve(source, pending)
+            pending = []
+    if pending:
+        yield from _resolve(source, pending)
+
+
 # --- the sequencer's state --------------------------------------------------------------
 
 
@@ -589,6 +664,75 @@ def verify_consistency(
         raise InvalidProof("the consistency proof does not lead to the first root")
     if not compare_digest(sr, second_root):
         raise InvalidProof("the consistency proof does not lead to the second root")
+
+
+def root_from_subset_proof(
+    leaves: Iterable[tuple[int, bytes]], proof: Iterable[bytes], tree_size: int
+) -> bytes:
+    """The root that chosen leaves ``(index, leaf hash)``, in increasing index order, and a
+    subset proof lead to in a tree of ``tree_size`` leaves; ``InvalidProof`` when the
+    proof is too short or too long, or a leaf is out of order or out of range."""
+    size = _check_size(tree_size, "tree size")
+    queue = iter(leaves)
+    hashes = iter(proof)
+    current: dict[str, bytes] = {}
+
+    def indices() -> Iterable[int]:
+        for index, leaf in queue:
+            current["leaf"] = _check_digest(leaf, f"leaf {index}")
+            yield index
+
+    # Each step's hash, combined bottom-up: (start, end, hash) entries on a stack merge
+    # whenever the top two are the halves of one RFC 9162 range.
+    done: list[tuple[int, int, bytes]] = []
+    try:
+        for is_leaf, start, end in _subset_walk(indices(), size):
+            if is_leaf:
+                value = current["leaf"]
+            else:
+                step = next(hashes, None)
+                if step is None:
+                    raise InvalidProof("the subset proof is shorter than the walk needs")
+                value = _check_digest(step, "a subset proof hash")
+            done.append((start, end, value))
+            while len(done) >= 2:
+                (ls, le, lh), (rs, re_, rh) = done[-2], done[-1]
+                if le != rs or _parent_range(ls, re_, size) is None:
+                    break
+                done[-2:] = [(ls, re_, node_hash(lh, rh))]
+    except OutOfRange as error:
+        raise InvalidProof(str(error)) from None
+    if next(hashes, None) is not None:
+        raise InvalidProof("the subset proof is longer than the walk needs")
+    if len(done) != 1 or done[0][:2] != (0, size):  # pragma: no cover - the walk covers all
+        raise InvalidProof("the subset proof does not cover the tree")
+    return done[0][2]
+
+
+def _parent_range(start: int, end: int, size: int) -> tuple[int, int] | None:
+    """(start, end) when it is a range the RFC 9162 recursion over ``size`` leaves visits."""
+    low, high = 0, size
+    while True:
+        if (low, high) == (start, end):
+            return start, end
+        if high - low == 1 or not low <= start < end <= high:
+            return None
+        k = _split(high - low)
+        if end <= low + k:
+            high = low + k
+        elif start >= low + k:
+            low += k
+        else:
+            return None
+
+
+def verify_subset(
+    leaves: Iterable[tuple[int, bytes]], proof: Iterable[bytes], *, tree_size: int, root_hash: bytes
+) -> None:
+    """Refuse (``InvalidProof``) unless every ``(index, leaf hash)`` is under ``root_hash``."""
+    root_hash = _check_digest(root_hash, "root hash")
+    if not compare_digest(root_from_subset_proof(leaves, proof, tree_size), root_hash):
+        raise InvalidProof("the subset proof leads to another root")
 
 
 def _consistency_roots(m: int, n: int, first_root: bytes, path: list[bytes]) -> tuple[bytes, bytes]:

@@ -324,6 +324,12 @@ def head_at(bind: sa.Connection | Session, size: int) -> merkle.TreeHead | None:
     return None if row is None else _head(row)
 
 
+def head_public_key(bind: sa.Connection | Session, size: int) -> bytes | None:
+    """The raw log key stored beside the signed head of ``size`` (the key that signed it)."""
+    value = bind.execute(sa.select(_h.c.public_key).where(_h.c.tree_size == size)).scalar()
+    return None if value is None else bytes(value)
+
+
 def leaf_index(bind: sa.Connection | Session, leaf: bytes) -> int | None:
     """The index of the leaf with this hash, or None (leaf hashes are unique: each event's
     canonical bytes carry its own seq)."""

@@ -69,7 +69,12 @@ def test_export_then_verify_passes(app, engine, tmp_path, person, data_format):
     assert result.exit_code == 0, result.output
     assert f"exported 6 events to {out}" in result.output
     names = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
-    assert names == ["consent-events." + data_format, "manifest.json", "policies/v1.txt"]
+    assert names == [
+        "consent-events." + data_format,
+        "manifest.json",
+        "policies/v1.txt",
+        "tree-proof.txt",
+    ]
     assert (out / "policies/v1.txt").read_text() == "We send what you choose."
 
     manifest = json.loads((out / "manifest.json").read_text())
@@ -656,6 +661,7 @@ def test_the_page_streams_a_verifiable_zip(app, engine, officer, person, tmp_pat
             "consent-export-2026-01-01_2026-01-01-csv/consent-events.csv",
             "consent-export-2026-01-01_2026-01-01-csv/manifest.json",
             "consent-export-2026-01-01_2026-01-01-csv/policies/v1.txt",
+            "consent-export-2026-01-01_2026-01-01-csv/tree-proof.txt",
         ]
         manifest = json.loads(
             archive.read("consent-export-2026-01-01_2026-01-01-csv/manifest.json")
