@@ -364,6 +364,12 @@ class Settings:
         "DECIDED_AT_MAX_SKEW_SECONDS", _positive_whole, 24 * 3600
     )
     region_header: str | None = setting("REGION_HEADER", _verbatim_or_none, None)
+    # Who a consent receipt names as the controller, and under which law.
+    consent_controller_name: str | None = setting("CONSENT_CONTROLLER_NAME", _text_or_none, None)
+    consent_controller_contact: str | None = setting(
+        "CONSENT_CONTROLLER_CONTACT", _text_or_none, None
+    )
+    consent_jurisdiction: str | None = setting("CONSENT_JURISDICTION", _text_or_none, None)
     seed_demo_data: bool = setting("PORTAL_DEMO_DATA", _on_in_development, False)
     retention: RetentionSettings = field(default_factory=RetentionSettings)
     schedule: ScheduleSettings = field(default_factory=ScheduleSettings)

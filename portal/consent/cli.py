@@ -14,7 +14,7 @@ from flask.cli import AppGroup
 
 from portal.cli import ClickProgress
 from portal.compliance.verify import BundleError, bundle_anchors
-from portal.consent import catalogue, merkle, tree
+from portal.consent import catalogue, merkle, receipt_check, tree
 from portal.db import db
 from portal.errors import ApiError
 from portal.seams import current_portal
@@ -238,7 +238,20 @@ def verify_log(
     sys.exit(1)
 
 
+@click.argument("receipt", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option(
+    "--log-key",
+    help="The consent log's public key (base64, or a file with GET /api/consent-log/key's "
+    "JSON). Without it the receipt's own copy is used.",
+)
+def verify_receipt(receipt: Path, log_key: str | None) -> None:
+    """Check a consent receipt offline: its signature, its tree head, and each event's
+    inclusion proof; exit 1 naming what fails (the same check as tools/verify_receipt.py)."""
+    sys.exit(receipt_check.main([str(receipt), *(["--log-key", log_key] if log_key else [])]))
+
+
 def register(portal_cli: AppGroup) -> None:
     portal_cli.add_command(topic_cli)
     portal_cli.add_command(policy_cli)
     portal_cli.command("verify-log")(verify_log)
+    portal_cli.command("verify-receipt")(verify_receipt)

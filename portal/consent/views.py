@@ -23,7 +23,7 @@ from flask import session as signed_session
 from sqlalchemy.orm.attributes import set_committed_value
 
 from portal.api import check_same_origin, json_body
-from portal.consent import catalogue
+from portal.consent import catalogue, receipts, tree
 from portal.consent.accounts import link_account
 from portal.consent.log import Context
 from portal.consent.models import (
@@ -68,6 +68,9 @@ from portal.subscriptions.validation import require_object, require_string
 from portal.useragent import family
 
 bp = Blueprint("preferences", __name__)
+# The flash category of a message that says choices were saved: the page offers their
+# receipt beside it.
+SAVED = "saved"
 api = Blueprint("consent_api", __name__, url_prefix="/api/push")
 
 
@@ -400,7 +403,7 @@ def save() -> Any:
             " so nothing was saved for "
             f"{'it' if len(gone) == 1 else 'them'}."
         )
-    flash(message, "success")
+    flash(message, SAVED)
     return redirect(url_for("preferences.centre"), code=303)
 
 
@@ -456,7 +459,7 @@ def confirm_notice() -> Any:
         f"Your choices are kept under notice version {current.version}."
         if changes
         else "Your choices were already made under the current notice.",
-        "success",
+        SAVED,
     )
     return redirect(url_for("preferences.centre"), code=303)
 
@@ -480,7 +483,7 @@ def marketing_off() -> Any:
         context=_context("preference-centre:marketing-off"),
     )
     session.commit()
-    flash("All marketing notifications are off. Account messages stay as they were.", "success")
+    flash("All marketing notifications are off. Account messages stay as they were.", SAVED)
     return redirect(url_for("preferences.centre"), code=303)
 
 
@@ -531,6 +534,51 @@ def stop_other_device(subscription_id: uuid.UUID) -> Any:
     if sub is None or sub.subscriber_id != subscriber.id:
         abort(404)
     return _stop(sub, "Notifications are stopped on that device.")
+
+
+@bp.get("/preferences/receipt")
+def receipt() -> Any:
+    """The signed receipt of the visitor's choices, as a JSON download."""
+    subscriber, _rows = _visitor()
+    if subscriber is None:
+        return _render(None, status=403)
+    portal = current_portal()
+    settings = portal.settings
+    if not settings.consent_log_signing_key:
+        raise NotFound("no_log_key", "this deployment has no consent log key to sign receipts")
+    now = portal.clock.now()
+    try:
+        document = receipts.build_receipt(
+            db.session,
+            subscriber,
+            catalogue.active_topics(db.session),
+            key=tree.signing_key(settings.consent_log_signing_key),
+            controller=receipts.Controller.from_settings(settings, request.host_url),
+            policy_url=lambda version: url_for(
+                "preferences.policy_text", version=version, _external=True
+            ),
+            now=now,
+            gap_grace_seconds=settings.consent_log_gap_grace_seconds,
+        )
+    except receipts.NotYetInTheLog:
+        response = Response(
+            render_template(
+                "errors/error.html",
+                code=503,
+                title="Your receipt is nearly ready",
+                message="Your latest choice is still being added to our consent log. "
+                "Try again in a few seconds.",
+            ),
+            status=503,
+        )
+        response.headers["Retry-After"] = "2"
+        return response
+    response = Response(receipts.receipt_bytes(document), mimetype="application/json")
+    response.headers["Content-Disposition"] = (
+        f'attachment; filename="consent-receipt-{now:%Y-%m-%d}.json"'
+    )
+    response.headers["Cache-Control"] = "no-store"
+    return response
 
 
 @bp.get("/policy/<version>")

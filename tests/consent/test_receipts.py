@@ -1,0 +1,313 @@
+"""Consent receipts: downloaded from the preference centre, checked offline.
+
+Checked three ways: by ``portal.consent.receipt_check`` (what ``portal verify-receipt``
+runs), by the standalone ``tools/verify_receipt.py`` in a separate Python process with
+nothing of the portal importable, and by the server's own Merkle code
+(``portal.consent.merkle``), which shares nothing with the checker.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric import ed25519
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from portal.config import generate_signing_key
+from portal.consent import merkle, receipt_check, tree
+from portal.consent.receipt_check import ReceiptError, signed_bytes, verify_receipt
+from portal.db import db
+from tests.conftest import CONSENT_LOG_SIGNING_KEY
+from tests.helpers import csrf_token
+
+ROOT = Path(__file__).resolve().parents[2]
+TOOL = ROOT / "tools" / "verify_receipt.py"
+LOG_KEY = tree.signing_key(CONSENT_LOG_SIGNING_KEY)
+LOG_KEY_B64 = base64.b64encode(merkle.public_key_bytes(LOG_KEY.public_key())).decode()
+
+
+def _save(client, checked, visible=("security-alerts", "order-updates", "weekly-digest", "offers")):
+    page = client.get("/preferences")
+    saved = client.post(
+        "/preferences",
+        data={
+            "csrf_token": csrf_token(page.text),
+            "policy_version": "v1",
+            "visible": list(visible),
+            "topics": list(checked),
+        },
+    )
+    assert saved.status_code == 303
+    return client.get(saved.headers["Location"])
+
+
+def _receipt(client) -> dict:
+    response = client.get("/preferences/receipt")
+    assert response.status_code == 200, response.text
+    assert response.mimetype == "application/json"
+    assert response.headers["Cache-Control"] == "no-store"
+    assert response.headers["Content-Disposition"].startswith(
+        'attachment; filename="consent-receipt-'
+    )
+    return json.loads(response.get_data())
+
+
+@pytest.fixture
+def receipt(client, subscribed) -> dict:
+    _save(client, ["offers", "security-alerts"])
+    _save(client, ["security-alerts"])  # offers: on, then off again (withdrawn)
+    return _receipt(client)
+
+
+def test_after_a_save_the_page_offers_the_receipt(client, subscribed):
+    page = client.get("/preferences")
+    assert "Download a receipt of your choices" in page.text  # on demand, always
+    after = _save(client, ["offers"])
+    banner = after.text.split('class="banner banner--success"', 1)[1].split("</div>", 1)[0]
+    assert "Your choices are saved." in banner
+    assert 'href="/preferences/receipt"' in banner  # and beside the saved message
+
+
+def test_the_receipt_states_each_choice_with_its_event(app, receipt):
+    assert receipt["format"] == "push-consent-portal/consent-receipt/1"
+    assert receipt["signature_algorithm"] == "Ed25519"
+    assert receipt["log_key"] == LOG_KEY_B64
+    purposes = {p["purpose_id"]: p for p in receipt["purposes"]}
+    assert purposes["offers"]["state"] == "withdrawn"
+    assert purposes["offers"]["on"] is False
+    assert purposes["offers"]["consent_type"] == "explicit"
+    assert purposes["offers"]["policy_version"] == "v1"
+    assert purposes["offers"]["source"] == "preference-centre"
+    # Never chosen: no event, and says why it is on or off.
+    assert purposes["weekly-digest"]["state"] == "not_given"
+    assert purposes["weekly-digest"]["event_seq"] is None
+    assert purposes["security-alerts"]["basis"] == "transactional_grant"
+    assert purposes["security-alerts"]["on"] is True
+    (notice,) = receipt["notices"]
+    assert notice["policy_version"] == "v1"
+    assert notice["url"].endswith("/policy/v1")
+    with app.app_context():
+        from portal.consent import catalogue
+
+        assert notice["sha256"] == catalogue.policy(db.session, "v1").text_sha256
+    # Every explicit choice's event, with its inclusion proof against the signed head.
+    (event,) = receipt["events"]
+    fields = json.loads(event["event"])
+    assert fields["seq"] == purposes["offers"]["event_seq"] == event["leaf_index"] + 1
+    assert fields["new_state"] == "opt_out" and fields["previous_state"] == "opt_in"
+    head = merkle.TreeHead.from_json(receipt["tree_head"])
+    merkle.verify_tree_head(LOG_KEY.public_key(), head)
+    merkle.verify_inclusion(
+        merkle.leaf_hash(event["event"].encode()),
+        leaf_index=event["leaf_index"],
+        tree_size=head.tree_size,
+        audit_path=[base64.b64decode(h) for h in event["audit_path"]],
+        root_hash=head.root_hash,
+    )
+    # The same proof the public API gives for that leaf.
+    proof = app.test_client().get(
+        "/api/consent-log/inclusion",
+        query_string={"leaf": event["leaf_hash"], "size": head.tree_size},
+    )
+    assert proof.json == {"leaf_index": event["leaf_index"], "audit_path": event["audit_path"]}
+    assert verify_receipt(receipt, LOG_KEY.public_key())["events"] == 1
+
+
+def test_the_receipt_reveals_nothing_about_anyone_else(app, client, subscribed, subscriptions):
+    other = app.test_client()
+    sub = subscriptions()
+    assert (
+        other.post("/api/push/subscribe", json={"subscription": sub.to_json()}).status_code == 201
+    )
+    _save(other, ["offers", "weekly-digest"])
+    _save(client, ["offers"])
+    mine = _receipt(client)
+    text = json.dumps(mine)
+    with app.app_context():
+        from portal.subscriptions.models import PushSubscription
+
+        theirs = [row.subscriber_id for row in db.session.query(PushSubscription).all()]
+    person = mine["pii_principal"]["subscriber_id"]
+    assert {str(s) for s in theirs} - {person}
+    for someone in {str(s) for s in theirs} - {person}:
+        assert someone not in text
+    assert sub.endpoint not in text
+    for event in mine["events"]:
+        assert json.loads(event["event"])["subscriber_id"] == person
+
+
+def test_a_visitor_without_choices_gets_no_receipt(client, catalogue_ready):
+    response = client.get("/preferences/receipt")
+    assert response.status_code == 403
+    assert "Download a receipt" not in response.text
+
+
+def test_a_receipt_waits_for_an_event_the_log_cannot_take_yet(app, client, subscribed, monkeypatch):
+    """An earlier number still open (a write in flight) holds the tree back: the receipt
+    is refused for now with Retry-After, not issued without its proof."""
+    _save(client, ["offers"])
+    from portal.consent import receipts
+
+    def stuck(*args, **kwargs):
+        raise receipts.NotYetInTheLog("waiting")
+
+    monkeypatch.setattr(receipts, "_head_covering", stuck)
+    response = client.get("/preferences/receipt")
+    assert response.status_code == 503
+    assert response.headers["Retry-After"] == "2"
+    assert "Your receipt is nearly ready" in response.text
+
+
+def test_the_receipt_command_and_the_standalone_tool_agree(app, receipt, tmp_path):
+    path = tmp_path / "receipt.json"
+    path.write_text(json.dumps(receipt))
+    result = app.test_cli_runner().invoke(
+        args=["portal", "verify-receipt", str(path), "--log-key", LOG_KEY_B64]
+    )
+    assert result.exit_code == 0, result.output
+    assert "OK: 4 choices, 1 events proven" in result.output
+    # The standalone file, in a process where the portal cannot be imported.
+    isolated = tmp_path / "elsewhere"
+    isolated.mkdir()
+    tool = isolated / "verify_receipt.py"
+    tool.write_bytes(TOOL.read_bytes())
+    key_file = isolated / "key.json"
+    key_file.write_text(app.test_client().get("/api/consent-log/key").get_data(as_text=True))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    run = subprocess.run(
+        [sys.executable, "-I", str(tool), str(path), "--log-key", str(key_file)],
+        cwd=isolated,
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    assert "OK: 4 choices, 1 events proven" in run.stdout
+    # One byte changed: refused, naming what failed.
+    receipt["purposes"][0]["purpose"] += "!"
+    path.write_text(json.dumps(receipt))
+    run = subprocess.run(
+        [sys.executable, "-I", str(tool), str(path)], capture_output=True, text=True, check=False
+    )
+    assert run.returncode == 1
+    assert "the receipt's signature does not verify with the log key" in run.stderr
+
+
+def test_the_tool_is_the_checker_the_portal_runs():
+    """tools/verify_receipt.py is portal/consent/receipt_check.py, byte for byte: one
+    implementation, two ways to get it."""
+    assert TOOL.read_bytes() == Path(receipt_check.__file__).read_bytes()
+
+
+def _resigned(receipt: dict, change, key: ed25519.Ed25519PrivateKey = LOG_KEY) -> dict:
+    forged = copy.deepcopy(receipt)
+    change(forged)
+    forged.pop("signature")
+    forged["signature"] = base64.b64encode(key.sign(signed_bytes(forged))).decode()
+    return forged
+
+
+def _refusal(receipt: dict, key=None) -> str:
+    with pytest.raises(ReceiptError) as caught:
+        verify_receipt(receipt, key)
+    return str(caught.value)
+
+
+def test_a_forged_signature_another_key_or_another_head_is_refused(receipt):
+    forged = copy.deepcopy(receipt)
+    signature = bytearray(base64.b64decode(forged["signature"]))
+    signature[10] ^= 4
+    forged["signature"] = base64.b64encode(bytes(signature)).decode()
+    assert "the receipt's signature does not verify" in _refusal(forged)
+
+    other = ed25519.Ed25519PrivateKey.from_private_bytes(
+        base64.urlsafe_b64decode(generate_signing_key() + "=")
+    )
+    assert "another log key" in _refusal(receipt, other.public_key())
+    # Signed by someone else, naming their own key: the receipt is intact, but the given
+    # log key says it is not the log's.
+    impostor = _resigned(
+        receipt,
+        lambda r: r.update(
+            log_key=base64.b64encode(merkle.public_key_bytes(other.public_key())).decode()
+        ),
+        other,
+    )
+    assert "another log key" in _refusal(impostor, LOG_KEY.public_key())
+    assert "tree head's signature does not verify" in _refusal(impostor)
+
+    # A proof against another head: a real, signed head of another size.
+    head = merkle.TreeHead.from_json(receipt["tree_head"])
+    later = merkle.sign_tree_head(
+        LOG_KEY, tree_size=head.tree_size + 1, timestamp=head.timestamp, root_hash=head.root_hash
+    )
+    moved = _resigned(receipt, lambda r: r.update(tree_head=later.to_json()))
+    assert "audit path" in _refusal(moved)
+    rooted = merkle.sign_tree_head(
+        LOG_KEY, tree_size=head.tree_size, timestamp=head.timestamp, root_hash=b"\7" * 32
+    )
+    other_root = _resigned(receipt, lambda r: r.update(tree_head=rooted.to_json()))
+    assert "does not lead to the tree head's root" in _refusal(other_root)
+
+
+def test_a_re_signed_receipt_that_lies_about_a_choice_is_refused(receipt):
+    """Even with the log key (the operator), a receipt cannot say what the log does not."""
+
+    def offers(r):
+        return next(p for p in r["purposes"] if p["purpose_id"] == "offers")
+
+    said_given = _resigned(receipt, lambda r: offers(r).update(state="given", on=True))
+    assert "state 'given', the event says 'opt_out'" in _refusal(said_given)
+    other_notice = _resigned(receipt, lambda r: offers(r).update(policy_version="v2"))
+    assert "policy_version 'v2', the event says 'v1'" in _refusal(other_notice)
+    no_event = _resigned(receipt, lambda r: offers(r).update(event_seq=None))
+    assert "must be not_given" in _refusal(no_event)
+
+    def edit_event(r):
+        fields = json.loads(r["events"][0]["event"])
+        fields["new_state"] = "opt_in"
+        r["events"][0]["event"] = json.dumps(fields, sort_keys=True, separators=(",", ":"))
+
+    assert "leaf_hash is not the hash of the event" in _refusal(_resigned(receipt, edit_event))
+
+    def rehash(r):
+        edit_event(r)
+        r["events"][0]["leaf_hash"] = base64.b64encode(
+            merkle.leaf_hash(r["events"][0]["event"].encode())
+        ).decode()
+
+    assert "does not lead to the tree head's root" in _refusal(_resigned(receipt, rehash))
+    dropped = _resigned(receipt, lambda r: r.update(events=[]))
+    assert "is not among the receipt's events" in _refusal(dropped)
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(st.data())
+def test_any_one_byte_changed_in_the_file_is_refused(receipt, tmp_path_factory, data):
+    """The downloaded file, one byte changed anywhere: refused, or unreadable — never
+    accepted (whitespace between JSON tokens aside: the signature covers the content)."""
+    raw = json.dumps(receipt, indent=2, sort_keys=True).encode()
+    offset = data.draw(st.integers(0, len(raw) - 1), label="offset")
+    if raw[offset : offset + 1] in (b" ", b"\n"):
+        return
+    mask = data.draw(st.integers(1, 255), label="mask")
+    changed = raw[:offset] + bytes([raw[offset] ^ mask]) + raw[offset + 1 :]
+    try:
+        document = json.loads(changed)
+    except (ValueError, UnicodeDecodeError):
+        return
+    if document == receipt:
+        return  # an escape spelled another way: the same content
+    with pytest.raises(ReceiptError):
+        verify_receipt(document)

@@ -1,0 +1,305 @@
+#!/usr/bin/env python3
+"""Check a consent receipt offline: python3 verify_receipt.py RECEIPT.json [--log-key KEY].
+
+A consent receipt (push-consent-portal/consent-receipt/1) is a person's record of their
+notification choices, as the preference centre's "Download a receipt of your choices"
+gives it. This checker needs Python 3.10+ and the ``cryptography`` package, nothing of the
+portal: the same file is the portal's ``portal verify-receipt`` and ``tools/verify_receipt.py``.
+
+It checks, and names the first thing that fails:
+
+1. the receipt's Ed25519 signature, over the bytes ``push-consent-portal consent receipt
+   v1`` and a newline, then the receipt without ``signature`` as sorted-key compact ASCII
+   JSON, made with the consent log's key (``--log-key``: base64, or a file holding
+   ``GET /api/consent-log/key``'s JSON; without it, the receipt's own ``log_key``, which
+   proves the receipt intact but not whose log it is from);
+2. the signed tree head (RFC 6962 §3.5's 50-byte TreeHeadSignature input, Ed25519, the
+   same key);
+3. every event: its leaf hash is SHA-256(0x00 ‖ the event's canonical bytes) (RFC 9162
+   §2.1.1), its leaf index is its seq - 1, and its audit path leads to the head's root
+   (RFC 9162 §2.1.3.2); it is about the receipt's person;
+4. every purpose that names an event says what that event says (topic, state, notice
+   version, time), and every event is named by a purpose; every notice version a purpose
+   cites is listed.
+
+Exit status 0 when the receipt checks, 1 when it does not, 2 when it cannot be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import binascii
+import hashlib
+import json
+import struct
+import sys
+from pathlib import Path
+from typing import Any
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric import ed25519
+
+FORMAT = "push-consent-portal/consent-receipt/1"
+SIGNATURE_CONTEXT = b"push-consent-portal consent receipt v1\n"
+ALGORITHM = "Ed25519"
+MAX_UINT64 = 2**64 - 1
+# What an explicit choice stored as new_state says in a purpose's ``state``.
+STATES = {"opt_in": ("given",), "opt_out": ("refused", "withdrawn")}
+
+
+class ReceiptError(Exception):
+    """The receipt does not check; the message says what failed."""
+
+
+def canonical(document: Any) -> bytes:
+    """Sorted-key compact ASCII JSON: the bytes the receipt's signature covers."""
+    return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def signed_bytes(receipt: dict[str, Any]) -> bytes:
+    unsigned = {name: value for name, value in receipt.items() if name != "signature"}
+    return SIGNATURE_CONTEXT + canonical(unsigned)
+
+
+def _b64(value: object, what: str, size: int | None = None) -> bytes:
+    if not isinstance(value, str):
+        raise ReceiptError(f"{what} is not a base64 string")
+    try:
+        raw = base64.b64decode(value, validate=True)
+    except (ValueError, binascii.Error):
+        raise ReceiptError(f"{what} is not base64") from None
+    if size is not None and len(raw) != size:
+        raise ReceiptError(f"{what} is {len(raw)} bytes, not {size}")
+    return raw
+
+
+def _uint64(value: object, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_UINT64:
+        raise ReceiptError(f"{what} is not a whole number from 0 to 2^64 - 1")
+    return value
+
+
+def _object(value: object, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ReceiptError(f"{what} is not a JSON object")
+    return value
+
+
+def _list(value: object, what: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise ReceiptError(f"{what} is not a list")
+    return value
+
+
+def _node(left: bytes, right: bytes) -> bytes:
+    return hashlib.sha256(b"\x01" + left + right).digest()
+
+
+def root_from_audit_path(leaf: bytes, index: int, size: int, path: list[bytes]) -> bytes:
+    """RFC 9162 §2.1.3.2: the root an audit path leads to from leaf ``index`` of ``size``."""
+    if index >= size:
+        raise ReceiptError(f"leaf index {index} is not below the tree size {size}")
+    fn, sn, result = index, size - 1, leaf
+    for sibling in path:
+        if sn == 0:
+            raise ReceiptError("an audit path is longer than its leaf's path to the root")
+        if fn & 1 or fn == sn:
+            result = _node(sibling, result)
+            while not fn & 1 and fn != 0:
+                fn >>= 1
+                sn >>= 1
+        else:
+            result = _node(result, sibling)
+        fn >>= 1
+        sn >>= 1
+    if sn != 0:
+        raise ReceiptError("an audit path is shorter than its leaf's path to the root")
+    return result
+
+
+def parse_log_key(value: str) -> ed25519.Ed25519PublicKey:
+    """The log key: base64 of the 32 raw bytes, the JSON ``{"key": …}`` of
+    ``GET /api/consent-log/key``, or a file holding either."""
+    text = value.strip()
+    if not text.startswith("{") and len(text) < 4096 and Path(text).is_file():
+        text = Path(text).read_text(encoding="utf-8").strip()
+    value_b64: object = text
+    if text.startswith("{"):
+        try:
+            value_b64 = _object(json.loads(text), "the log key").get("key")
+        except ValueError:
+            raise ReceiptError("the log key file is not JSON") from None
+    raw = _b64(value_b64, "the log key", 32)
+    return ed25519.Ed25519PublicKey.from_public_bytes(raw)
+
+
+def _verify(key: ed25519.Ed25519PublicKey, signature: bytes, message: bytes, what: str) -> None:
+    try:
+        key.verify(signature, message)
+    except InvalidSignature:
+        raise ReceiptError(f"{what} does not verify with the log key") from None
+
+
+def _tree_head(document: object) -> tuple[int, int, bytes, bytes]:
+    head = _object(document, "tree_head")
+    expected = {"tree_size", "timestamp", "sha256_root_hash", "tree_head_signature"}
+    if set(head) != expected:
+        raise ReceiptError(f"tree_head has fields {sorted(head)}, not {sorted(expected)}")
+    size = _uint64(head["tree_size"], "tree_head.tree_size")
+    timestamp = _uint64(head["timestamp"], "tree_head.timestamp")
+    root = _b64(head["sha256_root_hash"], "tree_head.sha256_root_hash", 32)
+    signature = _b64(head["tree_head_signature"], "tree_head.tree_head_signature", 64)
+    return size, timestamp, root, signature
+
+
+def _check_event(entry: object, n: int, size: int, root: bytes, person: str) -> dict[str, Any]:
+    what = f"events[{n}]"
+    event = _object(entry, what)
+    text = event.get("event")
+    if not isinstance(text, str):
+        raise ReceiptError(f"{what}.event is not the event's canonical JSON text")
+    leaf = hashlib.sha256(b"\x00" + text.encode("utf-8")).digest()
+    if leaf != _b64(event.get("leaf_hash"), f"{what}.leaf_hash", 32):
+        raise ReceiptError(f"{what}: leaf_hash is not the hash of the event (altered)")
+    try:
+        fields = _object(json.loads(text), f"{what}.event")
+    except ValueError:
+        raise ReceiptError(f"{what}.event is not JSON") from None
+    if canonical(fields) != text.encode("utf-8"):
+        raise ReceiptError(f"{what}.event is not in canonical form")
+    seq = _uint64(fields.get("seq"), f"{what}.event.seq")
+    index = _uint64(event.get("leaf_index"), f"{what}.leaf_index")
+    if index != seq - 1:
+        raise ReceiptError(f"{what}: leaf_index {index} is not seq {seq} - 1")
+    path = [
+        _b64(value, f"{what}.audit_path[{i}]", 32)
+        for i, value in enumerate(_list(event.get("audit_path"), f"{what}.audit_path"))
+    ]
+    if len(path) > 64:
+        raise ReceiptError(f"{what}.audit_path is longer than any tree needs")
+    if root_from_audit_path(leaf, index, size, path) != root:
+        raise ReceiptError(
+            f"{what} (seq {seq}): its audit path does not lead to the tree head's root"
+        )
+    if fields.get("subscriber_id") != person:
+        raise ReceiptError(f"{what} (seq {seq}) is about someone else")
+    return fields
+
+
+def _check_purposes(receipt: dict[str, Any], events: dict[int, dict[str, Any]]) -> int:
+    notices = {
+        _object(notice, "a notice").get("policy_version")
+        for notice in _list(receipt.get("notices"), "notices")
+    }
+    named: set[int] = set()
+    purposes = _list(receipt.get("purposes"), "purposes")
+    for n, entry in enumerate(purposes):
+        purpose = _object(entry, f"purposes[{n}]")
+        what = f"purposes[{n}] ({purpose.get('purpose_id')})"
+        seq = purpose.get("event_seq")
+        if seq is None:
+            if purpose.get("state") != "not_given":
+                raise ReceiptError(f"{what}: a choice with no event must be not_given")
+            continue
+        event = events.get(seq) if isinstance(seq, int) else None
+        if event is None:
+            raise ReceiptError(f"{what}: its event {seq} is not among the receipt's events")
+        named.add(seq)
+        checks = {
+            "topic_id": (purpose.get("topic_id"), event.get("topic_id")),
+            "policy_version": (purpose.get("policy_version"), event.get("policy_version")),
+            "consent_timestamp": (purpose.get("consent_timestamp"), event.get("decided_at")),
+        }
+        for name, (said, recorded) in checks.items():
+            if said != recorded:
+                raise ReceiptError(f"{what}: {name} {said!r}, the event says {recorded!r}")
+        if purpose.get("state") not in STATES.get(str(event.get("new_state")), ()):
+            raise ReceiptError(
+                f"{what}: state {purpose.get('state')!r}, the event says {event.get('new_state')!r}"
+            )
+        if purpose.get("policy_version") is not None and purpose["policy_version"] not in notices:
+            raise ReceiptError(f"{what}: notice {purpose['policy_version']} is not listed")
+    extra = sorted(set(events) - named)
+    if extra:
+        raise ReceiptError(f"events {extra} are named by no purpose")
+    return len(purposes)
+
+
+def verify_receipt(
+    receipt: object, log_key: ed25519.Ed25519PublicKey | None = None
+) -> dict[str, Any]:
+    """Check a parsed receipt; return what was proven, or raise ``ReceiptError``."""
+    document = _object(receipt, "the receipt")
+    if document.get("format") != FORMAT:
+        raise ReceiptError(f"format is {document.get('format')!r}, not {FORMAT!r}")
+    if document.get("signature_algorithm") != ALGORITHM:
+        raise ReceiptError(f"signature_algorithm is not {ALGORITHM}")
+    own = _b64(document.get("log_key"), "log_key", 32)
+    key = log_key or ed25519.Ed25519PublicKey.from_public_bytes(own)
+    if log_key is not None and log_key.public_bytes_raw() != own:
+        raise ReceiptError("the receipt names another log key than the one given")
+    signature = _b64(document.get("signature"), "signature", 64)
+    _verify(key, signature, signed_bytes(document), "the receipt's signature")
+    size, timestamp, root, head_signature = _tree_head(document.get("tree_head"))
+    message = b"\x00\x01" + struct.pack(">QQ", timestamp, size) + root
+    _verify(key, head_signature, message, "the tree head's signature")
+    person = _object(document.get("pii_principal"), "pii_principal").get("subscriber_id")
+    if not isinstance(person, str):
+        raise ReceiptError("pii_principal.subscriber_id is missing")
+    events: dict[int, dict[str, Any]] = {}
+    for n, entry in enumerate(_list(document.get("events"), "events")):
+        fields = _check_event(entry, n, size, root, person)
+        if fields["seq"] in events:
+            raise ReceiptError(f"events[{n}]: seq {fields['seq']} is listed twice")
+        events[fields["seq"]] = fields
+    purposes = _check_purposes(document, events)
+    return {
+        "purposes": purposes,
+        "events": len(events),
+        "tree_size": size,
+        "root_hash": root.hex(),
+        "key": base64.b64encode(key.public_bytes_raw()).decode(),
+        "key_given": log_key is not None,
+    }
+
+
+def _say(text: str, *, error: bool = False) -> None:
+    (sys.stderr if error else sys.stdout).write(text + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[1] if __doc__ else None)
+    parser.add_argument("receipt", type=Path, help="the receipt's JSON file")
+    parser.add_argument(
+        "--log-key",
+        help="the consent log's public key: base64, or a file with GET /api/consent-log/key",
+    )
+    args = parser.parse_args(argv)
+    try:
+        key = parse_log_key(args.log_key) if args.log_key else None
+        document = json.loads(args.receipt.read_bytes())
+    except (OSError, ValueError, RecursionError, ReceiptError) as error:
+        _say(f"error: {error}", error=True)
+        return 2
+    try:
+        proven = verify_receipt(document, key)
+    except ReceiptError as error:
+        _say(f"FAILED {args.receipt}: {error}", error=True)
+        return 1
+    _say(
+        f"{args.receipt}: OK: {proven['purposes']} choices, {proven['events']} events proven "
+        f"in the consent log's signed tree head of size {proven['tree_size']} "
+        f"(root {proven['root_hash']}), signed by log key {proven['key']}"
+    )
+    if not proven["key_given"]:
+        _say(
+            "note: checked with the key inside the receipt; pass --log-key with "
+            "GET /api/consent-log/key to check it is the log's",
+            error=True,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
