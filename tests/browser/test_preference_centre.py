@@ -248,3 +248,38 @@ def test_the_confirmation_works_from_the_keyboard_alone(known_page, server):
     submit(page, lambda: page.keyboard.press("Enter"))
     page.wait_for_selector(".banner--success")
     assert _owners(server) == {"customer-2043"}
+
+
+def test_the_receipt_downloads_and_checks_with_the_standalone_tool(known_page, server, tmp_path):
+    """As a person would: save, take the receipt from the banner's link, and check it with
+    tools/verify_receipt.py run on its own, against the log key the API publishes."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    page = known_page
+    page.check("#topic-weekly-digest")
+    submit(page, lambda: page.click("text=Save my choices"))
+    link = page.locator(".banner--success a", has_text="Download a receipt of your choices")
+    with page.expect_download() as caught:
+        link.click()
+    download = caught.value
+    assert download.suggested_filename.startswith("consent-receipt-")
+    path = tmp_path / download.suggested_filename
+    download.save_as(path)
+    receipt = json.loads(path.read_text())
+    purposes = {p["purpose_id"]: p for p in receipt["purposes"]}
+    assert purposes["weekly-digest"]["state"] == "given"
+    key = tmp_path / "log-key.json"
+    key.write_text(page.request.get("/api/consent-log/key").text())
+    tool = Path(__file__).resolve().parents[2] / "tools" / "verify_receipt.py"
+    run = subprocess.run(
+        [sys.executable, "-I", str(tool), str(path), "--log-key", str(key)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    assert " OK: " in run.stdout
