@@ -20,7 +20,12 @@ It checks, and names the first thing that fails:
    (RFC 9162 §2.1.3.2); it is about the receipt's person;
 4. every purpose that names an event says what that event says (topic, state, notice
    version, time), and every event is named by a purpose; every notice version a purpose
-   cites is listed.
+   cites is listed;
+5. with ``--tree-head LATER.json --consistency PROOF.json`` (``GET
+   /api/consent-log/tree-head`` and ``…/consistency?from=M&to=N``, M the receipt's tree
+   size): the later head is signed by the same key, and the RFC 9162 §2.1.4.2
+   consistency proof shows the log it describes still holds the receipt's tree, so the
+   choices were not rewritten since.
 
 Exit status 0 when the receipt checks, 1 when it does not, 2 when it cannot be read.
 """
@@ -116,6 +121,64 @@ def root_from_audit_path(leaf: bytes, index: int, size: int, path: list[bytes]) 
     if sn != 0:
         raise ReceiptError("an audit path is shorter than its leaf's path to the root")
     return result
+
+
+def consistency_roots(m: int, n: int, first_root: bytes, proof: list[bytes]) -> tuple[bytes, bytes]:
+    """RFC 9162 §2.1.4.2: the two roots a consistency proof from size m to n leads to."""
+    if m == n:
+        if proof:
+            raise ReceiptError("a consistency proof between equal sizes is empty")
+        return first_root, first_root
+    if not 0 < m < n:
+        raise ReceiptError(f"no consistency proof goes from size {m} to size {n}")
+    if not proof:
+        raise ReceiptError("the consistency proof is empty")
+    path = [first_root, *proof] if m & (m - 1) == 0 else list(proof)
+    fn, sn = m - 1, n - 1
+    while fn & 1:
+        fn >>= 1
+        sn >>= 1
+    fr = sr = path[0]
+    for c in path[1:]:
+        if sn == 0:
+            raise ReceiptError("the consistency proof is longer than the trees need")
+        if fn & 1 or fn == sn:
+            fr, sr = _node(c, fr), _node(c, sr)
+            while not fn & 1 and fn != 0:
+                fn >>= 1
+                sn >>= 1
+        else:
+            sr = _node(sr, c)
+        fn >>= 1
+        sn >>= 1
+    if sn != 0:
+        raise ReceiptError("the consistency proof is shorter than the trees need")
+    return fr, sr
+
+
+def check_later_head(
+    receipt: dict[str, Any], key: ed25519.Ed25519PublicKey, later: object, proof: object
+) -> int:
+    """The later signed head extends the receipt's; returns its size."""
+    size, _, root, _ = _tree_head(receipt.get("tree_head"))
+    later_size, timestamp, later_root, signature = _tree_head(later)
+    message = b"\x00\x01" + struct.pack(">QQ", timestamp, later_size) + later_root
+    _verify(key, signature, message, "the later tree head's signature")
+    hashes = [
+        _b64(value, f"consistency[{i}]", 32)
+        for i, value in enumerate(
+            _list(_object(proof, "the consistency proof").get("consistency"), "consistency")
+        )
+    ]
+    if len(hashes) > 65:
+        raise ReceiptError("the consistency proof is longer than any tree needs")
+    first, second = consistency_roots(size, later_size, root, hashes)
+    if first != root or second != later_root:
+        raise ReceiptError(
+            f"the log of size {later_size} does not extend the receipt's tree of size {size} "
+            "(history rewritten?)"
+        )
+    return later_size
 
 
 def parse_log_key(value: str) -> ed25519.Ed25519PublicKey:
@@ -275,15 +338,32 @@ def main(argv: list[str] | None = None) -> int:
         "--log-key",
         help="the consent log's public key: base64, or a file with GET /api/consent-log/key",
     )
+    parser.add_argument("--tree-head", type=Path, help="a later signed tree head (JSON)")
+    parser.add_argument(
+        "--consistency", type=Path, help="the consistency proof from the receipt's head to it"
+    )
     args = parser.parse_args(argv)
+    if (args.tree_head is None) != (args.consistency is None):
+        _say("error: --tree-head and --consistency go together", error=True)
+        return 2
     try:
         key = parse_log_key(args.log_key) if args.log_key else None
         document = json.loads(args.receipt.read_bytes())
+        later = (
+            (json.loads(args.tree_head.read_bytes()), json.loads(args.consistency.read_bytes()))
+            if args.tree_head is not None
+            else None
+        )
     except (OSError, ValueError, RecursionError, ReceiptError) as error:
         _say(f"error: {error}", error=True)
         return 2
     try:
         proven = verify_receipt(document, key)
+        if later is not None:
+            signer = key or ed25519.Ed25519PublicKey.from_public_bytes(
+                base64.b64decode(proven["key"])
+            )
+            later_size = check_later_head(document, signer, *later)
     except ReceiptError as error:
         _say(f"FAILED {args.receipt}: {error}", error=True)
         return 1
@@ -292,6 +372,11 @@ def main(argv: list[str] | None = None) -> int:
         f"in the consent log's signed tree head of size {proven['tree_size']} "
         f"(root {proven['root_hash']}), signed by log key {proven['key']}"
     )
+    if later is not None:
+        _say(
+            f"the later signed tree head of size {later_size} is consistent with it: the log "
+            "still holds these choices as they were"
+        )
     if not proven["key_given"]:
         _say(
             "note: checked with the key inside the receipt; pass --log-key with "

@@ -244,10 +244,32 @@ def verify_log(
     help="The consent log's public key (base64, or a file with GET /api/consent-log/key's "
     "JSON). Without it the receipt's own copy is used.",
 )
-def verify_receipt(receipt: Path, log_key: str | None) -> None:
-    """Check a consent receipt offline: its signature, its tree head, and each event's
-    inclusion proof; exit 1 naming what fails (the same check as tools/verify_receipt.py)."""
-    sys.exit(receipt_check.main([str(receipt), *(["--log-key", log_key] if log_key else [])]))
+@click.option(
+    "--tree-head",
+    "later_head",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="A later signed tree head (GET /api/consent-log/tree-head); with --consistency.",
+)
+@click.option(
+    "--consistency",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="The consistency proof from the receipt's tree head to --tree-head.",
+)
+def verify_receipt(
+    receipt: Path, log_key: str | None, later_head: Path | None, consistency: Path | None
+) -> None:
+    """Check a consent receipt offline: its signature, its tree head, each event's
+    inclusion proof, and a later head's consistency with it; exit 1 naming what fails (the
+    same check as tools/verify_receipt.py)."""
+    args = [str(receipt)]
+    for flag, value in (
+        ("--log-key", log_key),
+        ("--tree-head", later_head),
+        ("--consistency", consistency),
+    ):
+        if value is not None:
+            args += [flag, str(value)]
+    sys.exit(receipt_check.main(args))
 
 
 def register(portal_cli: AppGroup) -> None:

@@ -311,3 +311,65 @@ def test_any_one_byte_changed_in_the_file_is_refused(receipt, tmp_path_factory, 
         return  # an escape spelled another way: the same content
     with pytest.raises(ReceiptError):
         verify_receipt(document)
+
+
+def test_a_later_head_shows_the_receipts_choices_were_not_rewritten(app, client, receipt, tmp_path):
+    """A year on, the person checks the log still holds the tree their receipt is under:
+    a later head and a consistency proof from the public API, checked by the standalone
+    tool."""
+    _save(client, ["offers"])  # the log grows
+    _receipt(client)  # (integrates it)
+    api = app.test_client()
+    later = api.get("/api/consent-log/tree-head").json
+    size = receipt["tree_head"]["tree_size"]
+    assert later["tree_size"] > size
+    proof = api.get(f"/api/consent-log/consistency?from={size}&to={later['tree_size']}").json
+    files = {"receipt": receipt, "later": later, "proof": proof}
+    for name, document in files.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(document))
+    args = [
+        "portal",
+        "verify-receipt",
+        str(tmp_path / "receipt.json"),
+        "--log-key",
+        LOG_KEY_B64,
+        "--tree-head",
+        str(tmp_path / "later.json"),
+        "--consistency",
+        str(tmp_path / "proof.json"),
+    ]
+    result = app.test_cli_runner().invoke(args=args)
+    assert result.exit_code == 0, result.output
+    assert f"the later signed tree head of size {later['tree_size']} is consistent" in (
+        result.output
+    )
+    # History rewritten: a head over other leaves, signed with the log's own key.
+    forged = merkle.sign_tree_head(
+        LOG_KEY, tree_size=later["tree_size"], timestamp=later["timestamp"], root_hash=b"\5" * 32
+    )
+    (tmp_path / "later.json").write_text(json.dumps(forged.to_json()))
+    result = app.test_cli_runner().invoke(args=args)
+    assert result.exit_code == 1
+    assert "does not extend the receipt's tree" in result.output
+    # Only one of the pair: a usage error.
+    assert app.test_cli_runner().invoke(args=args[:-2]).exit_code == 2
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 300), st.data())
+def test_the_checkers_consistency_rule_agrees_with_the_servers(n, data):
+    """The standalone checker's RFC 9162 §2.1.4.2 against portal.consent.merkle's: the
+    same proofs accepted, the same changes refused."""
+    m = data.draw(st.integers(1, n))
+    log_tree = merkle.MemoryTree(merkle.leaf_hash(b"%d" % i) for i in range(n))
+    first, second = log_tree.root(m), log_tree.root(n)
+    proof = log_tree.consistency_proof(m, n)
+    assert receipt_check.consistency_roots(m, n, first, proof) == (first, second)
+    if proof:
+        which = data.draw(st.integers(0, len(proof) - 1))
+        changed = [*proof[:which], bytes(32), *proof[which + 1 :]]
+        try:
+            roots = receipt_check.consistency_roots(m, n, first, changed)
+        except ReceiptError:
+            roots = None
+        assert roots != (first, second)
