@@ -48,6 +48,7 @@ BENCHMARKS = (
     "claims",
     "funnel",
     "consent_log",
+    "receipt",
 )
 ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/test"
 RESULTS = ROOT / "bench" / "results"
@@ -73,7 +74,7 @@ def run(name: str, args: argparse.Namespace, folder: Path) -> Outcome:
     command = [sys.executable, str(script.relative_to(ROOT)), "--json", str(out)]
     if args.quick:
         command.append("--quick")
-    if args.admin_url and name != "dispatch":
+    if args.admin_url and name not in ("dispatch", "receipt"):  # no PostgreSQL there
         command += ["--admin-url", args.admin_url]
     if name == "pages":
         for item in args.pages_env:
