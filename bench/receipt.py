@@ -3,8 +3,9 @@
 A real receipt is made by the portal (SQLite, a person with ``--choices`` explicit
 choices among as many topics, behind ``--log-size`` other events, so each audit path is
 ⌈log2 n⌉ hashes long), then checked by the standalone ``tools/verify_receipt.py`` copied
-into an empty folder and run with ``python3 -I`` (isolated: nothing of the portal
-importable), as a person would. Measured in one run:
+into an empty folder and run with ``python3 -I`` in a fresh virtual environment holding
+only ``cryptography`` (the release the project locks), as a person would after ``pip
+install cryptography``: nothing of the portal importable. Measured in one run:
 
 - **whole check**: the tool's process from start to exit, ``--runs`` times (median, p95):
   what the person waits for;
@@ -46,12 +47,35 @@ FLOOR = (
 )
 
 
+def _others(app: Any, who: uuid.UUID, count: int, now: dt.datetime) -> None:
+    """``count`` events of someone else's, in batches."""
+    from portal.consent import log
+    from portal.consent.models import EventKind
+    from portal.db import db
+
+    for start in range(0, count, 10_000):
+        with db.begin(app) as session:
+            log.append_many(
+                session,
+                [
+                    log.NewEvent(
+                        kind=EventKind.ACCOUNT_LINKED,
+                        subscriber_id=who,
+                        source="system",
+                        actor="bench",
+                        recorded_at=now,
+                    )
+                    for _ in range(min(10_000, count - start))
+                ],
+            )
+
+
 def make_receipt(folder: Path, choices: int, log_size: int) -> tuple[dict[str, Any], str]:
     """A receipt from the portal's own code, and the log key's JSON."""
     from portal import create_app
     from portal.config import Settings
-    from portal.consent import catalogue, log, receipts, tree
-    from portal.consent.models import EventKind, PreferenceState
+    from portal.consent import catalogue, receipts, tree
+    from portal.consent.models import PreferenceState
     from portal.consent.preferences import Decision, apply_decisions
     from portal.db import db, uuid7
     from portal.migrate import upgrade
@@ -81,22 +105,8 @@ def make_receipt(folder: Path, choices: int, log_size: int) -> tuple[dict[str, A
         ]
         others = uuid7()
         session.add(Subscriber(id=others, created_at=now))
-    # Other people's events before the person's: the tree the proofs climb.
-    with db.begin(app) as session:
-        for start in range(0, log_size, 10_000):
-            log.append_many(
-                session,
-                [
-                    log.NewEvent(
-                        kind=EventKind.ACCOUNT_LINKED,
-                        subscriber_id=others,
-                        source="system",
-                        actor="bench",
-                        recorded_at=now,
-                    )
-                    for _ in range(min(10_000, log_size - start))
-                ],
-            )
+    # Other people's events before and after the person's: the tree the proofs climb.
+    _others(app, others, log_size // 2, now)
     person = uuid7()
     with db.begin(app) as session:
         session.add(Subscriber(id=person, created_at=now, region_code="EU"))
@@ -110,6 +120,7 @@ def make_receipt(folder: Path, choices: int, log_size: int) -> tuple[dict[str, A
             decided_at=now,
             recorded_at=now,
         )
+    _others(app, others, log_size - log_size // 2, now)
     with db.begin(app) as session:
         while tree.integrate(session, key, now=now, gap_grace_seconds=10).leaves:
             pass
@@ -131,6 +142,32 @@ def make_receipt(folder: Path, choices: int, log_size: int) -> tuple[dict[str, A
     app.extensions["portal.db"].engine.dispose()
     assert uuid.UUID(document["pii_principal"]["subscriber_id"]) == person
     return document, key_json
+
+
+def clean_python(folder: Path) -> tuple[list[str], str]:
+    """A fresh venv with cryptography alone; the project's interpreter when pip cannot
+    install it here (said in the report)."""
+    import cryptography
+
+    venv = folder / "venv"
+    made = subprocess.run([sys.executable, "-m", "venv", str(venv)], check=False)
+    if made.returncode == 0:
+        installed = subprocess.run(
+            [
+                str(venv / "bin" / "pip"),
+                "install",
+                "-q",
+                f"cryptography=={cryptography.__version__}",
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if installed.returncode == 0:
+            return [str(venv / "bin" / "python"), "-I"], (
+                f"a fresh venv with cryptography {cryptography.__version__} alone"
+            )
+    return [sys.executable, "-I"], "the project's venv (pip could not make a clean one)"
 
 
 def _times(command: list[str], cwd: Path, runs: int) -> list[float]:
@@ -167,7 +204,7 @@ def main() -> None:
         shutil.copy(TOOL, elsewhere / "verify_receipt.py")
         (elsewhere / "receipt.json").write_text(json.dumps(receipt, indent=2))
         (elsewhere / "log-key.json").write_text(key_json)
-        python = [sys.executable, "-I"]
+        python, interpreter = clean_python(folder)
         tool = [*python, "verify_receipt.py", "receipt.json", "--log-key", "log-key.json"]
         _times(tool, elsewhere, 2)  # warm the page cache
         whole = _times(tool, elsewhere, runs)
@@ -211,7 +248,7 @@ def main() -> None:
             f"each with an audit path of {path_length} hashes) under a signed tree head of "
             f"{tree_size:,} leaves; made by the portal on SQLite, checked by "
             "`tools/verify_receipt.py` copied into an empty folder and run as "
-            f"`python3 -I` ({runs} runs each). Load average {load[0]:.1f} before, "
+            f"`python3 -I` in {interpreter} ({runs} runs each). Load average {load[0]:.1f} before, "
             f"{load_after[0]:.1f} after (2 CPUs).",
             "",
             "| what | median ms | p95 ms |",

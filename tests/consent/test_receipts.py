@@ -373,3 +373,22 @@ def test_the_checkers_consistency_rule_agrees_with_the_servers(n, data):
         except ReceiptError:
             roots = None
         assert roots != (first, second)
+
+
+def test_the_checkers_command_line(receipt, tmp_path, capsys):
+    path = tmp_path / "receipt.json"
+    path.write_text(json.dumps(receipt))
+    main = receipt_check.main
+    assert main(["--help"]) == 0
+    assert "usage: verify_receipt.py RECEIPT.json" in capsys.readouterr().out
+    assert main([str(path), f"--log-key={LOG_KEY_B64}"]) == 0
+    assert " OK: " in capsys.readouterr().out
+    for words in ([], [str(path), "--colour"], [str(path), str(path)], [str(path), "--log-key"]):
+        assert main(words) == 2, words
+        assert "usage: verify_receipt.py" in capsys.readouterr().err
+    assert main([str(path), "--tree-head", str(path)]) == 2
+    assert "go together" in capsys.readouterr().err
+    assert main([str(tmp_path / "missing.json")]) == 2
+    assert main([str(path), "--log-key", "not base64!"]) == 2
+    (tmp_path / "deep.json").write_text("[" * 100_000)
+    assert main([str(tmp_path / "deep.json")]) == 2
