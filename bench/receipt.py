@@ -10,7 +10,7 @@ install cryptography``: nothing of the portal importable. Measured in one run:
 - **whole check**: the tool's process from start to exit, ``--runs`` times (median, p95):
   what the person waits for;
 - **floor**: a Python process that only imports what the tool imports (``json``,
-  ``argparse`` and ``cryptography``'s Ed25519) and exits: the part of the whole check
+  ``hashlib``, ``base64`` … and ``cryptography``'s Ed25519) and exits: the part of the whole check
   that is the interpreter, not the check;
 - **verification alone**: ``verify_receipt`` on the parsed receipt, in one process
   (median over ``--runs``).
@@ -40,10 +40,10 @@ sys.path.insert(0, str(ROOT))
 from bench.contract import Figure, add_arguments, write  # noqa: E402
 
 TOOL = ROOT / "tools" / "verify_receipt.py"
-FLOOR = (
-    "import argparse, base64, hashlib, json, struct, sys\n"
-    "from cryptography.hazmat.primitives.asymmetric import ed25519\n"
+FLOOR = (  # the tool's own imports
+    "import base64, binascii, hashlib, json, os, struct, sys\n"
     "from cryptography.exceptions import InvalidSignature\n"
+    "from cryptography.hazmat.primitives.asymmetric import ed25519\n"
 )
 
 
