@@ -13,19 +13,29 @@ It checks, and names the first thing that fails:
    JSON, made with the consent log's key (``--log-key``: base64, or a file holding
    ``GET /api/consent-log/key``'s JSON; without it, the receipt's own ``log_key``, which
    proves the receipt intact but not whose log it is from);
-2. the signed tree head (RFC 6962 §3.5's 50-byte TreeHeadSignature input, Ed25519, the
-   same key);
+2. the signed tree head (RFC 6962 §3.5's 50-byte TreeHeadSignature input, Ed25519), with
+   ``tree_head_key``: the log key, or its predecessor when the key changed since the head
+   was signed (the receipt's signature vouches for it);
 3. every event: its leaf hash is SHA-256(0x00 ‖ the event's canonical bytes) (RFC 9162
    §2.1.1), its leaf index is its seq - 1, and its audit path leads to the head's root
    (RFC 9162 §2.1.3.2); it is about the receipt's person;
-4. every purpose that names an event says what that event says (topic, state, notice
-   version, time), and every event is named by a purpose; every notice version a purpose
-   cites is listed;
+4. every purpose that names an event says exactly what that event says (topic, state,
+   on, notice version, both times, source), one purpose per topic and per event, and
+   every event is named by a purpose; every notice version a purpose cites is listed;
 5. with ``--tree-head LATER.json --consistency PROOF.json`` (``GET
    /api/consent-log/tree-head`` and ``…/consistency?from=M&to=N``, M the receipt's tree
-   size): the later head is signed by the same key, and the RFC 9162 §2.1.4.2
-   consistency proof shows the log it describes still holds the receipt's tree, so the
-   choices were not rewritten since.
+   size): the later head is signed by the log key, and the RFC 9162 §2.1.4.2
+   consistency proof shows the log it describes extends the receipt's tree: it was not
+   rewritten since.
+
+A JSON key given twice anywhere is refused (readers disagree on which copy counts), and
+so is an empty ``--log-key``.
+
+What it proves: the receipt's choices are events of the consent log, about this person,
+as of the signed tree head (and, with a later head, that the log was not rewritten since).
+What no receipt can prove: that an event is the person's latest for its topic, or that a
+topic marked ``not_given`` has no event: a proof shows what is in the log, never what is
+not.
 
 Exit status 0 when the receipt checks, 1 when it does not, 2 when it cannot be read.
 """
@@ -51,8 +61,16 @@ FORMAT = "push-consent-portal/consent-receipt/1"
 SIGNATURE_CONTEXT = b"push-consent-portal consent receipt v1\n"
 ALGORITHM = "Ed25519"
 MAX_UINT64 = 2**64 - 1
-# What an explicit choice stored as new_state says in a purpose's ``state``.
-STATES = {"opt_in": ("given",), "opt_out": ("refused", "withdrawn")}
+
+
+# A purpose's ``state`` from its event's (previous_state, new_state): a "no" after a "yes"
+# is a withdrawal, any other "no" a refusal.
+def expected_state(previous_state: object, new_state: object) -> str | None:
+    if new_state == "opt_in":
+        return "given"
+    if new_state == "opt_out":
+        return "withdrawn" if previous_state == "opt_in" else "refused"
+    return None
 
 
 class ReceiptError(Exception):
@@ -85,6 +103,33 @@ def _uint64(value: object, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_UINT64:
         raise ReceiptError(f"{what} is not a whole number from 0 to 2^64 - 1")
     return value
+
+
+def _int(value: object, what: str) -> int:
+    if type(value) is not int:  # not a bool, not 4.0
+        raise ReceiptError(f"{what} is not a whole number")
+    return value
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads``' object hook: a key given twice is refused (JSON readers disagree on
+    which copy wins, so a file could show one thing to a person and another to a checker)."""
+    document: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in document:
+            raise ReceiptError(f"the key {key!r} is given twice in one object")
+        document[key] = value
+    return document
+
+
+def load(data: bytes | str) -> Any:
+    """Parse a receipt or a proof file: JSON, no key given twice."""
+    try:
+        return json.loads(data, object_pairs_hook=_no_duplicates)
+    except RecursionError:
+        raise ReceiptError("the JSON is nested too deeply") from None
+    except ValueError as error:
+        raise ReceiptError(f"not JSON ({error})") from None
 
 
 def _object(value: object, what: str) -> dict[str, Any]:
@@ -228,16 +273,15 @@ def _check_event(entry: object, n: int, size: int, root: bytes, person: str) -> 
     leaf = hashlib.sha256(b"\x00" + text.encode("utf-8")).digest()
     if leaf != _b64(event.get("leaf_hash"), f"{what}.leaf_hash", 32):
         raise ReceiptError(f"{what}: leaf_hash is not the hash of the event (altered)")
-    try:
-        fields = _object(json.loads(text), f"{what}.event")
-    except ValueError:
-        raise ReceiptError(f"{what}.event is not JSON") from None
+    fields = _object(load(text), f"{what}.event")
     if canonical(fields) != text.encode("utf-8"):
         raise ReceiptError(f"{what}.event is not in canonical form")
     seq = _uint64(fields.get("seq"), f"{what}.event.seq")
     index = _uint64(event.get("leaf_index"), f"{what}.leaf_index")
     if index != seq - 1:
         raise ReceiptError(f"{what}: leaf_index {index} is not seq {seq} - 1")
+    if _int(event.get("seq"), f"{what}.seq") != seq:
+        raise ReceiptError(f"{what}: seq {event.get('seq')} is not the event's own {seq}")
     path = [
         _b64(value, f"{what}.audit_path[{i}]", 32)
         for i, value in enumerate(_list(event.get("audit_path"), f"{what}.audit_path"))
@@ -254,48 +298,81 @@ def _check_event(entry: object, n: int, size: int, root: bytes, person: str) -> 
 
 
 def _check_purposes(receipt: dict[str, Any], events: dict[int, dict[str, Any]]) -> int:
-    notices = {
-        _object(notice, "a notice").get("policy_version")
-        for notice in _list(receipt.get("notices"), "notices")
-    }
+    notices = set()
+    for notice in _list(receipt.get("notices"), "notices"):
+        version = _object(notice, "a notice").get("policy_version")
+        if not isinstance(version, str):
+            raise ReceiptError("a notice's policy_version is not text")
+        notices.add(version)
     named: set[int] = set()
+    topics: set[int] = set()
+    slugs: set[str] = set()
     purposes = _list(receipt.get("purposes"), "purposes")
     for n, entry in enumerate(purposes):
         purpose = _object(entry, f"purposes[{n}]")
-        what = f"purposes[{n}] ({purpose.get('purpose_id')})"
+        slug = purpose.get("purpose_id")
+        what = f"purposes[{n}] ({slug})"
+        topic = _int(purpose.get("topic_id"), f"{what}.topic_id")
+        if not isinstance(slug, str) or slug in slugs or topic in topics:
+            raise ReceiptError(f"{what}: each topic is one purpose, named once")
+        slugs.add(slug)
+        topics.add(topic)
+        if type(purpose.get("on")) is not bool:
+            raise ReceiptError(f"{what}: on is not true or false")
         seq = purpose.get("event_seq")
         if seq is None:
-            if purpose.get("state") != "not_given":
+            if purpose.get("state") != "not_given" or purpose.get("consent_type") != "none":
                 raise ReceiptError(f"{what}: a choice with no event must be not_given")
             continue
-        event = events.get(seq) if isinstance(seq, int) else None
+        event = events.get(_int(seq, f"{what}.event_seq"))
         if event is None:
             raise ReceiptError(f"{what}: its event {seq} is not among the receipt's events")
+        if seq in named:
+            raise ReceiptError(f"{what}: event {seq} is named by another purpose too")
         named.add(seq)
-        checks = {
-            "topic_id": (purpose.get("topic_id"), event.get("topic_id")),
-            "policy_version": (purpose.get("policy_version"), event.get("policy_version")),
-            "consent_timestamp": (purpose.get("consent_timestamp"), event.get("decided_at")),
-        }
-        for name, (said, recorded) in checks.items():
-            if said != recorded:
-                raise ReceiptError(f"{what}: {name} {said!r}, the event says {recorded!r}")
-        if purpose.get("state") not in STATES.get(str(event.get("new_state")), ()):
-            raise ReceiptError(
-                f"{what}: state {purpose.get('state')!r}, the event says {event.get('new_state')!r}"
-            )
-        if purpose.get("policy_version") is not None and purpose["policy_version"] not in notices:
-            raise ReceiptError(f"{what}: notice {purpose['policy_version']} is not listed")
+        _check_choice(purpose, event, topic, what, notices)
     extra = sorted(set(events) - named)
     if extra:
         raise ReceiptError(f"events {extra} are named by no purpose")
     return len(purposes)
 
 
+def _check_choice(
+    purpose: dict[str, Any], event: dict[str, Any], topic: int, what: str, notices: set[str]
+) -> None:
+    """A purpose that names an event says exactly what the event says."""
+    state = expected_state(event.get("previous_state"), event.get("new_state"))
+    checks = {
+        "topic_id": (topic, event.get("topic_id")),
+        "state": (purpose.get("state"), state),
+        "on": (purpose.get("on"), state == "given"),
+        "consent_type": (purpose.get("consent_type"), "explicit"),
+        "policy_version": (purpose.get("policy_version"), event.get("policy_version")),
+        "consent_timestamp": (purpose.get("consent_timestamp"), event.get("decided_at")),
+        "recorded_at": (purpose.get("recorded_at"), event.get("recorded_at")),
+        "source": (purpose.get("source"), event.get("source")),
+    }
+    for name, (said, recorded) in checks.items():
+        if said != recorded or type(said) is not type(recorded):
+            raise ReceiptError(f"{what}: {name} {said!r}, the event says {recorded!r}")
+    version = purpose.get("policy_version")
+    if version is not None and version not in notices:
+        raise ReceiptError(f"{what}: notice {version} is not listed")
+
+
 def verify_receipt(
     receipt: object, log_key: ed25519.Ed25519PublicKey | None = None
 ) -> dict[str, Any]:
     """Check a parsed receipt; return what was proven, or raise ``ReceiptError``."""
+    try:
+        return _verify_receipt(receipt, log_key)
+    except ReceiptError:
+        raise
+    except (TypeError, ValueError, KeyError, AttributeError, RecursionError) as error:
+        raise ReceiptError(f"the receipt is malformed ({type(error).__name__})") from None
+
+
+def _verify_receipt(receipt: object, log_key: ed25519.Ed25519PublicKey | None) -> dict[str, Any]:
     document = _object(receipt, "the receipt")
     if document.get("format") != FORMAT:
         raise ReceiptError(f"format is {document.get('format')!r}, not {FORMAT!r}")
@@ -307,9 +384,13 @@ def verify_receipt(
         raise ReceiptError("the receipt names another log key than the one given")
     signature = _b64(document.get("signature"), "signature", 64)
     _verify(key, signature, signed_bytes(document), "the receipt's signature")
+    # The key that signed the tree head: the log key, or (after the log key changed) the
+    # earlier one, which the receipt's own signature vouches for.
+    head_key_raw = _b64(document.get("tree_head_key"), "tree_head_key", 32)
+    head_key = ed25519.Ed25519PublicKey.from_public_bytes(head_key_raw)
     size, timestamp, root, head_signature = _tree_head(document.get("tree_head"))
     message = b"\x00\x01" + struct.pack(">QQ", timestamp, size) + root
-    _verify(key, head_signature, message, "the tree head's signature")
+    _verify(head_key, head_signature, message, "the tree head's signature")
     person = _object(document.get("pii_principal"), "pii_principal").get("subscriber_id")
     if not isinstance(person, str):
         raise ReceiptError("pii_principal.subscriber_id is missing")
@@ -327,6 +408,11 @@ def verify_receipt(
         "root_hash": root.hex(),
         "key": base64.b64encode(key.public_bytes_raw()).decode(),
         "key_given": log_key is not None,
+        "head_key": base64.b64encode(head_key_raw).decode() if head_key_raw != own else None,
+        "choices": [
+            (p.get("purpose_id"), p.get("state"), p.get("consent_timestamp"))
+            for p in document["purposes"]
+        ],
     }
 
 
@@ -386,10 +472,12 @@ def main(argv: list[str] | None = None) -> int:
         _say("error: --tree-head and --consistency go together", error=True)
         return 2
     try:
-        key = parse_log_key(args.log_key) if args.log_key else None
-        document = json.loads(_read(args.receipt))
+        if args.log_key is not None and not args.log_key.strip():
+            raise ReceiptError("--log-key is empty")
+        key = parse_log_key(args.log_key) if args.log_key is not None else None
+        document = load(_read(args.receipt))
         later = (
-            (json.loads(_read(args.tree_head)), json.loads(_read(args.consistency)))
+            (load(_read(args.tree_head)), load(_read(args.consistency)))
             if args.tree_head is not None and args.consistency is not None
             else None
         )
@@ -406,15 +494,25 @@ def main(argv: list[str] | None = None) -> int:
     except ReceiptError as error:
         _say(f"FAILED {args.receipt}: {error}", error=True)
         return 1
+    signed_by = (
+        f"signed by the log key {proven['key']}"
+        if proven["key_given"]
+        else f"signed by the key it names itself, {proven['key']} (NOT checked against the "
+        "log's published key: pass --log-key)"
+    )
     _say(
         f"{args.receipt}: OK: {proven['purposes']} choices, {proven['events']} events proven "
         f"in the consent log's signed tree head of size {proven['tree_size']} "
-        f"(root {proven['root_hash']}), signed by log key {proven['key']}"
+        f"(root {proven['root_hash']}), {signed_by}"
     )
+    for purpose_id, state, when in proven["choices"]:
+        _say(f"  {purpose_id}: {state}" + (f" at {when}" if when else ""))
+    if proven["head_key"]:
+        _say(f"  (the tree head was signed by the log's earlier key {proven['head_key']})")
     if later is not None:
         _say(
             f"the later signed tree head of size {later_size} is consistent with it: the log "
-            "still holds these choices as they were"
+            "was not rewritten since, these events are still in it (later choices may follow)"
         )
     if not proven["key_given"]:
         _say(

@@ -155,7 +155,9 @@ def verify_export_command(
     except ValueError as error:
         raise click.BadParameter(str(error), param_hint="--public-key") from None
     try:
-        tree_key = parse_log_key(log_key) if log_key else None
+        if log_key is not None and not log_key.strip():
+            raise ValueError("the log key is empty")
+        tree_key = parse_log_key(log_key) if log_key is not None else None
     except ValueError as error:
         raise click.BadParameter(str(error), param_hint="--log-key") from None
     later = _later_head(later_head_file, consistency_file)

@@ -297,7 +297,9 @@ def _check_tree(
 
 
 def _proof_hashes(handle: IO[bytes]) -> Iterator[bytes]:
-    for number, line in enumerate(handle, start=1):
+    number = 0
+    while line := handle.readline(2 * merkle.HASH_SIZE + 2):  # never more than a line's worth
+        number += 1
         text = line.rstrip(b"\n")
         if len(text) != 2 * merkle.HASH_SIZE or text.lower() != text:
             raise _BadProofLine(number)
@@ -537,9 +539,23 @@ def _rows(name: str, handle: IO[bytes], data_format: str) -> Iterator[tuple[int,
         yield from _parse(text, data_format)
 
 
+# The longest line a data file may have: far above any event's (whose free text is a
+# topic label and a context of a few fields), far below what would exhaust memory.
+MAX_LINE = 1 << 20
+
+
+def _lines(text: IO[str]) -> Iterator[str]:
+    """The file's lines, each read with a bound: a line without end (a crafted zip member
+    that inflates to gigabytes) is refused, not read into memory whole."""
+    while line := text.readline(MAX_LINE + 1):
+        if len(line) > MAX_LINE:
+            raise ValueError(f"a line is longer than {MAX_LINE} characters")
+        yield line
+
+
 def _parse(text: IO[str], data_format: str) -> Iterator[tuple[int, dict[str, Any]]]:
     if data_format == "ndjson":
-        for number, line in enumerate(text, start=1):
+        for number, line in enumerate(_lines(text), start=1):
             if not line.strip():
                 continue
             parsed = json.loads(line)
@@ -547,7 +563,7 @@ def _parse(text: IO[str], data_format: str) -> Iterator[tuple[int, dict[str, Any
                 raise ValueError(f"line {number}: not an object with the export's columns")
             yield number, parsed
         return
-    reader = csv.reader(text)
+    reader = csv.reader(_lines(text))
     header = next(reader, None)
     if header != list(COLUMNS):
         raise ValueError("line 1: the header is not the export's columns")

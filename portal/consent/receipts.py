@@ -94,7 +94,14 @@ def _head_covering(
     the sequencer would within its merge delay)."""
     size = session.execute(sa.select(_st.c.tree_size).where(_st.c.id == 1)).scalar()
     if size is None or size < seq or tree.latest_head(session) is None:
-        tree.integrate(session, key, now=now, gap_grace_seconds=gap_grace_seconds)
+        # Only as far as this person's events: the sequencer does the rest.
+        tree.integrate(
+            session,
+            key,
+            now=now,
+            gap_grace_seconds=gap_grace_seconds,
+            max_leaves=max(seq - (size or 0), 1),
+        )
         session.commit()
     head = tree.latest_head(session)
     if head is None or head.tree_size < seq:
@@ -213,6 +220,12 @@ def build_receipt(
         "purposes": purposes,
         "events": proofs,
         "tree_head": head.to_json(),
+        # The key that signed the head: the log key, or its predecessor when the key
+        # changed since the head was signed (this receipt's signature vouches for it).
+        "tree_head_key": _b64(
+            tree.head_public_key(session, head.tree_size)
+            or merkle.public_key_bytes(key.public_key())
+        ),
         "log_key": _b64(merkle.public_key_bytes(key.public_key())),
         "signature_algorithm": ALGORITHM,
     }

@@ -57,6 +57,7 @@ from portal.identity import (
     subscriber_from_link_token,
     verify_assertion,
 )
+from portal.origins import public_origin
 from portal.ratelimit import limit_endpoint
 from portal.seams import current_portal
 from portal.subscriptions import services as subscription_services
@@ -546,17 +547,19 @@ def receipt() -> Any:
     settings = portal.settings
     if not settings.consent_log_signing_key:
         raise NotFound("no_log_key", "this deployment has no consent log key to sign receipts")
+    if request.method == "HEAD":  # a look at the link builds and signs nothing
+        return Response(mimetype="application/json", headers={"Cache-Control": "no-store"})
     now = portal.clock.now()
+    origin = public_origin()
     try:
         document = receipts.build_receipt(
             db.session,
             subscriber,
             catalogue.active_topics(db.session),
             key=tree.signing_key(settings.consent_log_signing_key),
-            controller=receipts.Controller.from_settings(settings, request.host_url),
-            policy_url=lambda version: url_for(
-                "preferences.policy_text", version=version, _external=True
-            ),
+            controller=receipts.Controller.from_settings(settings, origin),
+            # From PUBLIC_URL (public_origin), never the request's Host: it is signed.
+            policy_url=lambda version: origin + url_for("preferences.policy_text", version=version),
             now=now,
             gap_grace_seconds=settings.consent_log_gap_grace_seconds,
         )

@@ -155,9 +155,13 @@ def test_a_malformed_proof_line_is_named(app, one_person):
     assert f"FAILED {PROOF_FILE}: format: line 1 is not 64 lowercase hex digits" in result.output
 
 
-def test_a_dropped_event_is_caught_by_the_proof_even_when_re_signed(app, one_person):
-    """Leaving out one of a person's events (a withdrawal, say) and re-signing: the rows,
-    their hashes and the first and last events still check; the tree proof does not."""
+def test_a_dropped_event_is_caught_unless_the_proof_is_derived_again(app, one_person):
+    """Leaving out one of a person's events and re-signing the manifest: the rows, their
+    hashes and the first and last events still check; the bundle's tree proof does not.
+
+    (The proof shows inclusion, not completeness: an exporter who derives a new proof for
+    the rows left — it can, from the old proof and the leaf hashes — passes. What was left
+    out shows only against the log: ``verify-log``, or the person's own receipt.)"""
     data = one_person / "consent-events.ndjson"
     lines = data.read_text().splitlines()
     del lines[2]  # the middle one: the first and last events stay as the manifest says
@@ -253,3 +257,24 @@ def test_an_empty_export_has_an_empty_proof(app, tmp_path, person):
     result = _verify(app, out)
     assert result.exit_code == 1
     assert "the export has no events, the proof has hashes" in result.output
+
+
+def test_a_proof_file_without_line_ends_is_read_a_line_at_a_time():
+    """A crafted zip member that inflates to gigabytes on one line: refused after reading
+    one line's worth, not read whole."""
+    import io
+
+    from portal.compliance import verify
+
+    handle = io.BytesIO(b"a" * 10_000_000)
+    with pytest.raises(verify._BadProofLine):
+        list(verify._proof_hashes(handle))
+    assert handle.tell() <= 66
+    text = io.StringIO("x" * (verify.MAX_LINE * 3))
+    with pytest.raises(ValueError, match="longer than"):
+        list(verify._lines(text))
+    assert text.tell() <= verify.MAX_LINE + 1
+
+
+def test_an_empty_log_key_is_a_usage_error(app, one_person):
+    assert _verify(app, one_person, "--log-key", "").exit_code == 2

@@ -243,7 +243,11 @@ def test_a_forged_signature_another_key_or_another_head_is_refused(receipt):
         other,
     )
     assert "another log key" in _refusal(impostor, LOG_KEY.public_key())
-    assert "tree head's signature does not verify" in _refusal(impostor)
+    # Without the log key it is only self-consistent: said so, never "the log's".
+    assert verify_receipt(impostor)["key_given"] is False
+    # Naming a head key of its own too: the head's signature does not verify with it.
+    head_too = _resigned(impostor, lambda r: r.update(tree_head_key=r["log_key"]), other)
+    assert "tree head's signature does not verify" in _refusal(head_too)
 
     # A proof against another head: a real, signed head of another size.
     head = merkle.TreeHead.from_json(receipt["tree_head"])
@@ -266,7 +270,7 @@ def test_a_re_signed_receipt_that_lies_about_a_choice_is_refused(receipt):
         return next(p for p in r["purposes"] if p["purpose_id"] == "offers")
 
     said_given = _resigned(receipt, lambda r: offers(r).update(state="given", on=True))
-    assert "state 'given', the event says 'opt_out'" in _refusal(said_given)
+    assert "state 'given', the event says 'withdrawn'" in _refusal(said_given)
     other_notice = _resigned(receipt, lambda r: offers(r).update(policy_version="v2"))
     assert "policy_version 'v2', the event says 'v1'" in _refusal(other_notice)
     no_event = _resigned(receipt, lambda r: offers(r).update(event_seq=None))
@@ -392,3 +396,108 @@ def test_the_checkers_command_line(receipt, tmp_path, capsys):
     assert main([str(path), "--log-key", "not base64!"]) == 2
     (tmp_path / "deep.json").write_text("[" * 100_000)
     assert main([str(tmp_path / "deep.json")]) == 2
+
+
+def _offers(r):
+    return next(p for p in r["purposes"] if p["purpose_id"] == "offers")
+
+
+@pytest.mark.parametrize(
+    ("change", "refusal"),
+    [
+        (lambda r: _offers(r).update(state="refused"), "state 'refused', the event says"),
+        (lambda r: _offers(r).update(on=True), "on True, the event says False"),
+        (lambda r: _offers(r).update(source="subscribe-page"), "source 'subscribe-page'"),
+        (lambda r: _offers(r).update(recorded_at="2020-01-01T00:00:00.000000Z"), "recorded_at"),
+        (lambda r: _offers(r).update(event_seq=True), "event_seq is not a whole number"),
+        (lambda r: _offers(r).update(topic_id=float(_offers(r)["topic_id"])), "topic_id"),
+        (lambda r: r["events"][0].update(seq=r["events"][0]["seq"] + 1), "is not the event's own"),
+        (lambda r: r["notices"][0].update(policy_version=[]), "policy_version is not text"),
+        (lambda r: r["purposes"].append(copy.deepcopy(_offers(r))), "each topic is one purpose"),
+        (
+            lambda r: r["purposes"].append(
+                {**copy.deepcopy(_offers(r)), "purpose_id": "other", "topic_id": 999}
+            ),
+            "named by another purpose too",
+        ),
+        (lambda r: r.update(tree_head_key="AAAA"), "tree_head_key is 3 bytes"),
+        (lambda r: r.update(purposes="many"), "purposes is not a list"),
+    ],
+)
+def test_the_checker_refuses_what_the_log_does_not_say(receipt, change, refusal):
+    """The review's cases: an operator (holding the log key) re-signing a receipt that
+    says more, or other, than the events it cites."""
+    assert refusal in _refusal(_resigned(receipt, change))
+
+
+def test_a_key_given_twice_anywhere_is_refused(receipt, tmp_path):
+    """A second "purposes" before the real one would show a person one thing and a
+    checker another: refused wherever a key is repeated."""
+    text = json.dumps(receipt, indent=2)
+    forged = text.replace(
+        '{\n  "collection_method"', '{\n  "purposes": [],\n  "collection_method"', 1
+    )
+    assert forged != text
+    path = tmp_path / "forged.json"
+    path.write_text(forged)
+    assert receipt_check.main([str(path), "--log-key", LOG_KEY_B64]) == 2
+    with pytest.raises(ReceiptError, match="given twice"):
+        receipt_check.load('{"a": {"b": 1, "b": 2}}')
+
+
+def test_an_empty_log_key_is_an_error_not_a_fallback(receipt, tmp_path, capsys):
+    path = tmp_path / "receipt.json"
+    path.write_text(json.dumps(receipt))
+    assert receipt_check.main([str(path), "--log-key", ""]) == 2
+    assert receipt_check.main([str(path), "--log-key="]) == 2
+    assert receipt_check.main([str(path)]) == 0
+    assert "NOT checked against the log's published key" in capsys.readouterr().out
+
+
+def test_the_ok_line_lists_what_was_proven(receipt, tmp_path, capsys):
+    path = tmp_path / "receipt.json"
+    path.write_text(json.dumps(receipt))
+    assert receipt_check.main([str(path), "--log-key", LOG_KEY_B64]) == 0
+    out = capsys.readouterr().out
+    assert "  offers: withdrawn at " in out
+    assert "  weekly-digest: not_given" in out
+
+
+def test_a_receipt_after_the_log_key_changed_still_checks(app, client, subscribed):
+    """The head was signed by the earlier key; the receipt, signed by the new one, names
+    it as tree_head_key."""
+    _save(client, ["offers"])
+    first = _receipt(client)
+    new_key = generate_signing_key()
+    portal = app.extensions["portal"]
+    portal.settings = portal.settings.with_overrides(consent_log_signing_key=new_key)
+    second = _receipt(client)
+    new_public = tree.signing_key(new_key).public_key()
+    assert second["tree_head"] == first["tree_head"]  # no new event: the same head
+    assert second["tree_head_key"] == LOG_KEY_B64 != second["log_key"]
+    proven = verify_receipt(second, new_public)
+    assert proven["head_key"] == LOG_KEY_B64
+    with pytest.raises(ReceiptError, match="another log key"):
+        verify_receipt(second, LOG_KEY.public_key())
+
+
+def test_the_notice_url_comes_from_public_url_not_the_host_header(app, client, subscribed):
+    portal = app.extensions["portal"]
+    portal.settings = portal.settings.with_overrides(public_url="https://portal.example.com")
+    _save(client, ["offers"])
+    # The request's own Host (the test client's "localhost") is not what is signed.
+    response = client.get("/preferences/receipt")
+    document = json.loads(response.get_data())
+    assert document["notices"][0]["url"] == "https://portal.example.com/policy/v1"
+    assert document["controller"]["url"] == "https://portal.example.com"
+
+
+def test_head_builds_nothing(app, client, subscribed):
+    _save(client, ["offers"])
+    with app.app_context():
+        before = tree.latest_head(db.session)
+    response = client.head("/preferences/receipt")
+    assert response.status_code == 200
+    assert response.get_data() == b""
+    with app.app_context():
+        assert tree.latest_head(db.session) == before
