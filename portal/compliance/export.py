@@ -37,6 +37,7 @@ import sqlalchemy as sa
 from portal.clock import LAST_DAY
 from portal.compliance.signing import ALGORITHM, SigningKey
 from portal.consent import merkle, tree
+from portal.consent.log import iso
 from portal.consent.merkle import TreeHead
 from portal.consent.models import (
     ConsentEvent,
@@ -116,10 +117,6 @@ def neutralise(value: str) -> str:
 
 def restore(value: str) -> str:
     return value[1:] if value[:1] == QUOTE else value
-
-
-def iso(value: dt.datetime) -> str:
-    return value.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def canonical(document: Mapping[str, Any]) -> bytes:

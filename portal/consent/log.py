@@ -30,7 +30,9 @@ _t = cast(sa.Table, ConsentEvent.__table__)
 _s = cast(sa.Table, Subscriber.__table__)
 
 
-def _iso(value: dt.datetime) -> str:
+def iso(value: dt.datetime) -> str:
+    """The log's spelling of a time (UTC, microseconds, ``Z``): in every event's canonical
+    bytes, and wherever an export or a receipt must say the same time."""
     return value.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
@@ -65,8 +67,8 @@ def event_fields(
         "new_state": new_state,
         "source": source,
         "policy_version": policy_version,
-        "decided_at": _iso(decided_at),
-        "recorded_at": _iso(recorded_at),
+        "decided_at": iso(decided_at),
+        "recorded_at": iso(recorded_at),
         "actor": actor,
         "context": context,
     }

@@ -207,10 +207,8 @@ def check_later_head(
     receipt: dict[str, Any], key: ed25519.Ed25519PublicKey, later: object, proof: object
 ) -> int:
     """The later signed head extends the receipt's; returns its size."""
-    size, _, root, _ = _tree_head(receipt.get("tree_head"))
-    later_size, timestamp, later_root, signature = _tree_head(later)
-    message = b"\x00\x01" + struct.pack(">QQ", timestamp, later_size) + later_root
-    _verify(key, signature, message, "the later tree head's signature")
+    size, _, root, _ = _tree_head(receipt.get("tree_head"))  # verified by verify_receipt
+    later_size, later_root = _verified_tree_head(later, key, "the later tree head")
     hashes = [
         _b64(value, f"consistency[{i}]", 32)
         for i, value in enumerate(
@@ -262,6 +260,17 @@ def _tree_head(document: object) -> tuple[int, int, bytes, bytes]:
     root = _b64(head["sha256_root_hash"], "tree_head.sha256_root_hash", 32)
     signature = _b64(head["tree_head_signature"], "tree_head.tree_head_signature", 64)
     return size, timestamp, root, signature
+
+
+def _verified_tree_head(
+    document: object, key: ed25519.Ed25519PublicKey, what: str
+) -> tuple[int, bytes]:
+    """(size, root) of a signed tree head whose signature (RFC 6962 §3.5's 50 bytes:
+    version, type, timestamp, size, root) verifies with ``key``."""
+    size, timestamp, root, signature = _tree_head(document)
+    message = b"\x00\x01" + struct.pack(">QQ", timestamp, size) + root
+    _verify(key, signature, message, f"{what}'s signature")
+    return size, root
 
 
 def _check_event(entry: object, n: int, size: int, root: bytes, person: str) -> dict[str, Any]:
@@ -388,9 +397,7 @@ def _verify_receipt(receipt: object, log_key: ed25519.Ed25519PublicKey | None) -
     # earlier one, which the receipt's own signature vouches for.
     head_key_raw = _b64(document.get("tree_head_key"), "tree_head_key", 32)
     head_key = ed25519.Ed25519PublicKey.from_public_bytes(head_key_raw)
-    size, timestamp, root, head_signature = _tree_head(document.get("tree_head"))
-    message = b"\x00\x01" + struct.pack(">QQ", timestamp, size) + root
-    _verify(head_key, head_signature, message, "the tree head's signature")
+    size, root = _verified_tree_head(document.get("tree_head"), head_key, "the tree head")
     person = _object(document.get("pii_principal"), "pii_principal").get("subscriber_id")
     if not isinstance(person, str):
         raise ReceiptError("pii_principal.subscriber_id is missing")

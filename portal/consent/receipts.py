@@ -31,10 +31,10 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 from sqlalchemy.orm import Session
 
 from portal.consent import catalogue, merkle, tree
-from portal.consent.log import canonical, event_leaf_hash, row_fields
-from portal.consent.models import ConsentEvent, ConsentLogState, PreferenceState, Topic
+from portal.consent.log import canonical, iso, row_fields
+from portal.consent.models import ConsentEvent, ConsentLogState, Topic
 from portal.consent.preferences import effective_state, preference_rows
-from portal.consent.receipt_check import ALGORITHM, FORMAT, signed_bytes
+from portal.consent.receipt_check import ALGORITHM, FORMAT, expected_state, signed_bytes
 from portal.subscriptions.models import Subscriber
 from portal.subscriptions.reference import display as display_reference
 
@@ -68,18 +68,8 @@ class NotYetInTheLog(Exception):
     waits on an earlier number): the receipt can be had a moment later."""
 
 
-def _iso(value: dt.datetime) -> str:
-    return value.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
 def _b64(raw: bytes) -> str:
     return base64.b64encode(raw).decode("ascii")
-
-
-def _state(new_state: str, previous_state: str | None) -> str:
-    if new_state == PreferenceState.OPT_IN:
-        return "given"
-    return "withdrawn" if previous_state == PreferenceState.OPT_IN else "refused"
 
 
 def _head_covering(
@@ -126,8 +116,9 @@ def build_receipt(
     """
     rows = preference_rows(session, subscriber.id)
     wanted = [rows[topic.id].event_seq for topic in topics if topic.id in rows]
+    # Each event's fields as its canonical bytes spell them: the receipt says the same.
     events = {
-        int(row.seq): row
+        int(row.seq): row_fields(row)
         for row in session.execute(sa.select(_e).where(_e.c.seq.in_(wanted))).all()
     }
     head = _head_covering(
@@ -162,25 +153,25 @@ def build_receipt(
             )
         else:
             purpose.update(
-                state=_state(event.new_state, event.previous_state),
+                state=expected_state(event["previous_state"], event["new_state"]),
                 consent_type="explicit",
-                event_seq=int(event.seq),
-                policy_version=event.policy_version,
-                consent_timestamp=_iso(event.decided_at),
-                recorded_at=_iso(event.recorded_at),
-                source=event.source,
+                event_seq=event["seq"],
+                policy_version=event["policy_version"],
+                consent_timestamp=event["decided_at"],
+                recorded_at=event["recorded_at"],
+                source=event["source"],
             )
         purposes.append(purpose)
     named = sorted({p["event_seq"] for p in purposes if p["event_seq"] is not None})
     proofs = []
     for seq in named:
-        event = events[seq]
+        text = canonical(events[seq])
         proof = tree.inclusion(session, seq - 1, head.tree_size)
         proofs.append(
             {
                 "seq": seq,
-                "event": canonical(row_fields(event)).decode("ascii"),
-                "leaf_hash": _b64(event_leaf_hash(event)),
+                "event": text.decode("ascii"),
+                "leaf_hash": _b64(merkle.leaf_hash(text)),
                 "leaf_index": proof.leaf_index,
                 "audit_path": [_b64(value) for value in proof.audit_path],
             }
@@ -195,14 +186,15 @@ def build_receipt(
             {
                 "policy_version": version,
                 "sha256": policy.text_sha256,
-                "published_at": _iso(policy.published_at),
+                "published_at": iso(policy.published_at),
                 "url": policy_url(version),
             }
         )
+    log_key = merkle.public_key_bytes(key.public_key())
     receipt: dict[str, Any] = {
         "format": FORMAT,
         "receipt_id": str(uuid.uuid4()),
-        "issued_at": _iso(now),
+        "issued_at": iso(now),
         "language": "en",
         "jurisdiction": controller.jurisdiction,
         "controller": {
@@ -222,11 +214,8 @@ def build_receipt(
         "tree_head": head.to_json(),
         # The key that signed the head: the log key, or its predecessor when the key
         # changed since the head was signed (this receipt's signature vouches for it).
-        "tree_head_key": _b64(
-            tree.head_public_key(session, head.tree_size)
-            or merkle.public_key_bytes(key.public_key())
-        ),
-        "log_key": _b64(merkle.public_key_bytes(key.public_key())),
+        "tree_head_key": _b64(tree.head_public_key(session, head.tree_size) or log_key),
+        "log_key": _b64(log_key),
         "signature_algorithm": ALGORITHM,
     }
     receipt["signature"] = _b64(key.sign(signed_bytes(receipt)))
