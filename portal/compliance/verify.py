@@ -23,6 +23,7 @@ import csv
 import datetime as dt
 import hashlib
 import io
+import itertools
 import json
 import uuid
 import zipfile
@@ -337,7 +338,7 @@ def _prove(
                 report.proven_head = head
             return
         merkle.verify_subset(
-            _chain_first(first, leaves),
+            itertools.chain([first], leaves),
             _proof_hashes(proof_handle),
             tree_size=head.tree_size,
             root_hash=head.root_hash,
@@ -354,13 +355,6 @@ def _prove(
         )
         return
     report.proven_head = head
-
-
-def _chain_first(
-    first: tuple[int, bytes], rest: Iterator[tuple[int, bytes]]
-) -> Iterator[tuple[int, bytes]]:
-    yield first
-    yield from rest
 
 
 def _check_later(
