@@ -123,6 +123,12 @@ def _checked(page: Page, name: str, viewport: dict[str, int], part: str | None =
         page.locator(part).screenshot(path=SHOTS / f"{name}-{viewport['width']}-part.png")
 
 
+# An image is drawn once the browser has decoded it, with a width: decode() waits for a
+# load still under way (reading `complete` at once raced it under load) and rejects for a
+# broken image.
+DRAWN = "i => i.decode().then(() => i.naturalWidth > 0, () => false)"
+
+
 @WIDTHS
 def test_the_preview_per_platform_draws_and_cuts(viewport, new_context, server):
     page = rich_preview(viewport)(new_context, server)
@@ -141,10 +147,8 @@ def test_the_preview_per_platform_draws_and_cuts(viewport, new_context, server):
         labelled = item.get_attribute("aria-labelledby")
         assert labelled and page.locator(f"#{labelled}").is_visible()
         icon = item.locator(".platform__icon")
-        assert icon.evaluate("i => i.complete && i.naturalWidth > 0")
-    assert page.locator(".platform--chrome-windows .platform__image").evaluate(
-        "i => i.complete && i.naturalWidth > 0"
-    )
+        assert icon.evaluate(DRAWN)
+    assert page.locator(".platform--chrome-windows .platform__image").evaluate(DRAWN)
     expect(page.locator(".platform--chrome-macos .platform__image")).to_have_count(0)
     # macOS cuts the 59-character title at 43, Windows shows it whole; said in words.
     mac = page.locator(".platform--chrome-macos")
