@@ -15,8 +15,15 @@ def count_rows(engine: sa.Engine, table: str) -> int:
 
 
 def all_rows(engine: sa.Engine, table: str) -> list[dict[str, Any]]:
+    """Every row of ``table`` in primary-key order.
+
+    Without ORDER BY, PostgreSQL returns heap order, and a row updated after it was
+    inserted (a job run finishing) moves behind later ones.
+    """
     with engine.connect() as conn:
-        return [dict(r._mapping) for r in conn.execute(sa.text(f"SELECT * FROM {table}"))]
+        key = sa.inspect(conn).get_pk_constraint(table)["constrained_columns"]
+        order = f" ORDER BY {', '.join(key)}" if key else ""
+        return [dict(r._mapping) for r in conn.execute(sa.text(f"SELECT * FROM {table}{order}"))]
 
 
 def post_json(client: Any, url: str, body: Any, **kwargs: Any) -> Any:
