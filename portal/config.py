@@ -278,11 +278,14 @@ class StaffAuthSettings:
 @dataclass(frozen=True)
 class RateLimitSettings:
     """Requests to the JSON API per fixed window: per client address and endpoint, and
-    per push subscription endpoint. Zero turns that limit off (load tests)."""
+    per push subscription endpoint; consent receipts per subscriber. Zero turns that
+    limit off (load tests)."""
 
     window_seconds: int = setting("RATE_LIMIT_WINDOW_SECONDS", _positive_whole, 60)
     per_address: int = setting("RATE_LIMIT_PER_ADDRESS", _whole, 300)
     per_endpoint: int = setting("RATE_LIMIT_PER_ENDPOINT", _whole, 60)
+    # Consent receipts per subscriber: each one is signed and carries proofs.
+    receipts: int = setting("RATE_LIMIT_RECEIPTS", _whole, 20)
 
     @property
     def enabled(self) -> bool:

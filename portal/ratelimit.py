@@ -1,8 +1,9 @@
-"""Rate limits on the JSON API: fixed windows counted in the database.
+"""Rate limits: fixed windows counted in the database.
 
-Two limits, each per route: requests from one client address, and requests naming one
-push subscription endpoint. The counters live in ``rate_limit_counter`` so every worker
-process of every server shares them; one atomic upsert per check counts the request
+On the JSON API two limits, each per route: requests from one client address, and
+requests naming one push subscription endpoint; and consent receipts per subscriber.
+The counters live in ``rate_limit_counter`` so every worker process of every server
+shares them; one atomic upsert per check counts the request
 and reads the total. Keys are HMACs (the secret key as pepper) of what is counted, so
 client addresses are never stored. A refused request answers 429 with Retry-After.
 
@@ -21,6 +22,7 @@ import hashlib
 import hmac
 import logging
 import math
+import uuid
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import cast
@@ -64,6 +66,7 @@ _COUNTER = cast(sa.Table, RateLimitCounter.__table__)
 class Kind(StrEnum):
     ADDRESS = "address"
     ENDPOINT = "endpoint"
+    SUBSCRIBER = "subscriber"
 
 
 @dataclass(frozen=True)
@@ -144,24 +147,30 @@ class _Count:
     limit: int
 
 
-def _check(kind: Kind, value: bytes, limit: int) -> None:
+def tally(kind: Kind, value: bytes, limit: int) -> Verdict | None:
+    """Count this request against ``value`` on this route; None when the limit is off."""
     if limit <= 0:
-        return
+        return None
     portal = current_portal()
     settings = portal.settings.rate_limit
     key = counter_key(
         current_app.config["SECRET_KEY"].encode(), kind, request.endpoint or request.path, value
     )
-    count = _Count(key, settings.window_seconds, limit)
+    counted = _Count(key, settings.window_seconds, limit)
     if request.endpoint in _IN_THE_REQUEST:
         # Joins the view's transaction; written again alone if the request is refused.
-        g.setdefault("_rate_counts", []).append(count)
-        verdict = _hit(db.session.connection(), count)
+        g.setdefault("_rate_counts", []).append(counted)
+        verdict = _hit(db.session.connection(), counted)
     else:
         # Its own transaction, committed at once: a request refused later still counts,
         # and the view's rollback never undoes the count.
-        verdict = _count_alone([count])
-    if not verdict.allowed:
+        verdict = _count_alone([counted])
+    return verdict
+
+
+def _check(kind: Kind, value: bytes, limit: int) -> None:
+    verdict = tally(kind, value, limit)
+    if verdict is not None and not verdict.allowed:
         log.info("rate limit reached: %s on %s", kind.value, request.endpoint)
         raise ApiError(
             "rate_limited",
@@ -211,6 +220,14 @@ def limit_endpoint(endpoint: str) -> None:
     """Count a request naming this push subscription endpoint (429 past the limit)."""
     limit = current_portal().settings.rate_limit.per_endpoint
     _check(Kind.ENDPOINT, endpoint_hash(endpoint), limit)
+
+
+def receipt_verdict(subscriber_id: uuid.UUID) -> Verdict | None:
+    """Count one consent receipt for this subscriber (``RATE_LIMIT_RECEIPTS``): each is
+    signed and carries proofs, so a loop on the link must not buy unbounded work."""
+    return tally(
+        Kind.SUBSCRIBER, subscriber_id.bytes, current_portal().settings.rate_limit.receipts
+    )
 
 
 def _limit_address() -> None:

@@ -22,6 +22,7 @@ from flask import (
 from flask import session as signed_session
 from sqlalchemy.orm.attributes import set_committed_value
 
+from portal import ratelimit
 from portal.api import check_same_origin, json_body
 from portal.consent import catalogue, receipts, tree
 from portal.consent.accounts import link_account
@@ -540,6 +541,20 @@ def stop_other_device(subscription_id: uuid.UUID) -> Any:
 @bp.get("/preferences/receipt")
 def receipt() -> Any:
     """The signed receipt of the visitor's choices, as a JSON download."""
+    visitor_id = _visitor_id()
+    if visitor_id is not None and request.method != "HEAD":
+        # Counted before this request reads anything: on SQLite the count's own write
+        # transaction would wait behind the request's open one.
+        verdict = ratelimit.receipt_verdict(visitor_id)
+        if verdict is not None and not verdict.allowed:
+            return _receipt_unavailable(
+                429,
+                "Too many receipts at once",
+                "You have asked for many receipts in a short time. Nothing about your "
+                "choices has changed; you can download a receipt again in "
+                f"{_duration(dt.timedelta(seconds=verdict.retry_after))}.",
+                retry_after=verdict.retry_after,
+            )
     subscriber, _rows = _visitor()
     if subscriber is None:
         return _render(None, status=403)
@@ -564,22 +579,28 @@ def receipt() -> Any:
             gap_grace_seconds=settings.consent_log_gap_grace_seconds,
         )
     except receipts.NotYetInTheLog:
-        response = Response(
-            render_template(
-                "errors/error.html",
-                code=503,
-                title="Your receipt is nearly ready",
-                message="Your latest choice is still being added to our consent log. "
-                "Try again in a few seconds.",
-            ),
-            status=503,
+        return _receipt_unavailable(
+            503,
+            "Your receipt is nearly ready",
+            "Your latest choice is still being added to our consent log. "
+            "Try again in a few seconds.",
+            retry_after=2,
         )
-        response.headers["Retry-After"] = "2"
-        return response
     response = Response(receipts.receipt_bytes(document), mimetype="application/json")
     response.headers["Content-Disposition"] = (
         f'attachment; filename="consent-receipt-{now:%Y-%m-%d}.json"'
     )
+    response.headers["Cache-Control"] = "no-store"
+    return response
+
+
+def _receipt_unavailable(status: int, title: str, message: str, *, retry_after: int) -> Response:
+    """A page saying why no receipt now, and when to ask again (``Retry-After``)."""
+    response = Response(
+        render_template("errors/error.html", code=status, title=title, message=message),
+        status=status,
+    )
+    response.headers["Retry-After"] = str(retry_after)
     response.headers["Cache-Control"] = "no-store"
     return response
 

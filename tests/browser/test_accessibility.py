@@ -253,6 +253,20 @@ def _preferences_saved(new_context: Callable[..., Any], server: LiveServer) -> P
     return page
 
 
+def _preferences_receipts_limited(new_context: Callable[..., Any], server: LiveServer) -> Page:
+    """The receipt link asked for once too often in one rate-limit window: a page, not a
+    download, saying when to try again."""
+    portal = current_portal(server.app)
+    limits = dataclasses.replace(portal.settings.rate_limit, receipts=1)
+    portal.settings = dataclasses.replace(portal.settings, rate_limit=limits)
+    page = _known(new_context)
+    page.request.get("/preferences/receipt")
+    response = page.goto("/preferences/receipt")
+    assert response is not None and response.status == 429
+    page.wait_for_selector("text=Too many receipts at once")
+    return page
+
+
 def _known_device(new_context: Callable[..., Any]) -> Page:
     """The preference centre of a browser that holds its subscription (the stop control
     is offered only to a device that receives)."""
@@ -1170,6 +1184,7 @@ PAGES = [
     PageState("preferences-no-identity", _open("/preferences")),
     PageState("preferences", _preferences),
     PageState("preferences-saved", _preferences_saved),
+    PageState("preferences-receipts-limited", _preferences_receipts_limited),
     PageState("preferences-device-stopped", _preferences_device_stopped),  # no devices left
     PageState("preferences-stale-policy", _preferences_stale_policy, error_summary=True),
     PageState("preferences-notice-changed", _preferences_notice_changed),

@@ -23,6 +23,7 @@ SHOTS = {
     "preferences": "preferences",
     "preferences-saved": "preferences-success",
     "preferences-stale-policy": "preferences-error",
+    "preferences-receipts-limited": "preferences-receipt-limited",
     "account-link-confirm": "account-link",
 }
 STATES = {state.name: state for state in PAGES}

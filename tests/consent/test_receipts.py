@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import dataclasses
 import json
 import os
 import subprocess
@@ -501,3 +502,36 @@ def test_head_builds_nothing(app, client, subscribed):
     assert response.get_data() == b""
     with app.app_context():
         assert tree.latest_head(db.session) == before
+
+
+def test_receipts_are_rate_limited_per_person(app, client, subscribed, subscriptions, clock):
+    """Each receipt is signed and carries proofs: a loop on the link gets 429 with
+    Retry-After past RATE_LIMIT_RECEIPTS a window, one person's loop never another's."""
+    portal = app.extensions["portal"]
+    limits = dataclasses.replace(portal.settings.rate_limit, receipts=3, window_seconds=60)
+    portal.settings = dataclasses.replace(portal.settings, rate_limit=limits)
+    _save(client, ["offers"])
+    clock.advance(seconds=60 - clock.now().timestamp() % 60)  # the start of a window
+    client.head("/preferences/receipt")  # a look at the link is not a receipt
+    for _ in range(3):
+        _receipt(client)
+    refused = client.get("/preferences/receipt")
+    assert refused.status_code == 429
+    assert refused.headers["Retry-After"] == "60"
+    assert refused.headers["Cache-Control"] == "no-store"
+    assert "Too many receipts at once" in refused.text
+    assert "you can download a receipt again in 1 minute" in refused.text
+    assert "BEGIN" not in refused.text and "audit_path" not in refused.text
+
+    other = app.test_client()
+    sub = subscriptions()
+    assert (
+        other.post("/api/push/subscribe", json={"subscription": sub.to_json()}).status_code == 201
+    )
+    _save(other, ["offers"])
+    _receipt(other)  # someone else is not held back
+
+    clock.advance(seconds=30)
+    assert client.get("/preferences/receipt").headers["Retry-After"] == "30"
+    clock.advance(seconds=30)  # a new window
+    _receipt(client)
