@@ -304,6 +304,16 @@ def active_topics(session: Session) -> Sequence[Topic]:
     ).all()
 
 
+# Built once: read by every consent write (see topics_for_write).
+_TOPICS_FOR_WRITE = (
+    sa.select(Topic)
+    .where(Topic.retired_at.is_(None))
+    .order_by(Topic.position, Topic.id)
+    .with_for_update(read=True)
+    .execution_options(populate_existing=True)
+)
+
+
 def topics_for_write(session: Session) -> dict[str, Topic]:
     """The active topics by slug as committed now, read in the caller's transaction: the
     topics a consent write may name. Never the shared copy of :func:`current`, which may be
@@ -314,13 +324,7 @@ def topics_for_write(session: Session) -> dict[str, Topic]:
     waits until this write has committed; on SQLite every transaction holds the write lock
     from its start (``portal.db``), so no retire can commit in between either way.
     """
-    rows = session.scalars(
-        sa.select(Topic)
-        .where(Topic.retired_at.is_(None))
-        .order_by(Topic.position, Topic.id)
-        .with_for_update(read=True)
-        .execution_options(populate_existing=True)
-    ).all()
+    rows = session.scalars(_TOPICS_FOR_WRITE).all()
     found = {topic.slug: topic for topic in rows}
     shown = _cached.get(session.get_bind())  # type: ignore[arg-type]
     if shown is not None and {t.slug for t in shown.topics} != found.keys():
@@ -388,12 +392,16 @@ def publish_policy(session: Session, *, version: str, text: str, now: dt.datetim
     return policy
 
 
+# Built once: read by every save (see current_policy).
+_CURRENT_POLICY = (
+    sa.select(PolicyVersion)
+    .order_by(PolicyVersion.published_at.desc(), PolicyVersion.version.desc())
+    .limit(1)
+)
+
+
 def current_policy(session: Session) -> PolicyVersion | None:
-    return session.scalars(
-        sa.select(PolicyVersion)
-        .order_by(PolicyVersion.published_at.desc(), PolicyVersion.version.desc())
-        .limit(1)
-    ).first()
+    return session.scalars(_CURRENT_POLICY).first()
 
 
 def policy(session: Session, version: str) -> PolicyVersion | None:

@@ -103,6 +103,15 @@ def event_leaf_hash(row: Any) -> bytes:
     return merkle.leaf_hash(canonical(row_fields(row)))
 
 
+# Built once: taken by every consent write.
+_LOCK_SUBSCRIBERS = (
+    sa.select(_s.c.id)
+    .where(_s.c.id.in_(sa.bindparam("ids", expanding=True)))
+    .order_by(_s.c.id)
+    .with_for_update()
+)
+
+
 def lock_subscriber(session: Session, *subscriber_ids: uuid.UUID | None) -> None:
     """Take the row lock of each subscriber whose events this transaction will append.
 
@@ -116,9 +125,7 @@ def lock_subscriber(session: Session, *subscriber_ids: uuid.UUID | None) -> None
     ids = sorted({value for value in subscriber_ids if value is not None})
     if not ids or not is_postgres(session):
         return
-    session.execute(
-        sa.select(_s.c.id).where(_s.c.id.in_(ids)).order_by(_s.c.id).with_for_update()
-    ).all()
+    session.execute(_LOCK_SUBSCRIBERS, {"ids": ids}).all()
 
 
 def lock_resource(session: Session, name: str, key: bytes) -> None:
@@ -205,6 +212,10 @@ class NewEvent:
     context: Context | None = None
 
 
+# Built once: run by every consent write.
+_INSERT_RETURNING_SEQ = sa.insert(_t).returning(_t.c.seq, sort_by_parameter_order=True)
+
+
 def append_many(session: Session, events: Sequence[NewEvent]) -> list[int]:
     """Append events in order in the caller's transaction; returns their sequence numbers.
 
@@ -239,9 +250,7 @@ def append_many(session: Session, events: Sequence[NewEvent]) -> list[int]:
             }
         )
     if is_postgres(session):
-        result = session.execute(
-            sa.insert(_t).returning(_t.c.seq, sort_by_parameter_order=True), rows
-        )
+        result = session.execute(_INSERT_RETURNING_SEQ, rows)
         return [int(seq) for seq in result.scalars()]
     last = session.execute(sa.select(sa.func.max(_t.c.seq))).scalar_one_or_none() or 0
     for offset, row in enumerate(rows, start=1):
