@@ -292,6 +292,12 @@
       part.hidden = part.getAttribute("data-device-says") !== said;
     });
     element.setAttribute("data-device-status", said);
+    // The devices table's row for this browser says the same, not the server's record.
+    if (said === "not-receiving") {
+      document.querySelectorAll("[data-this-device-status]").forEach(function (cell) {
+        cell.textContent = "Not receiving in this browser";
+      });
+    }
   }
 
   async function checkDevice(element) {

@@ -100,6 +100,8 @@ def test_the_preference_centre_says_whether_this_device_receives(
     receiving = page.locator("#this-device [data-device-says=receiving]")
     assert receiving.is_visible()
     assert "This device gets your notifications." in receiving.inner_text()
+    row = page.locator("table.stack tr", has_text="(this device)")
+    assert row.locator("td[data-label=Status]").inner_text() == "Receiving"
     _checked(page, "preferences-this-device-receiving", viewport)
 
     page.click("text=Stop notifications on this device")
@@ -118,6 +120,10 @@ def test_the_preference_centre_says_whether_this_device_receives(
     _settled(page, "/preferences")
     assert page.locator("#this-device [data-device-says=not-receiving]").is_visible()
     assert not page.is_visible("text=Stop notifications on this device")
+    # The devices table says the same of this browser's row, not the server's "Receiving".
+    row = page.locator("table.stack tr", has_text="(this device)")
+    assert row.locator("td[data-label=Status]").inner_text() == "Not receiving in this browser"
+    _checked(page, "preferences-this-device-not-held", viewport)
 
 
 @WIDTHS
