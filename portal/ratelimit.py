@@ -3,9 +3,9 @@
 On the JSON API two limits, each per route: requests from one client address, and
 requests naming one push subscription endpoint; and consent receipts per subscriber.
 The counters live in ``rate_limit_counter`` so every worker process of every server
-shares them; one atomic upsert per check counts the request
-and reads the total. Keys are HMACs (the secret key as pepper) of what is counted, so
-client addresses are never stored. A refused request answers 429 with Retry-After.
+shares them; one atomic upsert per check counts the request and reads the total. Keys
+are HMACs (the secret key as pepper) of what is counted, so client addresses are never
+stored. A refused request answers 429 with Retry-After.
 
 Each count is its own transaction, committed at once, unless the route asks for its
 counts to join the request's own transaction (:func:`count_in_the_request`): a route

@@ -651,7 +651,7 @@ def _duration(span: dt.timedelta) -> str:
         if seconds % size == 0:
             count = seconds // size
             return f"{count} {unit}{'' if count == 1 else 's'}"
-    return f"{seconds} seconds"
+    return f"{seconds} second{'' if seconds == 1 else 's'}"
 
 
 @api.post("/preferences")
