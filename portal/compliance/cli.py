@@ -209,13 +209,13 @@ def _later_head(head_file: Path | None, proof_file: Path | None) -> LaterHead | 
         raise click.UsageError("--tree-head and --consistency go together")
     try:
         head = merkle.TreeHead.from_json(json.loads(head_file.read_text()))
-    except (ValueError, UnicodeDecodeError) as error:
+    except (ValueError, UnicodeDecodeError, RecursionError) as error:
         raise click.BadParameter(
             f"not a signed tree head ({error})", param_hint="--tree-head"
         ) from None
     try:
         proof = merkle.ConsistencyProof.from_json(json.loads(proof_file.read_text()))
-    except (ValueError, UnicodeDecodeError) as error:
+    except (ValueError, UnicodeDecodeError, RecursionError) as error:
         raise click.BadParameter(
             f"not a consistency proof ({error})", param_hint="--consistency"
         ) from None

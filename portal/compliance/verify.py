@@ -17,8 +17,6 @@ to it (both as the log's API serves them), it checks the later log still holds t
 from __future__ import annotations
 
 import abc
-import base64
-import binascii
 import csv
 import datetime as dt
 import hashlib
@@ -45,7 +43,7 @@ from portal.compliance.export import (
     restore,
 )
 from portal.compliance.signing import ALGORITHM, PublicKey
-from portal.consent import merkle
+from portal.consent import merkle, receipt_check
 from portal.consent.log import canonical as event_canonical
 from portal.consent.log import chain_hash, event_fields
 
@@ -60,6 +58,11 @@ _NULLABLE = frozenset(
         "new_state",
         "policy_version",
     }
+)
+# The bundle formats this tool reads: 3 carries the tree proof; 2 and 1 came before it
+# (docs/compliance.md) and are read with the checks they allow.
+KNOWN_FORMATS = frozenset(
+    {FORMAT, "push-consent-portal/consent-export/2", "push-consent-portal/consent-export/1"}
 )
 _ROW_PROBLEMS_SHOWN = 20
 # The exporter's manifest nests four levels; a hand-edited one gets some room, no more.
@@ -172,23 +175,13 @@ class LaterHead:
 
 
 def parse_log_key(value: str) -> ed25519.Ed25519PublicKey:
-    """The consent log's key: base64 of the 32 raw bytes, or a file holding
-    ``GET /api/consent-log/key``'s JSON."""
-    text = value.strip()
-    path = Path(text)
-    if text.startswith("{") or (len(text) < 4096 and path.is_file()):
-        raw_text = text if text.startswith("{") else path.read_text()
-        try:
-            return merkle.parse_log_key(json.loads(raw_text))
-        except (ValueError, merkle.MerkleError) as error:
-            raise ValueError(f"not the log key's JSON ({error})") from None
+    """The consent log's key: base64 of the 32 raw bytes, the JSON of
+    ``GET /api/consent-log/key``, or a file holding either. The receipt checker's reading,
+    so a key one checker takes the other takes too."""
     try:
-        raw = base64.b64decode(text.translate(str.maketrans("-_", "+/")) + "==", validate=False)
-    except (ValueError, binascii.Error):
-        raw = b""
-    if len(raw) != merkle.PUBLIC_KEY_SIZE:
-        raise ValueError("the log key is 32 bytes in base64, or the JSON of /api/consent-log/key")
-    return ed25519.Ed25519PublicKey.from_public_bytes(raw)
+        return receipt_check.parse_log_key(value)
+    except (OSError, UnicodeDecodeError, receipt_check.ReceiptError) as error:
+        raise ValueError(str(error)) from None
 
 
 def verify_bundle(
@@ -223,6 +216,16 @@ def verify_bundle(
         )
         return report
     _check_signature(manifest, public_key, report)
+    if manifest.get("format") not in KNOWN_FORMATS:
+        # An unknown format would pass without the checks its version brought (a bundle
+        # re-labelled with another format skipped its tree proof): refused, not guessed at.
+        report.add(
+            MANIFEST,
+            "format",
+            f"format {manifest.get('format')!r} is not one this tool reads "
+            f"({', '.join(sorted(KNOWN_FORMATS))})",
+        )
+        return report
     _check_layout(raw, manifest, report)
     data = manifest.get("data")
     if not isinstance(data, dict):
@@ -291,7 +294,15 @@ def _check_tree(
     with data_handle, proof_handle:
         try:
             _prove(data_name, data_handle, str(data.get("format")), proof_handle, head, report)
-        except (ValueError, KeyError, TypeError, UnicodeDecodeError, csv.Error, RecursionError):
+        except (
+            ValueError,
+            KeyError,
+            TypeError,
+            OverflowError,
+            UnicodeDecodeError,
+            csv.Error,
+            RecursionError,
+        ):
             return  # the row checks have named the unreadable line already
     if report.proven_head is not None and later is not None:
         _check_later(head, own_key if log_key is None else log_key, later, report)
@@ -555,6 +566,9 @@ def _parse(text: IO[str], data_format: str) -> Iterator[tuple[int, dict[str, Any
             parsed = json.loads(line)
             if not isinstance(parsed, dict) or list(parsed) != list(COLUMNS):
                 raise ValueError(f"line {number}: not an object with the export's columns")
+            for column, found in parsed.items():
+                if not _ndjson_type_ok(column, found):
+                    raise ValueError(f"line {number}: {column} is not what the export writes")
             yield number, parsed
         return
     reader = csv.reader(_lines(text))
@@ -574,6 +588,21 @@ def _parse(text: IO[str], data_format: str) -> Iterator[tuple[int, dict[str, Any
         row["seq"] = int(row["seq"])
         row["topic_id"] = int(row["topic_id"]) if row["topic_id"] is not None else None
         yield number, row
+
+
+# An NDJSON line's values have the types the exporter writes, so a crafted line (a seq of
+# 1e999, a subscriber id that is a number) is refused as unreadable, not met by a
+# traceback further on. The chain's two hashes are null for events written into the tree.
+_NDJSON_NULLABLE = _NULLABLE | {"prev_hash", "hash"}
+_NDJSON_INTEGERS = frozenset({"seq", "topic_id"})
+
+
+def _ndjson_type_ok(column: str, value: object) -> bool:
+    if value is None:
+        return column in _NDJSON_NULLABLE
+    if column in _NDJSON_INTEGERS:
+        return type(value) is int and value >= (1 if column == "seq" else 0)
+    return isinstance(value, str)
 
 
 def _fields(row: dict[str, Any]) -> dict[str, Any]:
@@ -643,7 +672,7 @@ def _check_rows(
             if state.first is None:
                 state.first = row
             state.previous = row
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError, csv.Error) as error:
+    except (ValueError, KeyError, TypeError, OverflowError, UnicodeDecodeError, csv.Error) as error:
         report.add(name, "format", f"cannot be read past row {state.count}: {error}")
         return
     except RecursionError:  # a line of nested brackets
@@ -687,7 +716,8 @@ def _check_row(
         matches = _leaf_hash(row).hex() == row["leaf_hash"] and (
             not chained or _event_hash(row).hex() == row["hash"]
         )
-    except (ValueError, TypeError) as error:
+    except (ValueError, TypeError, OverflowError) as error:
+        # OverflowError: a time at the edge of the calendar whose UTC form is past it.
         problem("event hash", f"{where}: a value cannot be read ({error})")
         matches = True
     if not matches:

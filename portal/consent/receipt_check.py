@@ -19,9 +19,11 @@ It checks, and names the first thing that fails:
 3. every event: its leaf hash is SHA-256(0x00 ‖ the event's canonical bytes) (RFC 9162
    §2.1.1), its leaf index is its seq - 1, and its audit path leads to the head's root
    (RFC 9162 §2.1.3.2); it is about the receipt's person;
-4. every purpose that names an event says exactly what that event says (topic, state,
-   on, notice version, both times, source), one purpose per topic and per event, and
-   every event is named by a purpose; every notice version a purpose cites is listed;
+4. every purpose that names an event says exactly what that event says (topic number,
+   state, on, notice version, both times, source), one purpose per topic and per event,
+   and every event is named by a purpose; every notice version a purpose cites is listed;
+   a purpose that names no event is ``not_given`` and gives no notice version, time or
+   source;
 5. with ``--tree-head LATER.json --consistency PROOF.json`` (``GET
    /api/consent-log/tree-head`` and ``…/consistency?from=M&to=N``, M the receipt's tree
    size): the later head is signed by the log key, and the RFC 9162 §2.1.4.2
@@ -33,6 +35,9 @@ so is an empty ``--log-key``.
 
 What it proves: the receipt's choices are events of the consent log, about this person,
 as of the signed tree head (and, with a later head, that the log was not rewritten since).
+The log records a topic by its number: a purpose's name, label, description, category and
+basis are the portal's word, signed with the receipt but not proven by the log (the
+output shows each choice's topic number beside its name).
 What no receipt can prove: that an event is the person's latest for its topic, or that a
 topic marked ``not_given`` has no event: a proof shows what is in the log, never what is
 not.
@@ -94,6 +99,11 @@ def _b64(value: object, what: str, size: int | None = None) -> bytes:
         raw = base64.b64decode(value, validate=True)
     except (ValueError, binascii.Error):
         raise ReceiptError(f"{what} is not base64") from None
+    # One spelling per value: base64 leaves spare bits in its last character, so without
+    # this a byte of the file (in the one field the signature cannot cover, the
+    # signature itself) could change and the receipt still check.
+    if base64.b64encode(raw).decode("ascii") != value:
+        raise ReceiptError(f"{what} is not base64 in its one standard spelling")
     if size is not None and len(raw) != size:
         raise ReceiptError(f"{what} is {len(raw)} bytes, not {size}")
     return raw
@@ -236,9 +246,9 @@ def parse_log_key(value: str) -> ed25519.Ed25519PublicKey:
     value_b64: object = text
     if text.startswith("{"):
         try:
-            value_b64 = _object(json.loads(text), "the log key").get("key")
-        except ValueError:
-            raise ReceiptError("the log key file is not JSON") from None
+            value_b64 = _object(load(text), "the log key").get("key")
+        except ReceiptError as error:
+            raise ReceiptError(f"the log key's JSON does not read: {error}") from None
     raw = _b64(value_b64, "the log key", 32)
     return ed25519.Ed25519PublicKey.from_public_bytes(raw)
 
@@ -330,8 +340,7 @@ def _check_purposes(receipt: dict[str, Any], events: dict[int, dict[str, Any]]) 
             raise ReceiptError(f"{what}: on is not true or false")
         seq = purpose.get("event_seq")
         if seq is None:
-            if purpose.get("state") != "not_given" or purpose.get("consent_type") != "none":
-                raise ReceiptError(f"{what}: a choice with no event must be not_given")
+            _check_no_choice(purpose, what)
             continue
         event = events.get(_int(seq, f"{what}.event_seq"))
         if event is None:
@@ -344,6 +353,16 @@ def _check_purposes(receipt: dict[str, Any], events: dict[int, dict[str, Any]]) 
     if extra:
         raise ReceiptError(f"events {extra} are named by no purpose")
     return len(purposes)
+
+
+def _check_no_choice(purpose: dict[str, Any], what: str) -> None:
+    """A purpose that names no event is not_given and claims nothing an event would say:
+    no notice version, no time, no source that no proof stands behind."""
+    if purpose.get("state") != "not_given" or purpose.get("consent_type") != "none":
+        raise ReceiptError(f"{what}: a choice with no event must be not_given")
+    for name in ("policy_version", "consent_timestamp", "recorded_at", "source"):
+        if purpose.get(name) is not None:
+            raise ReceiptError(f"{what}: {name} {purpose.get(name)!r}, but it names no event")
 
 
 def _check_choice(
@@ -417,7 +436,7 @@ def _verify_receipt(receipt: object, log_key: ed25519.Ed25519PublicKey | None) -
         "key_given": log_key is not None,
         "head_key": base64.b64encode(head_key_raw).decode() if head_key_raw != own else None,
         "choices": [
-            (p.get("purpose_id"), p.get("state"), p.get("consent_timestamp"))
+            (p.get("purpose_id"), p.get("topic_id"), p.get("state"), p.get("consent_timestamp"))
             for p in document["purposes"]
         ],
     }
@@ -442,11 +461,14 @@ class _Arguments:
         self.log_key: str | None = None
         self.tree_head: str | None = None
         self.consistency: str | None = None
+        self.help = False
         words = list(argv)
         while words:
             word = words.pop(0)
             name, equals, value = word.partition("=")
-            if name in _OPTIONS:
+            if word in ("-h", "--help"):
+                self.help = True
+            elif name in _OPTIONS:
                 if not equals:
                     if not words:
                         raise ValueError(f"{name} needs a value")
@@ -456,7 +478,7 @@ class _Arguments:
                 raise ValueError(f"unexpected argument {word!r}")
             else:
                 self.receipt = word
-        if not self.receipt:
+        if not self.receipt and not self.help:
             raise ValueError("the receipt's file is required")
 
 
@@ -467,14 +489,14 @@ def _read(path: str) -> bytes:
 
 def main(argv: list[str] | None = None) -> int:
     words = sys.argv[1:] if argv is None else argv
-    if any(word in ("-h", "--help") for word in words):
-        _say(USAGE + "\n\n" + (__doc__ or ""))
-        return 0
     try:
         args = _Arguments(words)
     except ValueError as error:
         _say(f"{USAGE}\nerror: {error}", error=True)
         return 2
+    if args.help:
+        _say(USAGE + "\n\n" + (__doc__ or ""))
+        return 0
     if (args.tree_head is None) != (args.consistency is None):
         _say("error: --tree-head and --consistency go together", error=True)
         return 2
@@ -512,8 +534,8 @@ def main(argv: list[str] | None = None) -> int:
         f"in the consent log's signed tree head of size {proven['tree_size']} "
         f"(root {proven['root_hash']}), {signed_by}"
     )
-    for purpose_id, state, when in proven["choices"]:
-        _say(f"  {purpose_id}: {state}" + (f" at {when}" if when else ""))
+    for purpose_id, topic_id, state, when in proven["choices"]:
+        _say(f"  {purpose_id} (topic {topic_id}): {state}" + (f" at {when}" if when else ""))
     if proven["head_key"]:
         _say(f"  (the tree head was signed by the log's earlier key {proven['head_key']})")
     if later is not None:

@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 from portal.compliance.export import PROOF_FILE, canonical, manifest_bytes
 from portal.compliance.verify import verify_bundle
 from portal.config import generate_signing_key
-from portal.consent import merkle, tree
+from portal.consent import merkle, receipt_check, tree
 from portal.db import db
 from tests.compliance.conftest import subscribe
 from tests.compliance.test_export import KEY, _export, _verify
@@ -278,3 +278,98 @@ def test_a_proof_file_without_line_ends_is_read_a_line_at_a_time():
 
 def test_an_empty_log_key_is_a_usage_error(app, one_person):
     assert _verify(app, one_person, "--log-key", "").exit_code == 2
+
+
+def _rewrite_rows(bundle: Path, change) -> None:
+    """Edit the data file's lines and re-sign the manifest, as whoever holds the export
+    key could."""
+    path = bundle / "consent-events.ndjson"
+    lines = change(path.read_text().splitlines())
+    path.write_text("".join(line + "\n" for line in lines))
+    manifest = _manifest(bundle)
+    manifest["data"]["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    manifest["data"]["bytes"] = path.stat().st_size
+    _resign_manifest(bundle, manifest)
+
+
+def _edit_row(number: int, **values):
+    def change(lines: list[str]) -> list[str]:
+        row = json.loads(lines[number])
+        row.update(values)
+        lines[number] = json.dumps(row, separators=(",", ":"))
+        return lines
+
+    return change
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        # A number too large for any float: int() of it raised OverflowError.
+        (
+            lambda lines: [lines[0], lines[1].replace('"seq":2,', '"seq":1e999,', 1), *lines[2:]],
+            "line 2: seq is not what the export writes",
+        ),
+        (_edit_row(1, subscriber_id=5), "line 2: subscriber_id is not what the export writes"),
+        (_edit_row(1, seq=True), "line 2: seq is not what the export writes"),
+        (_edit_row(1, topic_id="4"), "line 2: topic_id is not what the export writes"),
+        (_edit_row(1, context=None), "line 2: context is not what the export writes"),
+        # A time whose UTC form is past the calendar's end.
+        (_edit_row(1, decided_at="9999-12-31T23:59:59-05:00"), "a value cannot be read"),
+    ],
+)
+def test_a_crafted_row_is_refused_by_name_not_by_a_traceback(app, one_person, change, named):
+    _rewrite_rows(one_person, change)
+    result = _verify(app, one_person, "--public-key", KEY.public.hex)
+    assert result.exit_code == 1, result.output
+    assert isinstance(result.exception, SystemExit)  # an answer, not an uncaught error
+    assert named in result.output
+
+
+def test_files_nested_too_deeply_are_refused(app, one_person, tmp_path):
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 200_000 + "]" * 200_000)
+    for option in ("--tree-head", "--consistency"):
+        other = tmp_path / "head.json"
+        other.write_text("{}")
+        files = (deep, other) if option == "--tree-head" else (other, deep)
+        result = _verify(
+            app, one_person, "--tree-head", str(files[0]), "--consistency", str(files[1])
+        )
+        assert result.exit_code == 2, result.output
+        assert isinstance(result.exception, SystemExit)
+    key = tmp_path / "key.json"
+    key.write_text('{"key":' + "[" * 200_000 + "]" * 200_000 + "}")
+    result = _verify(app, one_person, "--log-key", str(key))
+    assert result.exit_code == 2 and "nested too deeply" in result.output
+
+
+def test_a_format_the_tool_does_not_know_is_refused(app, one_person):
+    """A bundle re-labelled with another format used to skip its tree proof and pass."""
+    manifest = _manifest(one_person)
+    manifest["format"] = "push-consent-portal/consent-export/999"
+    _resign_manifest(one_person, manifest)
+    result = _verify(app, one_person, "--public-key", KEY.public.hex)
+    assert result.exit_code == 1
+    assert "format 'push-consent-portal/consent-export/999' is not one this tool reads" in (
+        result.output
+    )
+
+
+def test_the_log_key_reads_as_the_receipt_checker_reads_it(app, one_person, tmp_path):
+    """One reading of --log-key for both checkers: standard base64 with its padding, or
+    the key's JSON with no key given twice."""
+    good = _log_key_b64()
+    assert _verify(app, one_person, "--log-key", good).exit_code == 0
+    duplicated = tmp_path / "twice.json"
+    duplicated.write_text(f'{{"key": "{good}", "key": "{good}"}}')
+    for refused in (
+        good.rstrip("="),  # no padding
+        good.replace("+", "-").replace("/", "_"),  # the URL-safe alphabet
+        f"!!{good} junk?",
+        str(duplicated),
+    ):
+        result = _verify(app, one_person, "--log-key", refused)
+        assert result.exit_code == 2, (refused, result.output)
+        with pytest.raises(receipt_check.ReceiptError):
+            receipt_check.parse_log_key(refused)

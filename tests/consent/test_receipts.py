@@ -460,8 +460,75 @@ def test_the_ok_line_lists_what_was_proven(receipt, tmp_path, capsys):
     path.write_text(json.dumps(receipt))
     assert receipt_check.main([str(path), "--log-key", LOG_KEY_B64]) == 0
     out = capsys.readouterr().out
-    assert "  offers: withdrawn at " in out
-    assert "  weekly-digest: not_given" in out
+    topic = {p["purpose_id"]: p["topic_id"] for p in receipt["purposes"]}
+    # The topic's number beside its name: the log records the number, the name is the
+    # portal's word.
+    assert f"  offers (topic {topic['offers']}): withdrawn at " in out
+    assert f"  weekly-digest (topic {topic['weekly-digest']}): not_given" in out
+
+
+def _respelled(value: str) -> str:
+    """The same bytes in another base64 spelling: a spare bit of the last character set."""
+    assert value.endswith("=")
+    last = value.rstrip("=")[-1]
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+    other = alphabet[alphabet.index(last) ^ 1]
+    respelled = value.rstrip("=")[:-1] + other + "=" * (len(value) - len(value.rstrip("=")))
+    assert respelled != value and base64.b64decode(respelled) == base64.b64decode(value)
+    return respelled
+
+
+def test_a_value_in_another_base64_spelling_is_refused(receipt, tmp_path):
+    """The signature cannot cover its own spelling: without one spelling per value, a
+    character of the file could change (the signature's last) and the file still check."""
+    respelled = copy.deepcopy(receipt)
+    respelled["signature"] = _respelled(receipt["signature"])
+    assert "signature is not base64 in its one standard spelling" in _refusal(respelled)
+    path = tmp_path / "respelled.json"
+    path.write_text(json.dumps(respelled))
+    run = subprocess.run(
+        [sys.executable, "-I", str(TOOL), str(path), "--log-key", LOG_KEY_B64],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert run.returncode == 1
+    assert "not base64 in its one standard spelling" in run.stderr
+    # And any other base64 value, under a valid signature (the operator re-signing).
+    path_hash = _resigned(
+        receipt,
+        lambda r: r["events"][0]["audit_path"].__setitem__(
+            0, _respelled(r["events"][0]["audit_path"][0])
+        ),
+    )
+    assert "audit_path[0] is not base64 in its one standard spelling" in _refusal(path_hash)
+
+
+@pytest.mark.parametrize("field", ["policy_version", "consent_timestamp", "recorded_at", "source"])
+def test_a_choice_without_an_event_claims_nothing_an_event_would(receipt, field):
+    """A topic never chosen (not_given) cites no notice, time or source: nothing that no
+    proof stands behind, so a re-signed receipt cannot date a choice that was never made."""
+    value = {"policy_version": "v1", "source": "preference-centre"}.get(
+        field, "2020-01-01T00:00:00.000000Z"
+    )
+
+    def claim(r):
+        next(p for p in r["purposes"] if p["purpose_id"] == "weekly-digest")[field] = value
+
+    assert f"{field} {value!r}, but it names no event" in _refusal(_resigned(receipt, claim))
+
+
+def test_help_is_asked_for_only_as_an_option(receipt, tmp_path, capsys):
+    """``--log-key -h`` gives "-h" as the key (refused), it does not print help and exit 0
+    without checking anything."""
+    path = tmp_path / "receipt.json"
+    path.write_text(json.dumps(receipt))
+    assert receipt_check.main([str(path), "--log-key", "-h"]) == 2
+    assert receipt_check.main([str(path), "--log-key=--help"]) == 2
+    assert "usage:" not in capsys.readouterr().out
+    assert receipt_check.main(["-h"]) == 0
+    assert receipt_check.main([str(path), "--help"]) == 0
+    assert "usage: verify_receipt.py RECEIPT.json" in capsys.readouterr().out
 
 
 def test_a_receipt_after_the_log_key_changed_still_checks(app, client, subscribed):
