@@ -51,10 +51,16 @@ def _resign_manifest(bundle: Path, manifest: dict) -> None:
     (bundle / "manifest.json").write_bytes(manifest_bytes(manifest))
 
 
-def _rewrite_proof(bundle: Path, change) -> None:
-    path = bundle / PROOF_FILE
+def _rewrite_lines(path: Path, change) -> list[str]:
+    """Replace a file's lines with ``change(lines)``; return the new lines."""
     lines = change(path.read_text().splitlines())
     path.write_text("".join(line + "\n" for line in lines))
+    return lines
+
+
+def _rewrite_proof(bundle: Path, change) -> None:
+    path = bundle / PROOF_FILE
+    lines = _rewrite_lines(path, change)
     manifest = _manifest(bundle)
     manifest["tree_proof"]["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
     manifest["tree_proof"]["hashes"] = len(lines)
@@ -284,8 +290,7 @@ def _rewrite_rows(bundle: Path, change) -> None:
     """Edit the data file's lines and re-sign the manifest, as whoever holds the export
     key could."""
     path = bundle / "consent-events.ndjson"
-    lines = change(path.read_text().splitlines())
-    path.write_text("".join(line + "\n" for line in lines))
+    _rewrite_lines(path, change)
     manifest = _manifest(bundle)
     manifest["data"]["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
     manifest["data"]["bytes"] = path.stat().st_size
@@ -329,9 +334,9 @@ def test_a_crafted_row_is_refused_by_name_not_by_a_traceback(app, one_person, ch
 def test_files_nested_too_deeply_are_refused(app, one_person, tmp_path):
     deep = tmp_path / "deep.json"
     deep.write_text("[" * 200_000 + "]" * 200_000)
+    other = tmp_path / "head.json"
+    other.write_text("{}")
     for option in ("--tree-head", "--consistency"):
-        other = tmp_path / "head.json"
-        other.write_text("{}")
         files = (deep, other) if option == "--tree-head" else (other, deep)
         result = _verify(
             app, one_person, "--tree-head", str(files[0]), "--consistency", str(files[1])
