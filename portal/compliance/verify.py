@@ -294,15 +294,7 @@ def _check_tree(
     with data_handle, proof_handle:
         try:
             _prove(data_name, data_handle, str(data.get("format")), proof_handle, head, report)
-        except (
-            ValueError,
-            KeyError,
-            TypeError,
-            OverflowError,
-            UnicodeDecodeError,
-            csv.Error,
-            RecursionError,
-        ):
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError, csv.Error, RecursionError):
             return  # the row checks have named the unreadable line already
     if report.proven_head is not None and later is not None:
         _check_later(head, own_key if log_key is None else log_key, later, report)
@@ -672,7 +664,7 @@ def _check_rows(
             if state.first is None:
                 state.first = row
             state.previous = row
-    except (ValueError, KeyError, TypeError, OverflowError, UnicodeDecodeError, csv.Error) as error:
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError, csv.Error) as error:
         report.add(name, "format", f"cannot be read past row {state.count}: {error}")
         return
     except RecursionError:  # a line of nested brackets
