@@ -29,7 +29,7 @@ import pytest
 import sqlalchemy as sa
 from axe_playwright_python.base import AxeResults
 from axe_playwright_python.sync_playwright import Axe
-from playwright.sync_api import Page
+from playwright.sync_api import Page, Route
 from sqlalchemy.orm import sessionmaker
 
 from portal.db import create_engine
@@ -1248,8 +1248,7 @@ PAGES = [
 def _settled(page: Page) -> Page:
     # A state is reached once its element shows, which can be before the deferred
     # scripts (focus.js among them) have run; "load" fires only after they have.
-    page.wait_for_load_state("load")
-    return page
+    return styled(page)
 
 
 FOCUSABLE = (
@@ -1449,10 +1448,25 @@ OVERFLOW = """() => {
 NARROW = [{"width": 320, "height": 640}, {"width": 390, "height": 844}]
 
 
+def styled(page: Page) -> Page:
+    """The page as its user sees it: a test that waited for an element can hold a document
+    whose stylesheet is still on its way, and measured unstyled a skip link sits in the
+    flow and the header's links are 17 px tall (axe-core's target-size failed so, once in
+    a CI run). "load" fires once the stylesheets and deferred scripts are in."""
+    page.wait_for_load_state("load")
+    return page
+
+
+def page_overflow(page: Page) -> dict[str, Any]:
+    """OVERFLOW measured on the styled page."""
+    return styled(page).evaluate(OVERFLOW)
+
+
 def axe_results(page: Page) -> AxeResults:
-    """axe-core's findings on the page as it is now. Its 570 kB script is put into each
-    document once (a page that navigates gets it again), not before every run: a state
-    is checked at three widths, and the injection cost as much as the run."""
+    """axe-core's findings on the styled page as it is now. Its 570 kB script is put into
+    each document once (a page that navigates gets it again), not before every run: a
+    state is checked at three widths, and the injection cost as much as the run."""
+    styled(page)
     if not page.evaluate("typeof window.axe === 'object' && typeof window.axe.run === 'function'"):
         page.evaluate(_axe.axe_script)
     return AxeResults(page.evaluate("(options) => axe.run(document, options)", AXE_OPTIONS))
@@ -1473,7 +1487,7 @@ def narrow_screen_problems(page: Page) -> list[str]:
         if page.evaluate("window.innerWidth") != width:
             problems.append(f"the window did not become {width} px wide")
             continue
-        found = page.evaluate(OVERFLOW)
+        found = page_overflow(page)
         if found["scroll"] > 0 or found["wide"]:
             problems.append(
                 f"scrolls sideways by {found['scroll']} px at {width} px: {found['wide']}"
@@ -1510,3 +1524,35 @@ def test_every_page_state_passes_every_check(
     assert not failed, "\n".join(
         f"{state} fails {check}:\n  " + "\n  ".join(problems) for check, problems in failed.items()
     )
+
+
+def test_the_checks_measure_the_page_once_its_stylesheet_is_in(new_context: Any) -> None:
+    """A test may wait for an element and check the page at once; the stylesheet can still
+    be on its way then. Held back here until the element shows, it is let go just before
+    the checks: they must see the styled page (unstyled, the skip link sits in the flow and
+    the header's links are 17 px tall, which axe-core's target-size refuses)."""
+    context = new_context(viewport=DESKTOP)
+    page = context.new_page()
+    # Once let go, the stylesheet takes a slow network's time: longer than the checks'
+    # own start (axe-core's script is put in first), so a check that does not wait for
+    # it measures the unstyled page.
+    network = context.new_cdp_session(page)
+    network.send("Network.enable")
+    network.send(
+        "Network.emulateNetworkConditions",
+        {"offline": False, "latency": 1000, "downloadThroughput": -1, "uploadThroughput": -1},
+    )
+    held: list[Route] = []
+    # (A lambda: Playwright cannot wrap a built-in method such as held.append.)
+    page.route("**/*.css*", lambda route: held.append(route))  # noqa: PLW0108
+    page.goto("/", wait_until="commit")
+    page.wait_for_selector(".brand")
+    assert held, "the stylesheet was asked for"
+    unstyled = "getComputedStyle(document.querySelector('.skip-link')).position"
+    assert page.evaluate(unstyled) == "static"  # the premise: no stylesheet yet
+
+    for route in held:
+        route.continue_()
+    assert axe_problems(page) == []
+    assert page.evaluate(unstyled) == "absolute"
+    assert page_overflow(page)["scroll"] <= 0

@@ -14,7 +14,7 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from tests.browser.conftest import DESKTOP, PHONE, LiveServer
-from tests.browser.test_accessibility import OVERFLOW, TARGETS, _staff, axe_results
+from tests.browser.test_accessibility import TARGETS, _staff, axe_results, page_overflow
 
 pytestmark = pytest.mark.browser
 
@@ -114,7 +114,7 @@ def rich_review(viewport: dict[str, int] | None = None) -> Callable[..., Page]:
 def _checked(page: Page, name: str, viewport: dict[str, int], part: str | None = None) -> None:
     results = axe_results(page)
     assert results.violations_count == 0, results.generate_report()
-    found = page.evaluate(OVERFLOW)
+    found = page_overflow(page)
     assert found["scroll"] <= 0 and not found["wide"], found
     assert page.evaluate(TARGETS) == []
     SHOTS.mkdir(parents=True, exist_ok=True)

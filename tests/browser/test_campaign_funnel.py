@@ -22,7 +22,7 @@ from portal.db import db
 from portal.delivery.models import Delivery, DeliveryReceipt
 from portal.seams import current_portal
 from tests.browser.conftest import DESKTOP, PHONE, LiveServer
-from tests.browser.test_accessibility import OVERFLOW, TARGETS, axe_results
+from tests.browser.test_accessibility import TARGETS, axe_results, page_overflow
 from tests.browser.test_campaign_outcome import _open
 from tests.factories import FunnelFactory
 
@@ -82,7 +82,7 @@ def _checked(page: Page, name: str, viewport: dict[str, int]) -> None:
     full-page screenshot kept."""
     results = axe_results(page)
     assert results.violations_count == 0, results.generate_report()
-    found = page.evaluate(OVERFLOW)
+    found = page_overflow(page)
     assert found["scroll"] <= 0 and not found["wide"], found
     assert page.evaluate(TARGETS) == []  # every control at least 24 × 24 px
     SHOTS.mkdir(parents=True, exist_ok=True)
@@ -167,7 +167,7 @@ def test_a_campaign_with_receipts_shows_its_funnel_and_chart(
     page.set_viewport_size({"width": 320, "height": 640})
     _apart(page.evaluate(BOXES, "svg.funnel-chart .funnel-chart__name"), across=False)
     _apart(page.evaluate(BOXES, "svg.funnel-chart .funnel-chart__time"), across=True)
-    assert page.evaluate(OVERFLOW)["scroll"] <= 0
+    assert page_overflow(page)["scroll"] <= 0
 
 
 @WIDTHS

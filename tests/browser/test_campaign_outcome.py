@@ -25,7 +25,7 @@ from portal.db import db
 from portal.delivery.models import Delivery
 from portal.seams import current_portal
 from tests.browser.conftest import DESKTOP, PHONE, LiveServer
-from tests.browser.test_accessibility import AXE_OPTIONS, OVERFLOW, TARGETS, _axe, _staff
+from tests.browser.test_accessibility import TARGETS, _staff, axe_results, page_overflow
 
 pytestmark = pytest.mark.browser
 
@@ -81,9 +81,9 @@ def _open(
 def _checked(page: Page, name: str, viewport: dict[str, int]) -> None:
     """axe-core finds nothing, nothing scrolls sideways, targets are large enough; a
     full-page screenshot kept."""
-    results = _axe.run(page, options=AXE_OPTIONS)
+    results = axe_results(page)
     assert results.violations_count == 0, results.generate_report()
-    found = page.evaluate(OVERFLOW)
+    found = page_overflow(page)
     assert found["scroll"] <= 0 and not found["wide"], found
     assert page.evaluate(TARGETS) == []  # every control at least 24 × 24 px
     SHOTS.mkdir(parents=True, exist_ok=True)

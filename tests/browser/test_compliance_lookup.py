@@ -19,12 +19,12 @@ from portal.db import db
 from portal.seams import current_portal
 from tests.browser.conftest import DESKTOP, PHONE, LiveServer, subscribe_through_api
 from tests.browser.test_accessibility import (
-    OVERFLOW,
     TARGETS,
     PageState,
     _staff,
     axe_results,
     error_summary_problems,
+    page_overflow,
 )
 from tests.factories import SubscriptionFactory, make_subscriber
 
@@ -61,7 +61,7 @@ def _checked(page: Page, name: str, viewport: dict[str, int]) -> None:
     page.wait_for_load_state("load")
     results = axe_results(page)
     assert results.violations_count == 0, results.generate_report()
-    found = page.evaluate(OVERFLOW)
+    found = page_overflow(page)
     assert found["scroll"] <= 0 and not found["wide"], found
     assert page.evaluate(TARGETS) == []
     SHOTS.mkdir(parents=True, exist_ok=True)

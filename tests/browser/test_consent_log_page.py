@@ -12,7 +12,7 @@ from playwright.sync_api import expect
 
 from portal.consent.jobs import sequence_once
 from tests.browser.conftest import DESKTOP, PHONE, LiveServer, subscribe_through_api
-from tests.browser.test_accessibility import AXE_OPTIONS, OVERFLOW, TARGETS, _axe, _staff
+from tests.browser.test_accessibility import TARGETS, _staff, axe_results, page_overflow
 from tests.factories import SubscriptionFactory
 
 pytestmark = pytest.mark.browser
@@ -44,9 +44,9 @@ def test_the_console_shows_the_log_key_the_api_serves_and_the_latest_head(
     expect(main).to_contain_text(f"Public key (base64){key}")
     expect(main).to_contain_text(f"Events in the tree{head['tree_size']}")
     expect(main).to_contain_text(head["sha256_root_hash"])
-    results = _axe.run(officer, options=AXE_OPTIONS)
+    results = axe_results(officer)
     assert results.violations_count == 0, results.generate_report()
-    found = officer.evaluate(OVERFLOW)
+    found = page_overflow(officer)
     assert found["scroll"] <= 0 and not found["wide"], found
     assert officer.evaluate(TARGETS) == []
     SHOTS.mkdir(parents=True, exist_ok=True)

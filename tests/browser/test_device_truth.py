@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from playwright.sync_api import Page
 
 from tests.browser.conftest import DESKTOP, PHONE, LiveServer, calls, subscribe_through_page
-from tests.browser.test_accessibility import AXE_OPTIONS, OVERFLOW, TARGETS, _axe
+from tests.browser.test_accessibility import TARGETS, axe_results, page_overflow
 
 pytestmark = pytest.mark.browser
 
@@ -46,9 +46,9 @@ def _let_go(page: Page, within: float = 5.0) -> bool:
 def _checked(page: Page, name: str, viewport: dict[str, int]) -> None:
     """axe-core finds nothing, nothing scrolls sideways, targets are large enough; a
     full-page screenshot kept."""
-    results = _axe.run(page, options=AXE_OPTIONS)
+    results = axe_results(page)
     assert results.violations_count == 0, results.generate_report()
-    found = page.evaluate(OVERFLOW)
+    found = page_overflow(page)
     assert found["scroll"] <= 0 and not found["wide"], found
     assert page.evaluate(TARGETS) == []
     SHOTS.mkdir(parents=True, exist_ok=True)

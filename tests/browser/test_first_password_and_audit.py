@@ -16,11 +16,11 @@ from playwright.sync_api import Page, expect
 from tests.browser.conftest import DESKTOP, PHONE, LiveServer
 from tests.browser.test_accessibility import (
     GIVEN_PASSWORD,
-    OVERFLOW,
     TARGETS,
     audit_after_cli_publish,
     axe_results,
     first_sign_in,
+    page_overflow,
 )
 
 pytestmark = pytest.mark.browser
@@ -43,7 +43,7 @@ def _checked(page: Page, name: str, viewport: dict[str, int]) -> None:
     full-page screenshot kept."""
     results = axe_results(page)
     assert results.violations_count == 0, results.generate_report()
-    found = page.evaluate(OVERFLOW)
+    found = page_overflow(page)
     assert found["scroll"] <= 0 and not found["wide"], found
     assert page.evaluate(TARGETS) == []
     SHOTS.mkdir(parents=True, exist_ok=True)

@@ -26,7 +26,7 @@ from portal.consent.models import EventKind, Source
 from portal.db import db
 from portal.operations.scheduler import run_recorded
 from tests.browser.conftest import DESKTOP, PHONE, SCREENSHOTS, LiveServer, subscribe_through_api
-from tests.browser.test_accessibility import AXE_OPTIONS, _axe, _settled, _staff
+from tests.browser.test_accessibility import _settled, _staff, axe_results, styled
 from tests.factories import SubscriptionFactory
 
 pytestmark = pytest.mark.browser
@@ -43,12 +43,12 @@ def _sized(new_context: Callable[..., Any], viewport: dict[str, int]) -> Callabl
 
 
 def _no_violations(page: Page) -> None:
-    results = _axe.run(page, options=AXE_OPTIONS)
+    results = axe_results(page)
     assert results.violations_count == 0, results.generate_report()
 
 
 def _fits(page: Page) -> None:
-    assert page.evaluate("document.documentElement.scrollWidth - window.innerWidth") <= 0
+    assert styled(page).evaluate("document.documentElement.scrollWidth - window.innerWidth") <= 0
 
 
 def _shoot(page: Page, name: str, viewport: dict[str, int]) -> None:

@@ -10,7 +10,7 @@ import pytest
 from playwright.sync_api import Page
 
 from tests.browser.conftest import DESKTOP, PHONE, subscribe_through_page
-from tests.browser.test_accessibility import axe_problems
+from tests.browser.test_accessibility import axe_problems, styled
 from tests.browser.test_preference_centre import publish_new_policy
 
 pytestmark = pytest.mark.browser
@@ -41,7 +41,7 @@ def _today() -> str:
 
 
 def _no_sideways_scroll(page: Page) -> None:
-    assert page.evaluate("document.documentElement.scrollWidth - window.innerWidth") <= 0
+    assert styled(page).evaluate("document.documentElement.scrollWidth - window.innerWidth") <= 0
 
 
 @WIDTHS

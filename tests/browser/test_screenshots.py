@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from tests.browser.conftest import DESKTOP, PHONE, SCREENSHOTS
-from tests.browser.test_accessibility import PAGES
+from tests.browser.test_accessibility import PAGES, styled
 
 pytestmark = pytest.mark.browser
 
@@ -36,7 +36,7 @@ def test_screenshot(state, viewport, new_context, server):
         options["viewport"] = viewport
         return new_context(**options)
 
-    page = STATES[state].reach(sized, server)
+    page = styled(STATES[state].reach(sized, server))
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=SCREENSHOTS / f"{SHOTS[state]}-{viewport['width']}.png", full_page=True)
     overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")

@@ -18,7 +18,7 @@ from playwright.sync_api import Page, expect
 from portal.push.transport import PushResponse
 from portal.seams import current_portal
 from tests.browser.conftest import DESKTOP, PHONE, LiveServer, calls
-from tests.browser.test_accessibility import AXE_OPTIONS, OVERFLOW, TARGETS, _axe, _staff
+from tests.browser.test_accessibility import TARGETS, _staff, axe_results, page_overflow
 
 pytestmark = pytest.mark.browser
 
@@ -163,9 +163,9 @@ def send_to_both(page: Page, server: LiveServer) -> None:
 
 def _checked(page: Page, name: str, viewport: dict[str, int], part: str | None = None) -> None:
     page.wait_for_load_state("load")
-    results = _axe.run(page, options=AXE_OPTIONS)
+    results = axe_results(page)
     assert results.violations_count == 0, results.generate_report()
-    found = page.evaluate(OVERFLOW)
+    found = page_overflow(page)
     assert found["scroll"] <= 0 and not found["wide"], found
     assert page.evaluate(TARGETS) == []
     SHOTS.mkdir(parents=True, exist_ok=True)
