@@ -92,18 +92,30 @@ def signed_bytes(receipt: dict[str, Any]) -> bytes:
     return SIGNATURE_CONTEXT + canonical(unsigned)
 
 
-def _b64(value: object, what: str, size: int | None = None) -> bytes:
+def b64_field(value: object) -> bytes:
+    """Standard base64 with padding, in its one spelling, or ValueError saying why not.
+
+    One spelling per value: base64 leaves spare bits in its last character, so without
+    this a byte of a file (in the one field a signature cannot cover, the signature
+    itself) could change and the file still check. The consent log's own readers of
+    tree heads, proofs and keys (``portal.consent.merkle``) hold their input to this
+    rule too."""
     if not isinstance(value, str):
-        raise ReceiptError(f"{what} is not a base64 string")
+        raise ValueError("is not a base64 string")
     try:
         raw = base64.b64decode(value, validate=True)
     except (ValueError, binascii.Error):
-        raise ReceiptError(f"{what} is not base64") from None
-    # One spelling per value: base64 leaves spare bits in its last character, so without
-    # this a byte of the file (in the one field the signature cannot cover, the
-    # signature itself) could change and the receipt still check.
+        raise ValueError("is not base64") from None
     if base64.b64encode(raw).decode("ascii") != value:
-        raise ReceiptError(f"{what} is not base64 in its one standard spelling")
+        raise ValueError("is not base64 in its one standard spelling")
+    return raw
+
+
+def _b64(value: object, what: str, size: int | None = None) -> bytes:
+    try:
+        raw = b64_field(value)
+    except ValueError as error:
+        raise ReceiptError(f"{what} {error}") from None
     if size is not None and len(raw) != size:
         raise ReceiptError(f"{what} is {len(raw)} bytes, not {size}")
     return raw

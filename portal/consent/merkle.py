@@ -42,6 +42,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
+from portal.consent.receipt_check import b64_field
+
 HASH_SIZE = 32
 SIGNATURE_SIZE = 64
 PUBLIC_KEY_SIZE = 32
@@ -804,15 +806,12 @@ def _b64(value: bytes) -> str:
 
 
 def _field_b64(value: object, field: str, size: int) -> bytes:
-    """Standard base64 with padding, canonical (one spelling per value), of ``size`` bytes."""
-    if not isinstance(value, str):
-        raise MalformedInput(field, "must be a base64 string")
+    """Standard base64 with padding, in its one spelling (the receipt checker's rule), of
+    ``size`` bytes."""
     try:
-        raw = base64.b64decode(value, validate=True)
-    except ValueError:
-        raise MalformedInput(field, "is not standard base64 with padding") from None
-    if _b64(raw) != value:
-        raise MalformedInput(field, "is not standard base64 with padding")
+        raw = b64_field(value)
+    except ValueError as error:
+        raise MalformedInput(field, str(error)) from None
     if len(raw) != size:
         raise MalformedInput(field, f"must encode {size} bytes, not {len(raw)}")
     return raw
