@@ -110,6 +110,7 @@ def _register_blueprints(app: Flask) -> None:
     from portal import api, cli, health, metrics, openapi, pages
     from portal.campaigns import cli as campaign_cli
     from portal.campaigns import device_views as test_device_pages
+    from portal.campaigns import media_views as campaign_pictures
     from portal.campaigns import views as campaign_pages
     from portal.compliance import cli as compliance_cli
     from portal.compliance import views as compliance_pages
@@ -131,6 +132,7 @@ def _register_blueprints(app: Flask) -> None:
     app.register_blueprint(health.bp)
     app.register_blueprint(metrics.bp)
     app.register_blueprint(pages.bp)
+    app.register_blueprint(campaign_pictures.bp)
     app.register_blueprint(consent_views.bp)
     app.register_blueprint(erasure_views.bp)
     app.register_blueprint(subscription_views.bp)

@@ -1,5 +1,6 @@
 """Every model, imported in one place so the metadata is complete (Alembic, tests)."""
 
+from portal.campaigns.media_models import Picture
 from portal.campaigns.models import Campaign, CircuitState, Draft
 from portal.campaigns.testdevice_models import TestDevice, TestSend
 from portal.consent.models import ConsentEvent, PolicyVersion, Topic, TopicPreference
@@ -22,6 +23,7 @@ __all__ = [
     "FeedbackDigest",
     "JobRun",
     "JobState",
+    "Picture",
     "PolicyVersion",
     "PushSubscription",
     "RateLimitCounter",

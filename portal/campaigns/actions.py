@@ -16,6 +16,7 @@ DEVICE_TEST_SENT = "campaign.device_test_sent"
 DEVICE_REGISTERED = "test_device.registered"
 DEVICE_RENAMED = "test_device.renamed"
 DEVICE_REMOVED = "test_device.removed"
+PICTURE_UPLOADED = "campaign.picture_uploaded"
 
 audit.register_action(LAUNCHED, "Campaign launched")  # created and launched at once
 audit.register_action(TEST_SENT, "Campaign test sent")
@@ -29,3 +30,4 @@ audit.register_action(DEVICE_TEST_SENT, "Campaign test sent to test devices")
 audit.register_action(DEVICE_REGISTERED, "Test device registered")
 audit.register_action(DEVICE_RENAMED, "Test device renamed")
 audit.register_action(DEVICE_REMOVED, "Test device removed")
+audit.register_action(PICTURE_UPLOADED, "Campaign picture uploaded")

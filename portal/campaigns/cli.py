@@ -6,12 +6,13 @@ import datetime as dt
 import sys
 import uuid
 import zoneinfo
+from pathlib import Path
 
 import click
 from flask.cli import AppGroup
 
-from portal.campaigns import drafts, outcome, services
-from portal.campaigns.actions import CLONED, DRAFT_SAVED, LAUNCHED
+from portal.campaigns import drafts, media, outcome, services
+from portal.campaigns.actions import CLONED, DRAFT_SAVED, LAUNCHED, PICTURE_UPLOADED
 from portal.campaigns.forms import LocalTimeError, local_to_utc
 from portal.campaigns.presentation import zoned_time
 from portal.campaigns.services import CampaignDraft
@@ -296,6 +297,39 @@ def campaign_clone(campaign_id: uuid.UUID) -> None:
         draft_id = saved.id
     click.echo(str(draft_id))
     click.echo(f"cloned {campaign_id} into a draft: nothing is sent until it is launched", err=True)
+
+
+@campaign_cli.command("upload-picture")
+@click.argument("path", type=click.Path(exists=True, dir_okay=False, readable=True))
+def campaign_upload_picture(path: str) -> None:
+    """Keep a picture on this site (PNG, JPEG, GIF or WebP) for a campaign's --icon,
+    --image or --badge; prints its address, a path on this site."""
+    with Path(path).open("rb") as handle:
+        data = handle.read(media.MAX_BYTES + 1)
+    with db.begin() as session:
+        try:
+            picture = media.store(session, data, uploaded_by=None, now=_now())
+        except ApiError as problem:
+            click.echo(f"error: {path}: {problem.message}", err=True)
+            sys.exit(1)
+        address = media.path_of(picture)
+        audit.record(
+            session,
+            audit.command_line_actor(),
+            PICTURE_UPLOADED,
+            f"picture:{picture.sha256}",
+            {
+                "via": "cli",
+                "path": address,
+                "type": picture.content_type,
+                "width": picture.width,
+                "height": picture.height,
+                "bytes": picture.size,
+            },
+        )
+        width, height = picture.width, picture.height
+    click.echo(address)
+    click.echo(f"kept: {width} × {height} pixels; give it as --image, --icon or --badge", err=True)
 
 
 @campaign_cli.command("list")

@@ -17,7 +17,7 @@ import zoneinfo
 from typing import Any
 
 from sqlalchemy.orm import Session
-from wtforms import BooleanField, Field, HiddenField, StringField, TextAreaField
+from wtforms import BooleanField, Field, FileField, HiddenField, StringField, TextAreaField
 
 from portal.campaigns import services
 from portal.campaigns.drafts import FIELDS as DRAFT_FIELDS
@@ -32,8 +32,22 @@ from portal.origins import campaign_link_origins
 _SECONDS = re.compile(r"[0-9]{1,9}")
 SCHEDULE_CHOICES = [("now", "Send now"), ("later", "At a date and time")]
 URGENCY_CHOICES = [(value, label) for value, (label, _) in URGENCIES.items()]
-# The order fields appear in on the page, which is the order of the error summary.
-FIELD_ORDER = (*DRAFT_FIELDS, "subscription")
+# The order fields appear in on the page, which is the order of the error summary: the
+# upload sits after the badge, the last of the fields it can fill.
+_BEFORE_UPLOAD = DRAFT_FIELDS[: DRAFT_FIELDS.index("badge") + 1]
+FIELD_ORDER = (
+    *_BEFORE_UPLOAD,
+    "upload",
+    "upload_as",
+    *DRAFT_FIELDS[len(_BEFORE_UPLOAD) :],
+    "subscription",
+)
+# What an uploaded picture can be: the fields its address fills.
+UPLOAD_CHOICES = [
+    ("image", "The image"),
+    ("icon", "The icon"),
+    ("badge", "The badge"),
+]
 
 
 class LocalTimeError(ValueError):
@@ -91,6 +105,11 @@ class CampaignForm(CheckedForm):
     icon = StringField("Icon (optional)", filters=[_strip])
     image = StringField("Image (optional)", filters=[_strip])
     badge = StringField("Badge (optional)", filters=[_strip])
+    # A picture to keep on this site; its address fills the field upload_as names.
+    upload = FileField("Upload a picture (optional)")
+    upload_as = StringField("Use the uploaded picture as", default="image", filters=[_strip])
+    # What the page says of a picture this request kept (set by the view).
+    uploaded: str | None = None
     action1_title = StringField("First button: label (optional)", filters=[_strip])
     action1_url = StringField("First button: link", filters=[_strip])
     action2_title = StringField("Second button: label (optional)", filters=[_strip])

@@ -30,6 +30,7 @@ from portal.campaigns import (
     drafts,
     funnel,
     funnel_chart,
+    media,
     outcome,
     presentation,
     services,
@@ -44,12 +45,14 @@ from portal.campaigns.actions import (
     DRAFT_SAVED,
     LAUNCHED,
     PAUSED,
+    PICTURE_UPLOADED,
     RESUMED,
     TEST_SENT,
 )
 from portal.campaigns.forms import (
     FIELD_ORDER,
     SCHEDULE_CHOICES,
+    UPLOAD_CHOICES,
     URGENCY_CHOICES,
     CampaignForm,
     CancelForm,
@@ -193,6 +196,9 @@ def _form_page(form: CampaignForm, *, status: int = 200, previewed: bool = False
             topics=form.topic_choices(db.session),
             zones=zones.zones(),
             schedule_choices=SCHEDULE_CHOICES,
+            upload_choices=UPLOAD_CHOICES,
+            upload_limit=f"{media.MAX_BYTES // 1024} kB",
+            upload_side=media.MAX_SIDE,
             urgency_choices=URGENCY_CHOICES,
             urgency_hints={
                 value: meaning[:1].upper() + meaning[1:] + "."
@@ -291,6 +297,8 @@ def campaign_new() -> Any:
     form = CampaignForm()
     if request.method == "GET":
         return _form_page(form)
+    if not _take_upload(form):
+        return _form_page(form, status=422)
     action = request.form.get("action", "review")
     if action == "edit":
         return _form_page(form)
@@ -305,6 +313,53 @@ def campaign_new() -> Any:
     if action == "launch":
         return _launch(form, draft)
     return _review_page(form, draft)
+
+
+def _take_upload(form: CampaignForm) -> bool:
+    """Keep the picture the form carries, if any, and put its address in the field it is
+    for; whatever the button, the page then goes on with that address typed in. False,
+    with the field's error, when it cannot be kept (nothing is stored then)."""
+    for name in ("upload", "upload_as"):
+        form[name].errors = []
+    upload = request.files.get("upload")
+    if upload is None:
+        return True
+    data = upload.stream.read(media.MAX_BYTES + 1)
+    if not data and not upload.filename:
+        return True  # the browser's empty part: no file chosen
+    use = form.upload_as.data or ""
+    if use not in dict(UPLOAD_CHOICES):
+        form.upload_as.errors = ["Choose what the uploaded picture is for"]
+        return False
+    try:
+        picture = media.store(db.session, data, uploaded_by=_signed_in().id, now=_now())
+    except ApiError as problem:
+        db.session.rollback()
+        form.upload.errors = [problem.message]
+        return False
+    path = media.path_of(picture)
+    form[use].data = path
+    audit.record(
+        db.session,
+        _signed_in(),
+        PICTURE_UPLOADED,
+        f"picture:{picture.sha256}",
+        {
+            "path": path,
+            "usedAs": use,
+            "type": picture.content_type,
+            "width": picture.width,
+            "height": picture.height,
+            "bytes": picture.size,
+        },
+    )
+    db.session.commit()
+    # Said on the page this request answers (the form again, or the review page).
+    form.uploaded = (
+        f"Uploaded: {picture.width} × {picture.height} pixels, kept at {path}, and now "
+        f"{dict(UPLOAD_CHOICES)[use].lower()} of this campaign."
+    )
+    return True
 
 
 def _bad_draft_reference(form: CampaignForm) -> bool:

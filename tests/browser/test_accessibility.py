@@ -1063,6 +1063,8 @@ STAFF_PAGES = [
     PageState("staff-campaign-draft", _composer("saved_draft")),
     PageState("staff-campaign-draft-stale", _composer("stale_draft")),
     PageState("staff-campaigns-with-drafts", _composer("drafts_listed")),
+    PageState("staff-campaign-picture-uploaded", _composer("picture_uploaded")),
+    PageState("staff-campaign-picture-refused", _composer("picture_refused"), error_summary=True),
     PageState("staff-test-devices-empty", _test_devices("empty")),
     PageState("staff-test-devices-one", _test_devices("registered")),
     PageState("staff-test-devices-error", _test_devices("refused"), error_summary=True),

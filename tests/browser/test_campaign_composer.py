@@ -6,6 +6,7 @@ sideways, and every control is large enough.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import Page, expect
 
+from portal.campaigns import media
 from tests.browser.conftest import DESKTOP, PHONE, LiveServer
 from tests.browser.test_accessibility import TARGETS, _staff, axe_results, page_overflow
 
@@ -195,3 +197,104 @@ def test_the_review_of_a_rich_campaign(viewport, new_context, server):
         "Shop the sale → /shop"
     )
     _checked(page, "review", viewport, part="#platforms")
+
+
+# -- uploaded pictures -----------------------------------------------------------------
+
+PICTURES = Path(__file__).parents[1] / "campaigns" / "pictures"
+
+
+def picture_uploaded(viewport: dict[str, int] | None = None) -> Callable[..., Page]:
+    """A JPEG chosen from the computer and previewed: kept, and drawn as the image."""
+
+    def reach(new_context: Callable[..., Any], server: LiveServer) -> Page:
+        page = _staff(sized(new_context, viewport), server, roles=("campaigns",))
+        page.goto("/staff/campaigns/new")
+        page.select_option("#topic", "weekly-digest")
+        page.fill("#title", "Winter sale")
+        page.fill("#body", "Everything is half price this week.")
+        page.set_input_files("#upload", str(PICTURES / "sale-72x36.jpg"))
+        page.click("button[value=preview]")
+        page.wait_for_selector("#upload-done")
+        return page
+
+    return reach
+
+
+def picture_refused(viewport: dict[str, int] | None = None) -> Callable[..., Page]:
+    """An SVG chosen as the icon: refused at the field, nothing kept."""
+
+    def reach(new_context: Callable[..., Any], server: LiveServer) -> Page:
+        page = _staff(sized(new_context, viewport), server, roles=("campaigns",))
+        page.goto("/staff/campaigns/new")
+        page.select_option("#topic", "weekly-digest")
+        page.fill("#title", "Winter sale")
+        page.set_input_files(
+            "#upload",
+            files=[
+                {
+                    "name": "logo.svg",
+                    "mimeType": "image/svg+xml",
+                    "buffer": b"<svg xmlns='http://www.w3.org/2000/svg'><script>1</script></svg>",
+                }
+            ],
+        )
+        page.check("#upload_as-icon")
+        page.click("button[value=preview]")
+        page.wait_for_selector(".error-summary")
+        return page
+
+    return reach
+
+
+@WIDTHS
+def test_an_uploaded_picture_is_kept_and_drawn_in_the_preview(
+    new_context: Callable[..., Any], server: LiveServer, viewport: dict[str, int]
+) -> None:
+    page = picture_uploaded(viewport)(new_context, server)
+    path = page.input_value("#image")
+    assert re.fullmatch(r"/media/[0-9a-f]{64}\.jpg", path), path
+    expect(page.locator("#upload-done")).to_contain_text(
+        f"Uploaded: 72 × 36 pixels, kept at {path}, and now the image of this campaign."
+    )
+    drawn = page.locator(f"img.notification__image[src='{path}']")
+    expect(drawn).to_be_visible()
+    assert drawn.evaluate("img => img.complete && img.naturalWidth") == 72
+    # The address serves the picture to anyone: a browser with no staff session.
+    anyone = new_context(viewport=viewport).new_page()
+    response = anyone.goto(path)
+    assert response is not None and response.status == 200
+    assert response.headers["content-type"] == "image/jpeg"
+    assert response.body() == (PICTURES / "sale-72x36.jpg").read_bytes()
+    _checked(page, "picture-uploaded", viewport, part=".compose__preview")
+
+
+@WIDTHS
+def test_a_refused_picture_is_named_in_the_error_summary_and_nothing_is_kept(
+    new_context: Callable[..., Any], server: LiveServer, viewport: dict[str, int]
+) -> None:
+    page = picture_refused(viewport)(new_context, server)
+    link = page.locator(".error-summary a[href='#upload']")
+    expect(link).to_contain_text("SVG is not accepted (it can carry scripts)")
+    assert page.input_value("#icon") == ""
+    assert page.locator("#upload_as-icon").is_checked()  # the choice stays as made
+    _checked(page, "picture-refused", viewport)
+    link.click()
+    expect(page.locator("#upload")).to_be_focused()
+
+
+def test_chromium_decodes_every_sample_at_the_size_the_reader_says(
+    new_context: Callable[..., Any],
+) -> None:
+    page = new_context().new_page()
+    page.goto("about:blank")
+    for path in sorted(PICTURES.iterdir()):
+        shape = media.read_shape(path.read_bytes())
+        decoded = page.evaluate(
+            """async ([bytes, type]) => {
+                 const bitmap = await createImageBitmap(new Blob([new Uint8Array(bytes)], {type}));
+                 return [bitmap.width, bitmap.height];
+               }""",
+            [list(path.read_bytes()), shape.content_type],
+        )
+        assert decoded == [shape.width, shape.height], path.name

@@ -26,6 +26,7 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from portal import create_app
+from portal.campaigns import media
 from portal.campaigns import services as campaign_services
 from portal.campaigns.services import CampaignDraft
 from portal.clock import FrozenClock
@@ -334,6 +335,16 @@ def build_world(app: Flask) -> World:
     with app.app_context():
         first_leaf = consent_tree.DatabaseNodes(db.session).node_hashes([merkle.NodeId(0, 0)])[0]
 
+    # A picture staff uploaded, served at /media/<sha256>.<extension>.
+    with db.begin(app) as session:
+        picture = media.store(
+            session,
+            (ROOT / "tests" / "campaigns" / "pictures" / "icon-64x64.png").read_bytes(),
+            uploaded_by=staff_ids["campaigns"],
+            now=NOW,
+        )
+        picture_digest = picture.sha256
+
     for persona in personas.values():
         persona.refresh_token()
         if persona.role is not None:
@@ -356,6 +367,9 @@ def build_world(app: Flask) -> World:
         "filename": sorted(p.relative_to(static).as_posix() for p in static.rglob("*.*")),
         # An archived head that exists and sizes that have none.
         "size": [str(tree_size), "1", "18446744073709551615"],
+        # The picture, a digest of nothing kept, and the extensions of each format.
+        "sha256": [picture_digest, "0" * 64],
+        "extension": ["png", "jpg", "webp"],
     }
     good = [
         "victim@example.test",
