@@ -19,6 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
+from portal.campaigns import media
 from portal.campaigns.models import Campaign, CampaignStatus
 from portal.campaigns.zones import UTC_ZONE, check_zone
 from portal.consent.catalogue import topic_by_slug
@@ -26,7 +27,7 @@ from portal.consent.models import Topic
 from portal.consent.recipients import recipient_query
 from portal.db import affected_rows, is_postgres, uuid7
 from portal.delivery.models import Delivery, DeliveryStatus
-from portal.errors import Conflict, ValidationError
+from portal.errors import Conflict, NotFound, ValidationError
 from portal.inputs import text_problem
 from portal.origins import LinkOrigins, canonical_origin
 from portal.subscriptions.models import LIVE_STATES, PushSubscription, Subscriber
@@ -271,6 +272,21 @@ def validate_draft(
             _link(value, field, link_origins)
         except ValidationError as problem:
             problems.append(problem)
+            continue
+        if field != "url" and value and value.strip().startswith(media.PATH_PREFIX):
+            # An uploaded picture's address: one mistyped would be a broken picture in
+            # every notification.
+            address = value.strip().split("?", 1)[0].split("#", 1)[0]
+            try:
+                media.find(session, address.removeprefix(media.PATH_PREFIX))
+            except NotFound:
+                problems.append(
+                    ValidationError(
+                        "unknown_picture",
+                        f"no picture is kept at {address}: upload it again, or check the address",
+                        field,
+                    )
+                )
     check(
         len(draft.actions) <= MAX_ACTIONS,
         "too_many_actions",

@@ -388,3 +388,40 @@ def test_the_command_line_refuses_what_the_form_refuses(catalogue_ready, tmp_pat
     assert result.exit_code == 1
     assert "SVG is not accepted" in result.stderr
     assert stored(catalogue_ready) == []
+
+
+# -- an address that names no picture -----------------------------------------------------
+
+
+def test_a_media_address_naming_no_picture_is_refused_by_the_form_and_the_command_line(
+    campaigner, catalogue_ready
+):
+    app = catalogue_ready
+    missing = f"/media/{'ab' * 32}.png"
+    page = campaigner.post(
+        "/staff/campaigns/new", {**form_data(image=missing, badge=missing), "action": "review"}
+    )
+    assert page.status_code == 422
+    says = f"No picture is kept at {missing}: upload it again, or check the address"
+    assert field_error(page.text, "image") == says
+    assert field_error(page.text, "badge") == says
+    result = run(
+        app, "create", "--topic", "weekly-digest", "--title", "T", "--body", "B", "--icon", missing
+    )
+    assert result.exit_code == 1
+    assert f"error: icon: no picture is kept at {missing}" in result.stderr
+
+
+def test_a_kept_pictures_address_is_taken_as_typed(campaigner, catalogue_ready, clock):
+    app = catalogue_ready
+    with db.begin(app) as session:
+        path = media.path_of(
+            media.store(session, sample("dots-3x2.gif"), uploaded_by=None, now=clock.now())
+        )
+    page = campaigner.post("/staff/campaigns/new", {**form_data(image=path), "action": "review"})
+    assert page.status_code == 200, page.text
+    # The link itself is not a picture: /media/ there is only a page link like any other.
+    page = campaigner.post(
+        "/staff/campaigns/new", {**form_data(url=f"/media/{'ab' * 32}.png"), "action": "review"}
+    )
+    assert page.status_code == 200, page.text
