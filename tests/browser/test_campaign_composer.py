@@ -204,8 +204,11 @@ def test_the_review_of_a_rich_campaign(viewport, new_context, server):
 PICTURES = Path(__file__).parents[1] / "campaigns" / "pictures"
 
 
-def picture_uploaded(viewport: dict[str, int] | None = None) -> Callable[..., Page]:
-    """A JPEG chosen from the computer and previewed: kept, and drawn as the image."""
+def _upload(
+    viewport: dict[str, int] | None, file: Any, use: str, shown: str
+) -> Callable[..., Page]:
+    """The composer with a title, a picture chosen from the computer for ``use``, and
+    Preview pressed; returns once ``shown`` is on the page."""
 
     def reach(new_context: Callable[..., Any], server: LiveServer) -> Page:
         page = _staff(sized(new_context, viewport), server, roles=("campaigns",))
@@ -213,38 +216,25 @@ def picture_uploaded(viewport: dict[str, int] | None = None) -> Callable[..., Pa
         page.select_option("#topic", "weekly-digest")
         page.fill("#title", "Winter sale")
         page.fill("#body", "Everything is half price this week.")
-        page.set_input_files("#upload", str(PICTURES / "sale-72x36.jpg"))
+        page.set_input_files("#upload", files=file)
+        page.check(f"#upload_as-{use}" if use != "image" else "#upload_as")
         page.click("button[value=preview]")
-        page.wait_for_selector("#upload-done")
+        page.wait_for_selector(shown)
         return page
 
     return reach
+
+
+def picture_uploaded(viewport: dict[str, int] | None = None) -> Callable[..., Page]:
+    """A JPEG chosen from the computer and previewed: kept, and drawn as the image."""
+    return _upload(viewport, str(PICTURES / "sale-72x36.jpg"), "image", "#upload-done")
 
 
 def picture_refused(viewport: dict[str, int] | None = None) -> Callable[..., Page]:
     """An SVG chosen as the icon: refused at the field, nothing kept."""
-
-    def reach(new_context: Callable[..., Any], server: LiveServer) -> Page:
-        page = _staff(sized(new_context, viewport), server, roles=("campaigns",))
-        page.goto("/staff/campaigns/new")
-        page.select_option("#topic", "weekly-digest")
-        page.fill("#title", "Winter sale")
-        page.set_input_files(
-            "#upload",
-            files=[
-                {
-                    "name": "logo.svg",
-                    "mimeType": "image/svg+xml",
-                    "buffer": b"<svg xmlns='http://www.w3.org/2000/svg'><script>1</script></svg>",
-                }
-            ],
-        )
-        page.check("#upload_as-icon")
-        page.click("button[value=preview]")
-        page.wait_for_selector(".error-summary")
-        return page
-
-    return reach
+    svg = b"<svg xmlns='http://www.w3.org/2000/svg'><script>1</script></svg>"
+    file = [{"name": "logo.svg", "mimeType": "image/svg+xml", "buffer": svg}]
+    return _upload(viewport, file, "icon", ".error-summary")
 
 
 @WIDTHS
