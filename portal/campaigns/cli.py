@@ -304,11 +304,10 @@ def campaign_clone(campaign_id: uuid.UUID) -> None:
 def campaign_upload_picture(path: str) -> None:
     """Keep a picture on this site (PNG, JPEG, GIF or WebP) for a campaign's --icon,
     --image or --badge; prints its address, a path on this site."""
-    with Path(path).open("rb") as handle:
-        data = handle.read(media.MAX_BYTES + 1)
     with db.begin() as session:
         try:
-            picture = media.store(session, data, uploaded_by=None, now=_now())
+            media.check_size(Path(path).stat().st_size)  # before reading a file of any size
+            picture = media.store(session, Path(path).read_bytes(), uploaded_by=None, now=_now())
         except ApiError as problem:
             click.echo(f"error: {path}: {problem.message}", err=True)
             sys.exit(1)

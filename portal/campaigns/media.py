@@ -123,16 +123,22 @@ def _webp(data: bytes) -> Shape:
     raise _refuse("The WebP file has no frame header: it is damaged")
 
 
+def check_size(size: int) -> None:
+    """Refuse a file of ``size`` bytes over :data:`MAX_BYTES` (before reading it, where
+    the size is known first)."""
+    if size > MAX_BYTES:
+        raise _refuse(
+            f"The picture is {size / 1024:,.0f} kB: the most is {MAX_BYTES // 1024} kB. "
+            "Save it smaller (a 720 × 360 JPEG is about 60 kB)"
+        )
+
+
 def read_shape(data: bytes) -> Shape:
     """What the bytes are (type and size in pixels), or ValidationError saying why they
     cannot be a campaign's picture. Reads headers only; decoding is the browser's."""
     if not data:
         raise _refuse("The file is empty: choose a picture")
-    if len(data) > MAX_BYTES:
-        raise _refuse(
-            f"The picture is {len(data) / 1024:,.0f} kB: the most is {MAX_BYTES // 1024} kB. "
-            "Save it smaller (a 720 × 360 JPEG is about 60 kB)"
-        )
+    check_size(len(data))
     if data.startswith(b"\x89PNG\r\n\x1a\n"):
         shape = _png(data)
     elif data.startswith(b"\xff\xd8\xff"):

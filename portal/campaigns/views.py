@@ -324,7 +324,7 @@ def _take_upload(form: CampaignForm) -> bool:
     upload = request.files.get("upload")
     if upload is None:
         return True
-    data = upload.stream.read(media.MAX_BYTES + 1)
+    data = upload.stream.read()  # at most MAX_BODY_BYTES: the request was refused otherwise
     if not data and not upload.filename:
         return True  # the browser's empty part: no file chosen
     use = form.upload_as.data or ""
@@ -354,7 +354,7 @@ def _take_upload(form: CampaignForm) -> bool:
         },
     )
     db.session.commit()
-    # Said on the page this request answers (the form again, or the review page).
+    # Said on the form's page; the review page shows the picture itself.
     form.uploaded = (
         f"Uploaded: {picture.width} × {picture.height} pixels, kept at {path}, and now "
         f"{dict(UPLOAD_CHOICES)[use].lower()} of this campaign."
