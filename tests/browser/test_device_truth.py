@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from playwright.sync_api import Page
+from playwright.sync_api import Page, expect
 
 from tests.browser.conftest import DESKTOP, PHONE, LiveServer, calls, subscribe_through_page
 from tests.browser.test_accessibility import TARGETS, axe_results, page_overflow
@@ -229,9 +229,12 @@ def test_without_javascript_the_pages_say_what_the_server_knows(
     )
     page.goto("/preferences")
     assert page.is_visible("#this-device [data-device-says=receiving]")
-    page.click("text=Stop notifications on this device")
-    assert page.is_visible("#this-device [data-device-says=not-receiving]")
-    assert not page.is_visible("text=Stop notifications on this device")
+    # A form post: the checks wait for the page it leads to (click returns once the
+    # navigation starts, before that page's elements are there).
+    with page.expect_navigation():
+        page.click("text=Stop notifications on this device")
+    expect(page.locator("#this-device [data-device-says=not-receiving]")).to_be_visible()
+    expect(page.locator("text=Stop notifications on this device")).to_be_hidden()
     page.goto("/")
     assert "Notifications are stopped in this browser" in page.inner_text("#server-status")
     SHOTS.mkdir(parents=True, exist_ok=True)

@@ -173,23 +173,27 @@ def test_the_preference_centre_works_without_javascript(new_context, server, bro
 
     page.check("#topic-offers")
     page.check("#topic-weekly-digest")
-    page.click("text=Save my choices")
+    with page.expect_navigation():  # a form post: wait for the page it leads to
+        page.click("text=Save my choices")
     assert "Your choices are saved." in page.inner_text(".banner--success")
     assert preferences(server) == {"offers": "opt_in", "weekly-digest": "opt_in"}
 
     # A failed save shows the error summary, whose link leads to the field.
     page.check("#topic-product-news")
     publish_new_policy(server)
-    page.click("text=Save my choices")
+    with page.expect_navigation():  # a form post: wait for the page it leads to
+        page.click("text=Save my choices")
     assert page.title().startswith("Error: ")
     page.click(".error-summary a[href='#policy-ack']")
     assert page.url.endswith("#policy-ack")
     page.check("#policy-ack")
-    page.click("text=Save my choices")
+    with page.expect_navigation():  # a form post: wait for the page it leads to
+        page.click("text=Save my choices")
     assert page.locator(".banner--success").count() == 1
     assert preferences(server)["product-news"] == "opt_in"
 
-    page.click("text=Turn off all marketing")
+    with page.expect_navigation():  # a form post: wait for the page it leads to
+        page.click("text=Turn off all marketing")
     assert "All marketing notifications are off" in page.inner_text(".banner--success")
     assert preferences(server) == {
         "offers": "opt_out",
@@ -197,7 +201,8 @@ def test_the_preference_centre_works_without_javascript(new_context, server, bro
         "product-news": "opt_out",
     }
 
-    page.click("text=Stop notifications on this device")
+    with page.expect_navigation():  # a form post: wait for the page it leads to
+        page.click("text=Stop notifications on this device")
     assert page.locator(".banner--success").count() == 1
     assert "No device gets notifications from us" in page.inner_text("main")
     assert server.scalar("SELECT state FROM push_subscription") == "revoked"
@@ -224,7 +229,8 @@ def test_a_sign_in_link_asks_before_linking_and_links_on_the_click(known_page, s
     assert "customer-2041" in page.inner_text("main")
     assert "1 device" in page.inner_text("main")
     assert _owners(server) == {None}  # nothing linked by opening the link
-    page.click("button[value=link]")
+    with page.expect_navigation():  # a form post: wait for the page it leads to
+        page.click("button[value=link]")
     page.wait_for_selector(".banner--success")
     assert page.url == server.url + "/preferences"
     assert "This browser is now linked to your account." in page.inner_text(".banner--success")
@@ -234,7 +240,8 @@ def test_a_sign_in_link_asks_before_linking_and_links_on_the_click(known_page, s
 def test_choosing_not_to_link_links_nothing(known_page, server):
     page = known_page
     page.goto(sign_in_link(server, "customer-2042"))
-    page.click("button[value=cancel]")
+    with page.expect_navigation():  # a form post: wait for the page it leads to
+        page.click("button[value=cancel]")
     page.wait_for_selector(".banner--info")
     assert "Nothing was linked." in page.inner_text(".banner--info")
     assert _owners(server) == {None}

@@ -68,7 +68,8 @@ def test_a_chosen_topic_says_when_and_under_which_notice(viewport, new_context):
     subscribe_through_page(page, topics=("offers",))
     page.goto("/preferences")
     page.check("#topic-weekly-digest")
-    page.click("text=Save my choices")
+    with page.expect_navigation():  # a form post: wait for the page it leads to
+        page.click("text=Save my choices")
     page.wait_for_selector(".banner--success")
     states = _states(page)
     chosen = f"On: you chose this on {_today()}, under notice version 2026-01."
@@ -115,8 +116,8 @@ def test_a_new_notice_shows_what_changed_and_keeping_the_choices_confirms_them(
     _shot(page, "policy-page-digest-open")
     page.go_back()
 
-    page.click("text=Keep my choices under version 2026-02")
-    page.wait_for_selector(".banner--success")
+    with page.expect_navigation():  # a form post: wait for the page it leads to
+        page.click("text=Keep my choices under version 2026-02")
     assert "kept under notice version 2026-02" in page.inner_text(".banner--success")
     assert page.locator("#notice-changes").count() == 0
     states = _states(page)
@@ -139,7 +140,8 @@ def test_a_save_opened_before_the_new_notice_shows_what_changed(viewport, new_co
     page.goto("/preferences")
     page.check("#topic-product-news")
     publish_new_policy(server)
-    page.click("text=Save my choices")
+    with page.expect_navigation():  # a form post: wait for the page it leads to
+        page.click("text=Save my choices")
     page.wait_for_selector(".error-summary")
     assert "What changed since you opened this page" in page.inner_text(".policy")
     assert page.locator(".policy ins").all_inner_texts() == [
@@ -150,7 +152,8 @@ def test_a_save_opened_before_the_new_notice_shows_what_changed(viewport, new_co
     _no_sideways_scroll(page)
     _shot(page, "preferences-stale-save")
     page.check("#policy-ack")
-    page.click("text=Save my choices")
+    with page.expect_navigation():  # a form post: wait for the page it leads to
+        page.click("text=Save my choices")
     page.wait_for_selector(".banner--success")
     assert _states(page)["product-news"] == (
         f"On: you chose this on {_today()}, under notice version 2026-02."
