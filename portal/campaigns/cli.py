@@ -317,14 +317,7 @@ def campaign_upload_picture(path: str) -> None:
             audit.command_line_actor(),
             PICTURE_UPLOADED,
             f"picture:{picture.sha256}",
-            {
-                "via": "cli",
-                "path": address,
-                "type": picture.content_type,
-                "width": picture.width,
-                "height": picture.height,
-                "bytes": picture.size,
-            },
+            media.audit_detail(picture, via="cli"),
         )
         width, height = picture.width, picture.height
     click.echo(address)

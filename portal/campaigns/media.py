@@ -18,7 +18,6 @@ import struct
 import uuid
 from dataclasses import dataclass
 
-import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -190,15 +189,39 @@ def store(
     return picture
 
 
+def unkept_address(session: Session, value: str) -> str | None:
+    """``value`` without its query, when it is a ``/media/`` address that names no kept
+    picture (a campaign's icon, image or badge would then be broken in every
+    notification); None for any other value."""
+    address = value.strip().split("?", 1)[0].split("#", 1)[0]
+    if not address.startswith(PATH_PREFIX):
+        return None
+    try:
+        find(session, address.removeprefix(PATH_PREFIX))
+    except NotFound:
+        return address
+    return None
+
+
+def audit_detail(picture: Picture, **extra: str) -> dict[str, object]:
+    """What the audit trail keeps of an upload, from the form or the command line."""
+    return {
+        **extra,
+        "path": path_of(picture),
+        "type": picture.content_type,
+        "width": picture.width,
+        "height": picture.height,
+        "bytes": picture.size,
+    }
+
+
 def find(session: Session, name: str) -> Picture:
     """The picture ``/media/<name>`` serves, or NotFound (a name of another shape, or
     whose extension is not the picture's own, names nothing)."""
     match = _NAME.fullmatch(name)
     if match is None:
         raise NotFound("not_found", "There is no such picture")
-    picture = session.execute(
-        sa.select(Picture).where(Picture.sha256 == match[1])
-    ).scalar_one_or_none()
+    picture = session.get(Picture, match[1])
     if picture is None or FORMATS[picture.content_type] != match[2]:
         raise NotFound("not_found", "There is no such picture")
     return picture

@@ -27,7 +27,7 @@ from portal.consent.models import Topic
 from portal.consent.recipients import recipient_query
 from portal.db import affected_rows, is_postgres, uuid7
 from portal.delivery.models import Delivery, DeliveryStatus
-from portal.errors import Conflict, NotFound, ValidationError
+from portal.errors import Conflict, ValidationError
 from portal.inputs import text_problem
 from portal.origins import LinkOrigins, canonical_origin
 from portal.subscriptions.models import LIVE_STATES, PushSubscription, Subscriber
@@ -273,20 +273,15 @@ def validate_draft(
         except ValidationError as problem:
             problems.append(problem)
             continue
-        if field != "url" and value and value.strip().startswith(media.PATH_PREFIX):
-            # An uploaded picture's address: one mistyped would be a broken picture in
-            # every notification.
-            address = value.strip().split("?", 1)[0].split("#", 1)[0]
-            try:
-                media.find(session, address.removeprefix(media.PATH_PREFIX))
-            except NotFound:
-                problems.append(
-                    ValidationError(
-                        "unknown_picture",
-                        f"no picture is kept at {address}: upload it again, or check the address",
-                        field,
-                    )
+        address = media.unkept_address(session, value) if field != "url" and value else None
+        if address is not None:
+            problems.append(
+                ValidationError(
+                    "unknown_picture",
+                    f"no picture is kept at {address}: upload it again, or check the address",
+                    field,
                 )
+            )
     check(
         len(draft.actions) <= MAX_ACTIONS,
         "too_many_actions",

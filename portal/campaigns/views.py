@@ -344,14 +344,7 @@ def _take_upload(form: CampaignForm) -> bool:
         _signed_in(),
         PICTURE_UPLOADED,
         f"picture:{picture.sha256}",
-        {
-            "path": path,
-            "usedAs": use,
-            "type": picture.content_type,
-            "width": picture.width,
-            "height": picture.height,
-            "bytes": picture.size,
-        },
+        media.audit_detail(picture, usedAs=use),
     )
     db.session.commit()
     # Said on the form's page; the review page shows the picture itself.
