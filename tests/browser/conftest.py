@@ -46,15 +46,6 @@ from tests.staff.conftest import FAST_HASHER
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 SCREENSHOTS = ROOT / "artifacts" / "screenshots"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    "--disable-quic",
-]
 # Chromium keeps only the last --disable-features it is given, so ours restates
 # Playwright's own list (tests/browser/test_browser_setup.py fails when it grows) and adds
 # the address bar's suggestion popups: each browser window (a context) otherwise starts two
@@ -78,9 +69,16 @@ PLAYWRIGHT_DISABLED_FEATURES = (
     "msEdgeUpdateLaunchServicesPreferredVersion",
 )
 OMNIBOX_POPUPS = ("WebUIOmniboxPopup", "WebUIOmniboxAimPopup", "WebUIOmniboxFullPopup")
-CHROMIUM_ARGS.append(
-    "--disable-features=" + ",".join(PLAYWRIGHT_DISABLED_FEATURES + OMNIBOX_POPUPS)
-)
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+    "--disable-features=" + ",".join(PLAYWRIGHT_DISABLED_FEATURES + OMNIBOX_POPUPS),
+]
 DESKTOP = {"width": 1280, "height": 900}
 PHONE = {"width": 390, "height": 844}
 

@@ -1247,12 +1247,6 @@ PAGES = [
 ]
 
 
-def _settled(page: Page) -> Page:
-    # A state is reached once its element shows, which can be before the deferred
-    # scripts (focus.js among them) have run; "load" fires only after they have.
-    return styled(page)
-
-
 FOCUSABLE = (
     "a[href], button, input:not([type=hidden]), select, textarea, summary, "
     "[tabindex]:not([tabindex='-1'])"
@@ -1454,7 +1448,8 @@ def styled(page: Page) -> Page:
     """The page as its user sees it: a test that waited for an element can hold a document
     whose stylesheet is still on its way, and measured unstyled a skip link sits in the
     flow and the header's links are 17 px tall (axe-core's target-size failed so, once in
-    a CI run). "load" fires once the stylesheets and deferred scripts are in."""
+    a CI run). "load" fires once the stylesheets and deferred scripts (focus.js among
+    them) are in."""
     page.wait_for_load_state("load")
     return page
 
@@ -1509,7 +1504,7 @@ def test_every_page_state_passes_every_check(
     The order keeps each check's premise: the page is as it opened (nothing scrolled,
     nothing focused by the test) for axe-core and the phone widths, which run before the
     state's own width is restored for the error summary's focus and the keyboard walk."""
-    page = _settled(state.reach(new_context, server))
+    page = styled(state.reach(new_context, server))
     # Reaching the state ran the page's scripts and loaded its styles and images: none of
     # it may have broken the Content-Security-Policy.
     found: dict[str, list[str]] = {"content security policy": list(csp_violations)}

@@ -26,7 +26,7 @@ from portal.consent.models import EventKind, Source
 from portal.db import db
 from portal.operations.scheduler import run_recorded
 from tests.browser.conftest import DESKTOP, PHONE, SCREENSHOTS, LiveServer, subscribe_through_api
-from tests.browser.test_accessibility import _settled, _staff, axe_results, styled
+from tests.browser.test_accessibility import _staff, axe_results, styled
 from tests.factories import SubscriptionFactory
 
 pytestmark = pytest.mark.browser
@@ -99,7 +99,7 @@ def test_the_jobs_page_agrees_with_its_run_history(
 
     page = _staff(_sized(new_context, viewport), server)
     page.goto("/staff/ops/jobs")
-    _settled(page)
+    styled(page)
 
     dispatch = _job_row(page, "dispatch")
     assert "never" not in " ".join(dispatch.values()), dispatch
@@ -158,7 +158,7 @@ def test_the_export_form_covers_the_whole_history_and_names_each_download(
 
     page = _staff(_sized(new_context, viewport), server)
     page.goto("/staff/compliance/export")
-    _settled(page)
+    styled(page)
 
     assert page.input_value("#date_from") == first.isoformat()
     assert page.input_value("#date_to") == today.isoformat()

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.browser.test_accessibility import NARROW, PAGES, _settled
+from tests.browser.test_accessibility import NARROW, PAGES, styled
 
 pytestmark = pytest.mark.browser
 
@@ -33,7 +33,7 @@ def test_week_labels_on_the_dashboard_charts_never_overlap(
         options["viewport"] = viewport
         return new_context(**options)
 
-    page = _settled(state.reach(sized, server))
+    page = styled(state.reach(sized, server))
     charts = page.evaluate(WEEK_LABELS)
     assert charts and all(len(labels) >= 2 for labels in charts), charts
     for labels in charts:
