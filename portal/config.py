@@ -247,6 +247,16 @@ class RetentionSettings:
 
 
 @dataclass(frozen=True)
+class FrequencyCapSettings:
+    """At most this many marketing notifications per person (every device together) in
+    any 24 hours and in any 7 days; zero turns that cap off. Transactional topics and
+    test sends are never capped and never counted (portal/delivery/caps.py)."""
+
+    per_day: int = setting("MARKETING_CAP_PER_DAY", _whole, 0)
+    per_week: int = setting("MARKETING_CAP_PER_WEEK", _whole, 0)
+
+
+@dataclass(frozen=True)
 class ScheduleSettings:
     """Intervals of the embedded scheduler's jobs, in seconds (zero: the default)."""
 
@@ -343,6 +353,7 @@ class Settings:
     last_seen_throttle_seconds: int = setting("LAST_SEEN_THROTTLE_SECONDS", _whole, 3600)
     failures_before_stale: int = setting("PUSH_FAILURES_BEFORE_STALE", _whole, 3)
     retry: RetrySettings = field(default_factory=RetrySettings)
+    frequency_caps: FrequencyCapSettings = field(default_factory=FrequencyCapSettings)
     # How long a claimed delivery belongs to its process unless renewed (the sender
     # renews it while sending); past it (the process died) another may send it again.
     dispatch_lease_seconds: float = setting("DISPATCH_LEASE_SECONDS", _lease, 60.0)

@@ -278,6 +278,8 @@ _SKIPPED = {
     "cancelled": "Not sent: the campaign was cancelled first",
     "deliver_until_passed": "Expired before sending: its “don't deliver after” time passed",
     "consent_withdrawn": "Not sent: consent was withdrawn before sending",
+    "frequency_cap": "Not sent: the person had already had as many marketing notifications "
+    "as their frequency cap allows",
     "subscription_gone": "Not sent: the subscription was deleted before sending",
     "subscription_ended": "Not sent: the subscription ended before sending",
     Unsendable.UNREADABLE_KEYS.value: "Not sent: the subscription's keys could not be read",

@@ -25,7 +25,8 @@ DELIVERY_LABELS = {
     DeliveryStatus.REVOKED.value: ("Revoked", "the subscription is gone (410)"),
     DeliveryStatus.SKIPPED.value: (
         "Skipped",
-        "consent withdrawn, subscription ended, cancelled or expired before sending",
+        "consent withdrawn, over a frequency cap, subscription ended, cancelled or expired "
+        "before sending",
     ),
 }
 
@@ -100,6 +101,7 @@ _NO_ANSWER = {
     "send_error": "send error",
     "deliver_until_passed": "expired",
     "consent_withdrawn": "no consent",
+    "frequency_cap": "frequency cap",
     "subscription_ended": "subscription ended",
     "unreadable_keys": "keys unreadable",
 }

@@ -197,6 +197,7 @@ def _render(
     ack_error: str | None = None,
     rows: dict[int, TopicPreference] | None = None,
     opened_under: str | None = None,
+    frequency_error: str | None = None,
 ) -> tuple[str, int]:
     session = db.session
     shown = catalogue.current(session)
@@ -237,6 +238,9 @@ def _render(
         diff=diff,
         confirm_offered=diff is not None and opened_under is None,
         reference=display_reference(subscriber.reference) if subscriber.reference else None,
+        one_a_day=subscriber.one_a_day,
+        caps=current_portal().settings.frequency_caps,
+        frequency_error=frequency_error,
     ), status
 
 
@@ -486,6 +490,37 @@ def marketing_off() -> Any:
     )
     session.commit()
     flash("All marketing notifications are off. Account messages stay as they were.", SAVED)
+    return redirect(url_for("preferences.centre"), code=303)
+
+
+# The "How often" choice: its form values, and what saving each says.
+HOW_OFTEN = {
+    "as-sent": (False, "Saved: your marketing notifications come as we send them."),
+    "one-a-day": (True, "Saved: at most one marketing notification a day."),
+}
+
+
+@bp.post("/preferences/frequency")
+def frequency() -> Any:
+    """The person's own frequency cap: "at most one a day" or as we send them
+    (portal/delivery/caps.py applies it). Account messages are never capped."""
+    subscriber, rows = _visitor()
+    if subscriber is None:
+        return _render(None, status=403)
+    choice = HOW_OFTEN.get(request.form.get("how_often", ""))
+    if choice is None:
+        message = "Choose how often you want marketing notifications"
+        return _render(
+            subscriber,
+            errors=[("how-often-as-sent", message)],
+            status=400,
+            rows=rows,
+            frequency_error=message,
+        )
+    one_a_day, message = choice
+    subscription_services.choose_one_a_day(db.session, subscriber.id, one_a_day)
+    db.session.commit()
+    flash(message, "success")
     return redirect(url_for("preferences.centre"), code=303)
 
 

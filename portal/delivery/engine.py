@@ -19,14 +19,13 @@ import time
 import traceback
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 import sqlalchemy as sa
 from flask import Flask
-from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 
 from portal.campaigns import metrics
@@ -40,7 +39,8 @@ from portal.config import b64url_decode
 from portal.consent import log as consent_log
 from portal.consent.models import EventKind
 from portal.consent.recipients import recipient_query
-from portal.db import db, is_postgres
+from portal.db import among, db, is_postgres
+from portal.delivery import caps
 from portal.delivery.models import DUE_SQL, Delivery, DeliveryStatus, Unsendable
 from portal.push.encryption import InvalidSubscriptionKeys, PayloadTooLarge
 from portal.push.transport import (
@@ -138,6 +138,7 @@ class Dispatcher:
         self.keys: KeyRing = portal.keys
         self.retry = portal.settings.retry
         self.failures_before_stale = portal.settings.failures_before_stale
+        self.frequency_caps = portal.settings.frequency_caps
         self._lock = threading.Lock()
         self._gauges_at = -float("inf")  # time.monotonic() of the last gauge refresh
 
@@ -288,7 +289,7 @@ class Dispatcher:
                 if not sending:
                     return []
                 candidates = candidates.where(
-                    _among(session, _d.c.campaign_id, sending)
+                    among(session, _d.c.campaign_id, sending)
                 ).with_for_update(of=_d, skip_locked=True)
             # One statement: the candidates are chosen, locked and leased in one round trip.
             rows = session.execute(
@@ -465,7 +466,7 @@ class Dispatcher:
                     query = live_subscription_query(mine)
                 else:
                     # Consent and liveness re-checked now: an opt-out after launch is honoured.
-                    query = recipient_query(campaign.topic_id).where(_among(session, _s.c.id, mine))
+                    query = recipient_query(campaign.topic_id).where(among(session, _s.c.id, mine))
                 allowed.update({row.id: row for row in session.execute(query)})
             subs = {
                 row.id: row
@@ -482,16 +483,33 @@ class Dispatcher:
                         _s.c.last_success_at,
                         _s.c.subscriber_id,
                         _s.c.push_service,
-                    ).where(_among(session, _s.c.id, by_subscription))
+                    ).where(among(session, _s.c.id, by_subscription))
                 )
             }
+            # Claimed just before a pause, cancel or expiry committed: not sent. The
+            # recording puts them back in the queue, or ends them as the campaign now says.
+            held = [c for c in claimed if campaigns[c.campaign_id].status != _SENDING]
+            claimed = [c for c in claimed if campaigns[c.campaign_id].status == _SENDING]
+            # Of those the person still agrees to get, the ones over a frequency cap.
+            over_cap = caps.over_cap(
+                session,
+                [
+                    caps.Candidate(
+                        c.delivery_id,
+                        c.campaign_id,
+                        c.subscription_id,
+                        subs[c.subscription_id].subscriber_id,
+                    )
+                    for c in claimed
+                    if c.subscription_id in allowed and c.subscription_id in subs
+                ],
+                caps.marketing_campaigns(session, campaigns.values()),
+                now=self.clock.now(),
+                caps=self.frequency_caps,
+            )
         skipped: list[tuple[int, str]] = []
         unsent: list[tuple[_Claimed, Unsendable]] = []  # could not be built or sent
         sent: list[_Claimed] = []
-        # Claimed just before a pause, cancel or expiry committed: not sent. The recording
-        # puts them back in the queue, or ends them as the campaign now says.
-        held = [c for c in claimed if campaigns[c.campaign_id].status != _SENDING]
-        claimed = [c for c in claimed if campaigns[c.campaign_id].status == _SENDING]
         # Per campaign, read once: the message template and the request options.
         messages = {
             c.id: (PayloadTemplate(c), c.ttl, Urgency(c.urgency), c.collapse_key)
@@ -505,6 +523,9 @@ class Dispatcher:
                 sub = subs.get(item.subscription_id)
                 if item.subscription_id not in allowed or sub is None:
                     skipped.append((item.delivery_id, _skip_reason(sub)))
+                    continue
+                if item.delivery_id in over_cap:
+                    skipped.append((item.delivery_id, caps.FREQUENCY_CAP))
                     continue
                 known = carried.get(item.subscription_id)
                 if known is not None and known.state not in LIVE_STATES:
@@ -812,7 +833,7 @@ def _ended_campaigns(session: Session, campaign_ids: set[uuid.UUID]) -> dict[uui
     back in the queue; one that committed first is seen here, and they end instead."""
     if not campaign_ids:
         return {}
-    query = sa.select(_c.c.id, _c.c.status).where(_among(session, _c.c.id, sorted(campaign_ids)))
+    query = sa.select(_c.c.id, _c.c.status).where(among(session, _c.c.id, sorted(campaign_ids)))
     if is_postgres(session):
         query = query.order_by(_c.c.id).with_for_update(key_share=True, read=True)
     return {
@@ -820,18 +841,6 @@ def _ended_campaigns(session: Session, campaign_ids: set[uuid.UUID]) -> dict[uui
         for campaign_id, status in session.execute(query)
         if status in _ENDED_REASONS
     }
-
-
-def _among(
-    session: Session, column: sa.ColumnElement[Any], values: Iterable[Any]
-) -> sa.ColumnElement[bool]:
-    """``column IN values``, which PostgreSQL gets as one array parameter (``= ANY(:a)``):
-    a batch's IN lists of 500 placeholders cost the sender more CPU to render and convert
-    than they cost the database to run."""
-    values = list(values)
-    if is_postgres(session):
-        return column == sa.any_(sa.bindparam(None, values, type_=postgresql.ARRAY(column.type)))
-    return column.in_(values)
 
 
 @dataclass
@@ -897,7 +906,7 @@ class _LeaseKeeper:
             try:
                 with db.begin(dispatcher.app) as session:
                     mine = sa.select(_d.c.id).where(
-                        _among(session, _d.c.id, self.delivery_ids),
+                        among(session, _d.c.id, self.delivery_ids),
                         _d.c.status == DeliveryStatus.SENDING.value,
                     )
                     if is_postgres(session):
@@ -978,7 +987,7 @@ class _AcceptedRun:
         session.execute(
             sa.update(_s)
             # A subscription can be in two campaigns of one batch: each id once.
-            .where(_among(session, _s.c.id, sorted(set(self.subscriptions))))
+            .where(among(session, _s.c.id, sorted(set(self.subscriptions))))
             .values(
                 state=sa.case(
                     (_s.c.state.in_(["revoked", "expired"]), _s.c.state),
@@ -994,7 +1003,7 @@ class _AcceptedRun:
         )
         session.execute(
             sa.update(_d)
-            .where(_among(session, _d.c.id, self.deliveries))
+            .where(among(session, _d.c.id, self.deliveries))
             .values(
                 status=DeliveryStatus.ACCEPTED.value,
                 reason=None,

@@ -92,7 +92,9 @@ class Delivery(Base):
             postgresql_where=sa.text(DUE_SQL),
             sqlite_where=sa.text(DUE_SQL),
         ),
-        sa.Index("ix_delivery_subscription_id", "subscription_id"),
+        # A subscription's deliveries; with updated_at, its recent sends, which the
+        # frequency caps count (portal/delivery/caps.py, migration 0023).
+        sa.Index("ix_delivery_subscription_sent", "subscription_id", "updated_at"),
         # The compliance look-up: deliveries a person's consent events allowed.
         sa.Index(
             "ix_delivery_consent_event_seq",

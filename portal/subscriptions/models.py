@@ -65,6 +65,11 @@ class Subscriber(Base):
     # The short reference the person quotes to staff (portal/subscriptions/reference.py):
     # given when their preference centre first shows it, removed by erasure.
     reference: Mapped[str | None] = mapped_column(sa.String(8))
+    # "At most one a day", chosen in the preference centre: caps this person's marketing
+    # notifications at one per rolling day (portal/delivery/caps.py).
+    one_a_day: Mapped[bool] = mapped_column(
+        sa.Boolean, nullable=False, default=False, server_default=sa.false()
+    )
 
     __table_args__ = (sa.Index("ix_subscriber_reference", "reference", unique=True),)
 

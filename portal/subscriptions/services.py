@@ -715,3 +715,12 @@ def _unsubscribe(
         actor="subscriber",
         context=context,
     )
+
+
+def choose_one_a_day(session: Session, subscriber_id: uuid.UUID, one_a_day: bool) -> None:
+    """The person's "at most one a day" choice (the preference centre's "How often"):
+    their marketing notifications are capped at one per rolling day when it is on
+    (portal/delivery/caps.py). Not a consent decision: the consent log is not written."""
+    session.execute(
+        sa.update(Subscriber).where(Subscriber.id == subscriber_id).values(one_a_day=one_a_day)
+    )

@@ -254,6 +254,26 @@ def _preferences_saved(new_context: Callable[..., Any], server: LiveServer) -> P
     return page
 
 
+def _preferences_one_a_day(new_context: Callable[..., Any], server: LiveServer) -> Page:
+    page = _known(new_context)
+    page.check("#how-often-one-a-day")
+    with page.expect_navigation():
+        page.click("text=Save how often")
+    page.wait_for_selector(".banner--success")
+    return page
+
+
+def _preferences_how_often_refused(new_context: Callable[..., Any], server: LiveServer) -> Page:
+    """No choice sent (a browser cannot untick both radios; a forged or broken form can):
+    the page names the group's error and links to its first choice."""
+    page = _known(new_context)
+    page.evaluate("document.querySelectorAll('[name=how_often]').forEach(r => r.checked = false)")
+    with page.expect_navigation():
+        page.click("text=Save how often")
+    page.wait_for_selector(".error-summary")
+    return page
+
+
 def _preferences_receipts_limited(new_context: Callable[..., Any], server: LiveServer) -> Page:
     """The receipt link asked for once too often in one rate-limit window: a page, not a
     download, saying when to try again."""
@@ -1220,6 +1240,8 @@ PAGES = [
     PageState("preferences-no-identity", _open("/preferences")),
     PageState("preferences", _preferences),
     PageState("preferences-saved", _preferences_saved),
+    PageState("preferences-one-a-day", _preferences_one_a_day),
+    PageState("preferences-how-often-refused", _preferences_how_often_refused, error_summary=True),
     PageState("preferences-receipts-limited", _preferences_receipts_limited),
     PageState("preferences-device-stopped", _preferences_device_stopped),  # no devices left
     PageState("preferences-stale-policy", _preferences_stale_policy, error_summary=True),

@@ -98,6 +98,11 @@ def _subscriber(new_context: NewContext, server: LiveServer) -> Page:
     return _known(new_context)
 
 
+def _how_often(page: Page) -> None:
+    page.check("#how-often-one-a-day")
+    _click("Save how often", ".banner--success")(page)
+
+
 def _receiving_device(new_context: NewContext, server: LiveServer) -> Page:
     """The centre offers to stop this device only when this browser holds a subscription
     the server says receives: subscribed through the page, not only the API."""
@@ -279,6 +284,13 @@ CASES = [
         _with_marketing,
         _click("Turn off all marketing", ".banner--success"),
         EVENTS,
+        ".banner--success",
+    ),
+    FormCase(
+        "preferences-how-often",
+        _subscriber,
+        _how_often,
+        "SELECT count(*) FROM subscriber WHERE one_a_day",
         ".banner--success",
     ),
     FormCase(

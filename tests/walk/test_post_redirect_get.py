@@ -239,6 +239,9 @@ SUBMISSIONS: dict[Target, Callable[[Flow], TestResponse]] = {
         "subscriber", "/preferences/confirm-notice", {"policy_version": "v1.1"}
     ),
     ("/preferences/marketing-off", "POST"): _simple("subscriber", "/preferences/marketing-off"),
+    ("/preferences/frequency", "POST"): _simple(
+        "subscriber", "/preferences/frequency", {"how_often": "one-a-day"}
+    ),
     ("/preferences/stop-device", "POST"): _simple("subscriber", "/preferences/stop-device"),
     ("/preferences/devices/<uuid:subscription_id>/stop", "POST"): _stop_other_device,
     ("/preferences/link", "POST"): _account_link,

@@ -1,0 +1,430 @@
+"""Frequency caps (portal/delivery/caps.py): at most so many marketing notifications per
+person a rolling day and week, and one a day for whoever chose it; never a transactional
+topic or a test send. Sent through the engine to the fake push service."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import uuid
+from dataclasses import replace
+
+import pytest
+import sqlalchemy as sa
+
+from portal import create_app
+from portal.campaigns import services as campaigns
+from portal.campaigns.services import CampaignDraft
+from portal.config import FrequencyCapSettings
+from portal.db import db
+from portal.delivery import caps
+from portal.delivery.jobs import dispatcher_for
+from portal.delivery.models import Delivery
+from portal.subscriptions.models import PushSubscription, Subscriber
+from tests.helpers import csrf_token
+
+HOUR = dt.timedelta(hours=1)
+DAY = dt.timedelta(days=1)
+
+
+@pytest.fixture
+def capped(push_app, clock, push_transport):
+    """An app like ``push_app`` with caps; ``capped(per_day=…, per_week=…)`` makes it,
+    and its dispatcher, in batches of 50."""
+    made = []
+
+    def make(per_day: int = 0, per_week: int = 0):
+        portal = push_app.extensions["portal"]
+        app = create_app(
+            portal.settings.with_overrides(
+                frequency_caps=FrequencyCapSettings(per_day=per_day, per_week=per_week)
+            ),
+            clock=clock,
+            transport_factory=lambda portal: push_transport,
+        )
+        app.config["TESTING"] = True
+        engine = dispatcher_for(app)
+        engine.settings = replace(engine.settings, batch_size=50)
+        engine.rand = lambda: 0.0
+        made.append(app)
+        return app, engine
+
+    yield make
+    for app in made:
+        app.extensions["portal.db"].engine.dispose()
+
+
+def _person(app, fake_push, *, devices: int = 1, topics=("weekly-digest", "offers")):
+    """One person (one browser's subscriber cookie) with ``devices`` subscriptions, opted
+    in to ``topics``; returns the fake push subscriptions."""
+    client = app.test_client()
+    subs = []
+    for _ in range(devices):
+        sub = fake_push.subscribe()
+        response = client.post(
+            "/api/push/subscribe",
+            json={"subscription": sub.to_json(), "topics": list(topics), "policyVersion": "v1"},
+        )
+        assert response.status_code == 201, response.json
+        subs.append(sub)
+    return subs
+
+
+def _launch(app, clock, topic="weekly-digest", title="Monday digest"):
+    with db.begin(app) as session:
+        draft = CampaignDraft(topic=topic, title=title, body="Five things", url="/news")
+        return campaigns.create_campaign(session, draft, created_by="test", now=clock.now()).id
+
+
+def _outcomes(app, campaign_id):
+    """(status, reason) of each delivery of the campaign, in id order."""
+    with db.begin(app) as session:
+        return [
+            (row.status, row.reason)
+            for row in session.execute(
+                sa.select(Delivery.status, Delivery.reason)
+                .where(Delivery.campaign_id == campaign_id)
+                .order_by(Delivery.id)
+            )
+        ]
+
+
+def _send(app, engine, clock, topic="weekly-digest"):
+    campaign_id = _launch(app, clock, topic=topic)
+    engine.tick()
+    return _outcomes(app, campaign_id)
+
+
+SENT = ("accepted", None)
+CAPPED = ("skipped", "frequency_cap")
+
+
+def test_a_daily_cap_holds_back_the_next_marketing_campaign_until_a_day_has_passed(
+    capped, fake_push, clock
+):
+    app, engine = capped(per_day=2)
+    (device,) = _person(app, fake_push)
+
+    assert _send(app, engine, clock) == [SENT]
+    clock.advance(HOUR)
+    assert _send(app, engine, clock, topic="offers") == [SENT]
+    clock.advance(HOUR)
+    assert _send(app, engine, clock) == [CAPPED]
+    assert len(fake_push.received(device)) == 2
+    # 24 hours after the first one, one more may go; the second still counts.
+    clock.advance(DAY - 2 * HOUR + dt.timedelta(seconds=1))
+    assert _send(app, engine, clock) == [SENT]
+    assert _send(app, engine, clock) == [CAPPED]
+    assert len(fake_push.received(device)) == 3
+
+
+def test_a_weekly_cap_counts_seven_days(capped, fake_push, clock):
+    app, engine = capped(per_week=3)
+    (device,) = _person(app, fake_push)
+    for _ in range(3):
+        assert _send(app, engine, clock) == [SENT]
+        clock.advance(DAY)
+    assert _send(app, engine, clock) == [CAPPED]  # day 4: three in the last 7 days
+    clock.advance(4 * DAY)  # day 8: the first has left the window
+    assert _send(app, engine, clock) == [SENT]
+    assert len(fake_push.received(device)) == 4
+
+
+def test_transactional_topics_are_never_capped_nor_counted(capped, fake_push, clock):
+    app, engine = capped(per_day=1)
+    (device,) = _person(app, fake_push, topics=("weekly-digest", "security-alerts"))
+
+    assert _send(app, engine, clock, topic="security-alerts") == [SENT]
+    assert _send(app, engine, clock) == [SENT]  # the account message did not count
+    assert _send(app, engine, clock) == [CAPPED]
+    assert _send(app, engine, clock, topic="security-alerts") == [SENT]  # never held back
+    assert len(fake_push.received(device)) == 3
+
+
+def test_one_campaign_on_several_devices_is_one_notification(capped, fake_push, clock):
+    app, engine = capped(per_day=2)
+    phone, laptop = _person(app, fake_push, devices=2)
+    assert _send(app, engine, clock) == [SENT, SENT]
+    assert _send(app, engine, clock) == [SENT, SENT]
+    assert _send(app, engine, clock) == [CAPPED, CAPPED]
+    assert len(fake_push.received(phone)) == len(fake_push.received(laptop)) == 2
+
+
+def test_each_person_is_counted_apart(capped, fake_push, clock):
+    app, engine = capped(per_day=1)
+    (first,) = _person(app, fake_push)
+    (second,) = _person(app, fake_push, topics=("offers",))
+    assert _send(app, engine, clock) == [SENT]  # the first person's only
+    assert _send(app, engine, clock, topic="offers") == [CAPPED, SENT]
+    assert len(fake_push.received(first)) == len(fake_push.received(second)) == 1
+
+
+def test_two_campaigns_in_one_batch_send_the_earlier_only(capped, fake_push, clock):
+    app, engine = capped(per_day=1)
+    (device,) = _person(app, fake_push)
+    earlier = _launch(app, clock)
+    later = _launch(app, clock, topic="offers")
+    engine.tick()
+    assert _outcomes(app, earlier) == [SENT]
+    assert _outcomes(app, later) == [CAPPED]
+    assert len(fake_push.received(device)) == 1
+
+
+def test_one_a_day_applies_to_whoever_chose_it_with_no_portal_cap(capped, fake_push, clock):
+    app, engine = capped()  # no portal-wide cap
+    (chooser,) = _person(app, fake_push)
+    (other,) = _person(app, fake_push)
+    with db.begin(app) as session:
+        chooser_id = session.scalar(
+            sa.select(PushSubscription.subscriber_id).where(
+                PushSubscription.endpoint == chooser.endpoint
+            )
+        )
+        session.execute(
+            sa.update(Subscriber).where(Subscriber.id == chooser_id).values(one_a_day=True)
+        )
+    assert _send(app, engine, clock) == [SENT, SENT]
+    assert _send(app, engine, clock, topic="offers") == [CAPPED, SENT]
+    assert len(fake_push.received(chooser)) == 1
+    assert len(fake_push.received(other)) == 2
+
+
+def test_one_a_day_is_the_stricter_of_the_two(capped, fake_push, clock):
+    app, engine = capped(per_day=3)
+    (device,) = _person(app, fake_push)
+    with db.begin(app) as session:
+        session.execute(sa.update(Subscriber).values(one_a_day=True))
+    assert _send(app, engine, clock) == [SENT]
+    assert _send(app, engine, clock) == [CAPPED]
+    assert len(fake_push.received(device)) == 1
+
+
+def test_test_sends_are_not_capped_nor_counted(capped, fake_push, clock):
+    app, engine = capped(per_day=1)
+    (device,) = _person(app, fake_push)
+    with db.begin(app) as session:
+        subscription = session.scalars(sa.select(PushSubscription)).one()
+        draft = CampaignDraft(topic="weekly-digest", title="Test", body="Test", url="/news")
+        for _ in range(2):
+            campaigns.create_test_campaign(
+                session,
+                draft,
+                subscriber_id=subscription.subscriber_id,
+                subscription_id=subscription.id,
+                created_by="test",
+                now=clock.now(),
+            )
+    engine.tick()
+    assert len(fake_push.received(device)) == 2
+    assert _send(app, engine, clock) == [SENT]
+    assert len(fake_push.received(device)) == 3
+
+
+def test_no_caps_and_no_choice_sends_everything(capped, fake_push, clock):
+    app, engine = capped()
+    (device,) = _person(app, fake_push)
+    for _ in range(5):
+        assert _send(app, engine, clock) == [SENT]
+    assert len(fake_push.received(device)) == 5
+
+
+def _delivery(session, campaign_id, subscription_id, status, at):
+    row = Delivery(
+        campaign_id=campaign_id,
+        subscription_id=subscription_id,
+        push_service="fcm",
+        status=status,
+        attempts=1,
+        next_attempt_at=at,
+        consent_reason="explicit_opt_in",
+        updated_at=at,
+    )
+    session.add(row)
+    session.flush()
+    return row.id
+
+
+@pytest.mark.parametrize(
+    ("status", "earlier", "held"),
+    [
+        # Out right now with a smaller id: it goes first, this one waits its turn.
+        ("sending", True, True),
+        # Out right now with a larger id: this one goes first (that one will wait).
+        ("sending", False, False),
+        # Accepted counts whatever its id; failed, revoked, skipped and queued never.
+        ("accepted", False, True),
+        ("failed", True, False),
+        ("revoked", True, False),
+        ("skipped", True, False),
+        ("queued", True, False),
+    ],
+)
+def test_what_counts_against_a_delivery(capped, fake_push, clock, status, earlier, held):
+    """The rule itself (caps.over_cap), at the moment two deliveries of two campaigns
+    meet: only one of them is ever held back, so two senders never both wait."""
+    app, _ = capped(per_day=1)
+    _person(app, fake_push)
+    first, second = _launch(app, clock), _launch(app, clock, topic="offers")
+    now = clock.now()
+    with db.begin(app) as session:
+        subscription = session.scalars(sa.select(PushSubscription)).one()
+        ids = [
+            _delivery(session, first, subscription.id, "queued", now),
+            _delivery(session, second, subscription.id, "queued", now),
+        ]
+        other_id, mine_id = ids if earlier else ids[::-1]
+        other_campaign = first if other_id == ids[0] else second
+        mine_campaign = second if other_campaign == first else first
+        session.execute(sa.update(Delivery).where(Delivery.id == other_id).values(status=status))
+        candidate = caps.Candidate(
+            mine_id, mine_campaign, subscription.id, subscription.subscriber_id
+        )
+        marketing = caps.marketing_campaigns(
+            session,
+            [session.get(campaigns.Campaign, first), session.get(campaigns.Campaign, second)],
+        )
+        found = caps.over_cap(
+            session, [candidate], marketing, now=now, caps=FrequencyCapSettings(per_day=1)
+        )
+    assert found == ({mine_id} if held else set())
+
+
+def test_a_send_older_than_the_window_no_longer_counts(capped, fake_push, clock):
+    app, _ = capped(per_day=1, per_week=2)
+    _person(app, fake_push)
+    first, second = _launch(app, clock), _launch(app, clock, topic="offers")
+    now = clock.now()
+    with db.begin(app) as session:
+        subscription = session.scalars(sa.select(PushSubscription)).one()
+        _delivery(session, first, subscription.id, "accepted", now - DAY)  # just out
+        mine = _delivery(session, second, subscription.id, "queued", now)
+        candidate = caps.Candidate(mine, second, subscription.id, subscription.subscriber_id)
+        found = caps.over_cap(
+            session,
+            [candidate],
+            {first, second},
+            now=now,
+            caps=FrequencyCapSettings(per_day=1, per_week=2),
+        )
+    assert found == set()
+
+
+def test_the_campaign_page_counts_the_capped_deliveries(capped, fake_push, clock, sign_in):
+    app, engine = capped(per_day=1)
+    for _ in range(3):
+        _person(app, fake_push)
+    _send(app, engine, clock)
+    campaign_id = _launch(app, clock, topic="offers")
+    engine.tick()
+    assert _outcomes(app, campaign_id) == [CAPPED] * 3
+    staff = sign_in(app)
+    page = staff.get(f"/staff/campaigns/{campaign_id}").text
+    assert "Finished: 0 of 3 delivered, 3 skipped." in page
+    assert re.search(
+        r"Not sent: the person had already had as many marketing notifications as their "
+        r"frequency cap allows</td>\s*<td[^>]*>3</td>",
+        page,
+    ), "the breakdown names the cap with its count"
+    assert "Skipped: frequency cap" in page  # the chart's label and its table
+
+
+# -- the preference centre's "How often" ------------------------------------------------
+
+
+def _centre(app, fake_push):
+    """A person's browser (its subscriber cookie) on the preference centre."""
+    client = app.test_client()
+    sub = fake_push.subscribe()
+    response = client.post(
+        "/api/push/subscribe",
+        json={"subscription": sub.to_json(), "topics": ["weekly-digest"], "policyVersion": "v1"},
+    )
+    assert response.status_code == 201
+    return client
+
+
+def _one_a_day(app) -> list[bool]:
+    with db.begin(app) as session:
+        return list(session.scalars(sa.select(Subscriber.one_a_day).order_by(Subscriber.id)))
+
+
+def test_the_preference_centre_saves_one_a_day_and_back(push_app, fake_push):
+    client = _centre(push_app, fake_push)
+    page = client.get("/preferences").text
+    assert (
+        'value="as-sent"\n                 aria-describedby="how-often-as-sent-hint" checked'
+        in page
+    )
+    saved = client.post(
+        "/preferences/frequency", data={"csrf_token": csrf_token(page), "how_often": "one-a-day"}
+    )
+    assert saved.status_code == 303
+    assert _one_a_day(push_app) == [True]
+    page = client.get("/preferences").text
+    assert "Saved: at most one marketing notification a day." in page
+    assert 'aria-describedby="how-often-one-a-day-hint" checked' in page
+    client.post(
+        "/preferences/frequency", data={"csrf_token": csrf_token(page), "how_often": "as-sent"}
+    )
+    assert _one_a_day(push_app) == [False]
+
+
+@pytest.mark.parametrize("value", [None, "", "two-a-day", "ONE-A-DAY", "one-a-day " * 50])
+def test_a_choice_that_is_not_offered_is_refused_and_changes_nothing(push_app, fake_push, value):
+    client = _centre(push_app, fake_push)
+    page = client.get("/preferences").text
+    data = {"csrf_token": csrf_token(page)}
+    if value is not None:
+        data["how_often"] = value
+    refused = client.post("/preferences/frequency", data=data)
+    assert refused.status_code == 400
+    assert "Choose how often you want marketing notifications" in refused.text
+    assert 'href="#how-often-as-sent"' in refused.text
+    assert _one_a_day(push_app) == [False]
+
+
+def test_without_a_subscriber_or_a_token_nothing_is_saved(push_app, fake_push):
+    client = _centre(push_app, fake_push)
+    token = csrf_token(client.get("/preferences").text)
+    stranger = push_app.test_client()  # no subscriber cookie; a token from the home page
+    stranger_token = re.search(r'name="csrf-token" content="([^"]+)"', stranger.get("/").text)
+    assert stranger_token
+    refused = stranger.post(
+        "/preferences/frequency",
+        data={"csrf_token": stranger_token.group(1), "how_often": "one-a-day"},
+    )
+    assert refused.status_code == 403
+    # The person's own browser without the form's token.
+    forged = client.post("/preferences/frequency", data={"how_often": "one-a-day"})
+    assert forged.status_code == 400
+    assert token  # the form had one
+    assert _one_a_day(push_app) == [False]
+
+
+def test_the_choice_says_the_portal_caps(capped, fake_push):
+    app, _ = capped(per_day=2, per_week=7)
+    client = _centre(app, fake_push)
+    assert "Never more than 2 a day and 7 a week." in client.get("/preferences").text
+    plain, _ = capped()
+    assert (
+        "One for each campaign on a topic you chose."
+        in _centre(plain, fake_push).get("/preferences").text
+    )
+
+
+def test_the_caps_are_read_from_the_environment(tmp_path):
+    from portal.config import ConfigError, Settings
+
+    read = Settings.from_env(
+        {"MARKETING_CAP_PER_DAY": "2", "MARKETING_CAP_PER_WEEK": "7"}, str(tmp_path)
+    )
+    assert read.frequency_caps == FrequencyCapSettings(per_day=2, per_week=7)
+    assert Settings.from_env({}, str(tmp_path)).frequency_caps == FrequencyCapSettings(0, 0)
+    for bad in ("-1", "two", "1.5"):
+        with pytest.raises(ConfigError, match="MARKETING_CAP_PER_DAY"):
+            Settings.from_env({"MARKETING_CAP_PER_DAY": bad}, str(tmp_path))
+
+
+def test_an_unknown_person_is_their_own_subscription():
+    item = caps.Candidate(1, uuid.uuid4(), uuid.uuid4(), None)
+    assert item.person == item.subscription_id
