@@ -11,9 +11,12 @@ The rule, in one place (the engine asks it for every batch it is about to send):
   any 7 days (zero: no cap), and one a day for a person who chose "at most one a day"
   in the preference centre, whatever the portal-wide caps say.
 - Counted against a delivery: the person's other marketing campaigns whose delivery a
-  push service accepted inside the window, and those being sent right now with a smaller
-  delivery id. Of two sent at the same moment, the earlier goes and the later waits its
-  turn, so two sender processes never both hold one back for the other.
+  push service accepted inside the window, or that is out right now (claimed and past
+  this check). The check and its outcome are one transaction that holds a lock per person
+  (PostgreSQL; SQLite's write lock serialises every transaction): a delivery held back is
+  marked skipped before the lock goes, so whichever of two deliveries reaching one person
+  at once is checked second sees the first, sent or held, and never both go over the cap
+  nor both wait for each other, whichever processes send them.
 - A delivery over a cap is skipped with reason ``frequency_cap`` (counted on the
   campaign's page); it does not wait for the window to pass.
 """
@@ -28,12 +31,13 @@ from dataclasses import dataclass
 from typing import cast
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 
 from portal.campaigns.models import Campaign
 from portal.config import FrequencyCapSettings
 from portal.consent.models import Topic
-from portal.db import among
+from portal.db import among, is_postgres
 from portal.delivery.models import Delivery, DeliveryStatus
 from portal.subscriptions.models import PushSubscription, Subscriber
 
@@ -69,9 +73,7 @@ class Candidate:
 @dataclass(frozen=True)
 class _Sent:
     campaign_id: uuid.UUID
-    delivery_id: int
-    accepted: bool
-    at: dt.datetime
+    at: dt.datetime  # when accepted, or when claimed
 
 
 def marketing_campaigns(session: Session, campaigns: Iterable[Campaign]) -> set[uuid.UUID]:
@@ -116,19 +118,16 @@ def over_cap(
         capped = [c for c in capped if c.subscriber_id in one_a_day]
         if not capped:
             return set()
+    if is_postgres(session):
+        _lock_people(session, {c.person for c in capped})
     since = now - (WEEK if caps.per_week else DAY)
     history = _recent_sends(session, capped, since=since, batch={c.delivery_id for c in candidates})
     held: set[int] = set()
     for item in sorted(capped, key=lambda c: c.delivery_id):
         sent = history[item.person]
-        earlier = [
-            s
-            for s in sent
-            if s.campaign_id != item.campaign_id
-            and (s.accepted or s.delivery_id < item.delivery_id)
-        ]
-        today = {s.campaign_id for s in earlier if s.at > now - DAY}
-        this_week = {s.campaign_id for s in earlier if s.at > now - WEEK}
+        others = [s for s in sent if s.campaign_id != item.campaign_id]
+        today = {s.campaign_id for s in others if s.at > now - DAY}
+        this_week = {s.campaign_id for s in others if s.at > now - WEEK}
         day_caps = [n for n in (caps.per_day, 1 if item.subscriber_id in one_a_day else 0) if n]
         if (day_caps and len(today) >= min(day_caps)) or (
             caps.per_week and len(this_week) >= caps.per_week
@@ -136,8 +135,36 @@ def over_cap(
             held.add(item.delivery_id)
         else:
             # Going out in this batch: it counts against the person's later deliveries.
-            sent.append(_Sent(item.campaign_id, item.delivery_id, False, now))
+            sent.append(_Sent(item.campaign_id, now))
+    if held:
+        # Before the locks go: a check of the same person after this one sees these as
+        # held back, not as out.
+        session.execute(
+            sa.update(_d)
+            .where(among(session, _d.c.id, held))
+            .values(status=DeliveryStatus.SKIPPED.value, reason=FREQUENCY_CAP, updated_at=now)
+        )
     return held
+
+
+# pg_advisory_xact_lock(class, key)'s class for a person's frequency-cap check ("cap").
+_CAP_LOCK = 0x636170
+
+
+def _lock_people(session: Session, people: set[uuid.UUID]) -> None:
+    """Hold each person's cap lock until this transaction ends, taken in one order (so
+    two batches sharing people never wait for each other in a circle). The key is 32
+    bits of the id: two people sharing one only wait for each other's check."""
+    keys = sorted({int.from_bytes(person.bytes[-4:], "big", signed=True) for person in people})
+    session.execute(
+        sa.select(
+            sa.func.count(sa.func.pg_advisory_xact_lock(_CAP_LOCK, sa.column("key")))
+        ).select_from(
+            sa.func.unnest(sa.bindparam("keys", keys, type_=postgresql.ARRAY(sa.Integer))).alias(
+                "key"
+            )
+        )
+    )
 
 
 def _recent_sends(
@@ -156,7 +183,7 @@ def _recent_sends(
             person_of[subscription_id] = subscriber_id
     history: defaultdict[uuid.UUID, list[_Sent]] = defaultdict(list)
     rows = session.execute(
-        sa.select(_d.c.subscription_id, _d.c.campaign_id, _d.c.id, _d.c.status, _d.c.updated_at)
+        sa.select(_d.c.subscription_id, _d.c.campaign_id, _d.c.updated_at)
         .join(_c, _c.c.id == _d.c.campaign_id)
         .join(_t, _t.c.id == _c.c.topic_id)
         .where(
@@ -168,8 +195,6 @@ def _recent_sends(
             sa.not_(_t.c.is_transactional),
         )
     )
-    for subscription_id, campaign_id, delivery_id, status, at in rows:
-        history[person_of[subscription_id]].append(
-            _Sent(campaign_id, delivery_id, status == DeliveryStatus.ACCEPTED.value, at)
-        )
+    for subscription_id, campaign_id, at in rows:
+        history[person_of[subscription_id]].append(_Sent(campaign_id, at))
     return history

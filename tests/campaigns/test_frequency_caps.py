@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+import threading
+import time
 import uuid
 from dataclasses import replace
 
@@ -245,48 +247,122 @@ def _delivery(session, campaign_id, subscription_id, status, at):
 
 
 @pytest.mark.parametrize(
-    ("status", "earlier", "held"),
+    ("status", "held"),
     [
-        # Out right now with a smaller id: it goes first, this one waits its turn.
-        ("sending", True, True),
-        # Out right now with a larger id: this one goes first (that one will wait).
-        ("sending", False, False),
-        # Accepted counts whatever its id; failed, revoked, skipped and queued never.
-        ("accepted", False, True),
-        ("failed", True, False),
-        ("revoked", True, False),
-        ("skipped", True, False),
-        ("queued", True, False),
+        # Out right now (claimed, and past its own check): counted.
+        ("sending", True),
+        # Accepted counts; failed, revoked, skipped and queued never.
+        ("accepted", True),
+        ("failed", False),
+        ("revoked", False),
+        ("skipped", False),
+        ("queued", False),
     ],
 )
-def test_what_counts_against_a_delivery(capped, fake_push, clock, status, earlier, held):
-    """The rule itself (caps.over_cap), at the moment two deliveries of two campaigns
-    meet: only one of them is ever held back, so two senders never both wait."""
+def test_what_counts_against_a_delivery(capped, fake_push, clock, status, held):
+    """The rule itself (caps.over_cap): another marketing campaign's delivery to the same
+    person, in each status; one held back is marked skipped in the same transaction."""
     app, _ = capped(per_day=1)
     _person(app, fake_push)
     first, second = _launch(app, clock), _launch(app, clock, topic="offers")
     now = clock.now()
     with db.begin(app) as session:
         subscription = session.scalars(sa.select(PushSubscription)).one()
-        ids = [
-            _delivery(session, first, subscription.id, "queued", now),
-            _delivery(session, second, subscription.id, "queued", now),
-        ]
-        other_id, mine_id = ids if earlier else ids[::-1]
-        other_campaign = first if other_id == ids[0] else second
-        mine_campaign = second if other_campaign == first else first
-        session.execute(sa.update(Delivery).where(Delivery.id == other_id).values(status=status))
-        candidate = caps.Candidate(
-            mine_id, mine_campaign, subscription.id, subscription.subscriber_id
-        )
-        marketing = caps.marketing_campaigns(
-            session,
-            [session.get(campaigns.Campaign, first), session.get(campaigns.Campaign, second)],
-        )
+        _delivery(session, first, subscription.id, status, now)
+        mine = _delivery(session, second, subscription.id, "sending", now)
         found = caps.over_cap(
-            session, [candidate], marketing, now=now, caps=FrequencyCapSettings(per_day=1)
+            session,
+            [caps.Candidate(mine, second, subscription.id, subscription.subscriber_id)],
+            {first, second},
+            now=now,
+            caps=FrequencyCapSettings(per_day=1),
         )
-    assert found == ({mine_id} if held else set())
+    assert found == ({mine} if held else set())
+    assert _outcomes(app, second) == ([CAPPED] if held else [("sending", None)])
+
+
+def test_of_two_claimed_at_once_exactly_one_goes(capped, fake_push, clock):
+    """Two processes claimed one person's deliveries of two campaigns before either was
+    checked: the first check sees the other out and holds its own back (marked skipped
+    at once), so the second check sees nothing out and lets its own go. Never both,
+    never neither."""
+    app, _ = capped(per_day=1)
+    _person(app, fake_push)
+    first, second = _launch(app, clock), _launch(app, clock, topic="offers")
+    now = clock.now()
+    with db.begin(app) as session:
+        subscription = session.scalars(sa.select(PushSubscription)).one()
+        ids = {
+            campaign: _delivery(session, campaign, subscription.id, "sending", now)
+            for campaign in (first, second)
+        }
+    verdicts = []
+    for campaign in (second, first):  # the later delivery is checked first
+        with db.begin(app) as session:
+            verdicts.append(
+                caps.over_cap(
+                    session,
+                    [
+                        caps.Candidate(
+                            ids[campaign], campaign, subscription.id, subscription.subscriber_id
+                        )
+                    ],
+                    {first, second},
+                    now=now,
+                    caps=FrequencyCapSettings(per_day=1),
+                )
+            )
+    assert verdicts == [{ids[second]}, set()]
+    assert _outcomes(app, second) == [CAPPED]
+    assert _outcomes(app, first) == [("sending", None)]
+
+
+@pytest.mark.postgres_only
+def test_a_check_waits_for_another_checking_the_same_person(capped, fake_push, clock):
+    """Two processes check one person at the same moment. The first holds its delivery
+    back (the other is out) and has not committed yet; the second must wait for it and
+    then see that hold, or both would be held and the person get neither."""
+    app, _ = capped(per_day=1)
+    _person(app, fake_push)
+    first, second = _launch(app, clock), _launch(app, clock, topic="offers")
+    now = clock.now()
+    with db.begin(app) as session:
+        subscription = session.scalars(sa.select(PushSubscription)).one()
+        ids = {
+            campaign: _delivery(session, campaign, subscription.id, "sending", now)
+            for campaign in (first, second)
+        }
+
+    def check(session, campaign):
+        return caps.over_cap(
+            session,
+            [caps.Candidate(ids[campaign], campaign, subscription.id, subscription.subscriber_id)],
+            {first, second},
+            now=now,
+            caps=FrequencyCapSettings(per_day=1),
+        )
+
+    checked = threading.Event()
+    verdicts: dict[uuid.UUID, set[int]] = {}
+
+    def first_check():
+        with db.begin(app) as session:
+            verdicts[first] = check(session, first)
+            checked.set()
+            time.sleep(0.5)  # checked, not yet committed
+
+    holder = threading.Thread(target=first_check)
+    holder.start()
+    assert checked.wait(10)
+    with db.begin(app) as session:
+        started = time.monotonic()
+        verdicts[second] = check(session, second)
+        waited = time.monotonic() - started
+    holder.join()
+    assert verdicts == {first: {ids[first]}, second: set()}
+    assert waited > 0.2, "the second check did not wait for the first"
+    assert _outcomes(app, first) == [CAPPED]
+    assert _outcomes(app, second) == [("sending", None)]
 
 
 def test_a_send_older_than_the_window_no_longer_counts(capped, fake_push, clock):

@@ -373,3 +373,63 @@ def test_a_dispatcher_killed_mid_send_and_replaced_repeats_only_what_was_in_flig
     assert {attempts[d] for d in in_flight} == {2}
     assert {a for d, a in attempts.items() if d not in in_flight} == {1}
     assert len(received) == audience + len(repeated)
+
+
+def test_three_processes_sending_two_campaigns_to_the_same_people_keep_a_cap_of_one_a_day(
+    catalogue_ready, settings, dispatching, tmp_path
+):
+    """Two campaigns launched at once to the same 1,000 people under a cap of one a
+    day, sent by three processes at the same time: each person gets exactly one of them
+    (portal/delivery/caps.py), whichever process checks a delivery first."""
+    app, audience = catalogue_ready, 1000
+    # Answers take 0.2 s: a batch of 500 is out for over a second, so the processes'
+    # batches of the two campaigns overlap.
+    with FakePushProcess(default_answer=Answer.slow(0.2)) as push:
+        people = populate(app, push, audience, region="US")
+        env = environ(settings, push, tmp_path, MARKETING_CAP_PER_DAY="1")
+        processes = [dispatching(env, tmp_path / f"dispatch-{n}.log") for n in range(3)]
+        for process in processes:
+            process.wait_ready()
+        first, second = launch(app), launch(app)
+        wait_for(
+            lambda: {status_of(app, first), status_of(app, second)} == {"completed"},
+            240,
+            *processes,
+        )
+        for process in processes:
+            process.stop()
+        received = push.received()
+
+    # Exactly one message per person, never two, never none.
+    by_token = messages_by_token(received)
+    assert Counter(len(by_token[token_of(b)]) for b in people) == {1: audience}
+    assert len(received) == audience
+    # Every delivery of both campaigns is on the record: one accepted and one held back
+    # by the cap per person.
+    with db.begin(app) as session:
+        outcomes = Counter(
+            session.execute(
+                sa.select(Delivery.status, Delivery.reason).where(
+                    Delivery.campaign_id.in_([first, second])
+                )
+            ).all()
+        )
+    assert outcomes == {("accepted", None): audience, ("skipped", "frequency_cap"): audience}
+    # The processes really sent at the same time, and more than one took a share.
+    runs = dispatch_runs(app)
+    claimed = {pid: sum(n for n, _, _ in each) for pid, each in runs.items()}
+    log.info(
+        "two campaigns to %d people: claimed per process %s; at most %d at once; "
+        "first campaign %s, second %s",
+        audience,
+        sorted(claimed.values()),
+        most_at_once(runs),
+        Counter(deliveries_status(app, first)),
+        Counter(deliveries_status(app, second)),
+    )
+    assert len([pid for pid, n in claimed.items() if n > 0]) >= 2
+    assert most_at_once(runs) >= 2
+
+
+def deliveries_status(app: Flask, campaign_id: uuid.UUID) -> list[str]:
+    return [status for _, status, _ in deliveries(app, campaign_id).values()]
