@@ -367,6 +367,7 @@ KIND_LABELS = {
     EventKind.UNSUBSCRIBED: "Unsubscribed",
     EventKind.ACCOUNT_LINKED: "Account linked",
     EventKind.ERASED: "Erased",
+    EventKind.FREQUENCY_CHOSEN: "How often chosen (frequency cap)",
     EventKind.GAP: "Gap closed by the sequencer (a rolled-back sequence number)",
 }
 

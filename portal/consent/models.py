@@ -29,6 +29,9 @@ class EventKind(enum.StrEnum):
     UNSUBSCRIBED = "unsubscribed"
     ACCOUNT_LINKED = "account_linked"
     ERASED = "erased"
+    # The person's own frequency cap ("How often" in the preference centre): states
+    # ``as_sent`` and ``one_a_day`` (portal/delivery/caps.py applies it).
+    FREQUENCY_CHOSEN = "frequency_chosen"
     # A sequence number taken by a transaction that rolled back, closed by the sequencer
     # (portal.consent.tree) so the tree never stalls and never hides the hole.
     GAP = "gap"

@@ -518,9 +518,16 @@ def frequency() -> Any:
             frequency_error=message,
         )
     one_a_day, message = choice
-    subscription_services.choose_one_a_day(db.session, subscriber.id, one_a_day)
+    changed = subscription_services.choose_one_a_day(
+        db.session,
+        subscriber.id,
+        one_a_day,
+        now=current_portal().clock.now(),
+        source=Source.PREFERENCE_CENTRE.value,
+        context=_context("preference-centre:how-often"),
+    )
     db.session.commit()
-    flash(message, "success")
+    flash(message if changed else f"{message} Nothing needed to change.", "success")
     return redirect(url_for("preferences.centre"), code=303)
 
 

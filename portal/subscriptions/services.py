@@ -717,10 +717,43 @@ def _unsubscribe(
     )
 
 
-def choose_one_a_day(session: Session, subscriber_id: uuid.UUID, one_a_day: bool) -> None:
+# The frequency_chosen event's states: the person's "How often".
+AS_SENT, ONE_A_DAY = "as_sent", "one_a_day"
+
+
+def choose_one_a_day(
+    session: Session,
+    subscriber_id: uuid.UUID,
+    one_a_day: bool,
+    *,
+    now: dt.datetime,
+    source: str,
+    context: log.Context | None = None,
+) -> bool:
     """The person's "at most one a day" choice (the preference centre's "How often"):
-    their marketing notifications are capped at one per rolling day when it is on
-    (portal/delivery/caps.py). Not a consent decision: the consent log is not written."""
+    their marketing notifications are capped at one per rolling day while it is on
+    (portal/delivery/caps.py). A change is a ``frequency_chosen`` consent event, so the
+    log says which cap held when; choosing what is already chosen writes nothing.
+    Returns whether it changed."""
+    log.lock_subscriber(session, subscriber_id)
+    before = session.execute(
+        sa.select(Subscriber.one_a_day).where(Subscriber.id == subscriber_id)
+    ).scalar_one()
+    if before == one_a_day:
+        return False
     session.execute(
         sa.update(Subscriber).where(Subscriber.id == subscriber_id).values(one_a_day=one_a_day)
     )
+    log.append(
+        session,
+        kind=EventKind.FREQUENCY_CHOSEN,
+        subscriber_id=subscriber_id,
+        source=source,
+        actor="subscriber",
+        recorded_at=now,
+        decided_at=now,
+        previous_state=ONE_A_DAY if before else AS_SENT,
+        new_state=ONE_A_DAY if one_a_day else AS_SENT,
+        context=context,
+    )
+    return True

@@ -5,6 +5,7 @@ topic or a test send. Sent through the engine to the fake push service."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import re
 import threading
 import time
@@ -18,6 +19,7 @@ from portal import create_app
 from portal.campaigns import services as campaigns
 from portal.campaigns.services import CampaignDraft
 from portal.config import FrequencyCapSettings
+from portal.consent.models import ConsentEvent
 from portal.db import db
 from portal.delivery import caps
 from portal.delivery.jobs import dispatcher_for
@@ -424,13 +426,23 @@ def _one_a_day(app) -> list[bool]:
         return list(session.scalars(sa.select(Subscriber.one_a_day).order_by(Subscriber.id)))
 
 
-def test_the_preference_centre_saves_one_a_day_and_back(push_app, fake_push):
+def _frequency_events(app) -> list[tuple[str, str, str, str]]:
+    """The log's frequency_chosen events: (previous, new, source, screen)."""
+    with db.begin(app) as session:
+        return [
+            (row.previous_state, row.new_state, row.source, json.loads(row.context)["screen"])
+            for row in session.execute(
+                sa.select(ConsentEvent)
+                .where(ConsentEvent.kind == "frequency_chosen")
+                .order_by(ConsentEvent.seq)
+            ).scalars()
+        ]
+
+
+def test_the_preference_centre_saves_one_a_day_and_back_each_a_consent_event(push_app, fake_push):
     client = _centre(push_app, fake_push)
     page = client.get("/preferences").text
-    assert (
-        'value="as-sent"\n                 aria-describedby="how-often-as-sent-hint" checked'
-        in page
-    )
+    assert re.search(r'id="how-often-as-sent"[^>]*\bchecked\b', page)
     saved = client.post(
         "/preferences/frequency", data={"csrf_token": csrf_token(page), "how_often": "one-a-day"}
     )
@@ -438,11 +450,21 @@ def test_the_preference_centre_saves_one_a_day_and_back(push_app, fake_push):
     assert _one_a_day(push_app) == [True]
     page = client.get("/preferences").text
     assert "Saved: at most one marketing notification a day." in page
-    assert 'aria-describedby="how-often-one-a-day-hint" checked' in page
+    assert re.search(r'id="how-often-one-a-day"[^>]*\bchecked\b', page)
+    screen = "preference-centre:how-often"
+    assert _frequency_events(push_app) == [("as_sent", "one_a_day", "preference-centre", screen)]
+    # The same choice again changes nothing and logs nothing.
+    client.post(
+        "/preferences/frequency", data={"csrf_token": csrf_token(page), "how_often": "one-a-day"}
+    )
+    page = client.get("/preferences").text
+    assert "Saved: at most one marketing notification a day. Nothing needed to change." in page
+    assert len(_frequency_events(push_app)) == 1
     client.post(
         "/preferences/frequency", data={"csrf_token": csrf_token(page), "how_often": "as-sent"}
     )
     assert _one_a_day(push_app) == [False]
+    assert _frequency_events(push_app)[1] == ("one_a_day", "as_sent", "preference-centre", screen)
 
 
 @pytest.mark.parametrize("value", [None, "", "two-a-day", "ONE-A-DAY", "one-a-day " * 50])
@@ -457,6 +479,7 @@ def test_a_choice_that_is_not_offered_is_refused_and_changes_nothing(push_app, f
     assert "Choose how often you want marketing notifications" in refused.text
     assert 'href="#how-often-as-sent"' in refused.text
     assert _one_a_day(push_app) == [False]
+    assert _frequency_events(push_app) == []
 
 
 def test_without_a_subscriber_or_a_token_nothing_is_saved(push_app, fake_push):
