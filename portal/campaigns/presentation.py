@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from portal.campaigns.models import CircuitState
 from portal.campaigns.zones import UTC_ZONE
+from portal.config import FrequencyCapSettings
 from portal.consent.preferences import Reason
 from portal.delivery.models import DeliveryStatus
 
@@ -359,3 +360,26 @@ def platform_previews(
             )
         )
     return shown
+
+
+def frequency_cap_note(caps: FrequencyCapSettings, *, transactional: bool) -> str:
+    """What the frequency caps (portal/delivery/caps.py) will do to this campaign, for the
+    review page: staff learn before launching that some people may be skipped."""
+    if transactional:
+        return (
+            "A transactional topic: frequency caps never hold it back, and it does not "
+            "count towards them."
+        )
+    limits = [
+        f"{n} a {period}" for n, period in ((caps.per_day, "day"), (caps.per_week, "week")) if n
+    ]
+    if limits:
+        return (
+            f"Frequency caps apply: at most {' and '.join(limits)} marketing notifications per "
+            "person; anyone who has had that many, or who chose at most one a day and had it, "
+            "is skipped and counted on the campaign page."
+        )
+    return (
+        "No portal-wide frequency cap is set; people who chose at most one a day and have "
+        "had one in the last 24 hours are skipped and counted on the campaign page."
+    )

@@ -252,6 +252,10 @@ def _review_page(
             family=family,
             test_campaign=test_campaign,
             dispatch_every=current_portal().settings.schedule.dispatch,
+            caps_note=presentation.frequency_cap_note(
+                current_portal().settings.frequency_caps,
+                transactional=bool(topic and topic.is_transactional),
+            ),
             devices=testdevices.devices_of(db.session, _signed_in().id),
             chosen=set(chosen or ()),
             device_test=device_test,

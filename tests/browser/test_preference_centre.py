@@ -208,6 +208,53 @@ def test_the_preference_centre_works_without_javascript(new_context, server, bro
     assert server.scalar("SELECT state FROM push_subscription") == "revoked"
 
 
+def test_how_often_is_chosen_with_the_keyboard_and_kept(known_page, server):
+    """The radio group: reached with Tab, changed with the arrow keys, saved with Enter;
+    the banner takes focus, the page shows the choice kept, the log has its event."""
+    page = known_page
+    assert page.is_checked("#how-often-as-sent")
+    page.focus("#how-often-as-sent")
+    page.keyboard.press("ArrowDown")
+    assert page.is_checked("#how-often-one-a-day")
+    for _ in range(10):
+        page.keyboard.press("Tab")
+        if page.evaluate("document.activeElement.textContent.trim()") == "Save how often":
+            break
+    else:
+        pytest.fail("Tab never reached the How often button")
+    submit(page, lambda: page.keyboard.press("Enter"))
+    page.wait_for_selector(".banner--success")
+    assert "banner" in focused_classes(page)
+    assert "Saved: at most one marketing notification a day." in page.inner_text(".banner--success")
+    assert page.is_checked("#how-often-one-a-day")
+    assert server.scalar("SELECT one_a_day FROM subscriber") in (True, 1)
+    assert (
+        server.scalar("SELECT new_state FROM consent_event WHERE kind = 'frequency_chosen'")
+        == "one_a_day"
+    )
+    # The group says what it is to a screen reader: its legend and its hint.
+    group = page.get_by_role("group", name="Marketing notifications")
+    assert group.get_attribute("aria-describedby") == "how-often-hint"
+    assert page.get_by_role("radio", name="At most one a day").is_checked()
+
+
+def test_how_often_works_without_javascript(new_context, server, browser_subscription):
+    context = new_context(java_script_enabled=False, stub=False, permission=False)
+    subscribe_through_api(context, browser_subscription)
+    page = context.new_page()
+    page.goto("/preferences")
+    page.check("#how-often-one-a-day")
+    with page.expect_navigation():  # a form post: wait for the page it leads to
+        page.click("text=Save how often")
+    assert "at most one marketing notification a day" in page.inner_text(".banner--success")
+    assert page.is_checked("#how-often-one-a-day")
+    page.check("#how-often-as-sent")
+    with page.expect_navigation():
+        page.click("text=Save how often")
+    assert "come as we send them" in page.inner_text(".banner--success")
+    assert server.scalar("SELECT count(*) FROM consent_event WHERE kind = 'frequency_chosen'") == 2
+
+
 def _owners(server) -> set[object]:
     return {
         row.external_user_id

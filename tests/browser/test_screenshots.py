@@ -24,6 +24,8 @@ SHOTS = {
     "preferences-saved": "preferences-success",
     "preferences-stale-policy": "preferences-error",
     "preferences-receipts-limited": "preferences-receipt-limited",
+    "preferences-one-a-day": "preferences-how-often-success",
+    "preferences-how-often-refused": "preferences-how-often-error",
     "account-link-confirm": "account-link",
 }
 STATES = {state.name: state for state in PAGES}

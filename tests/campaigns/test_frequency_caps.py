@@ -25,6 +25,7 @@ from portal.delivery import caps
 from portal.delivery.jobs import dispatcher_for
 from portal.delivery.models import Delivery
 from portal.subscriptions.models import PushSubscription, Subscriber
+from tests.campaigns.conftest import form_data
 from tests.helpers import csrf_token
 
 HOUR = dt.timedelta(hours=1)
@@ -404,6 +405,26 @@ def test_the_campaign_page_counts_the_capped_deliveries(capped, fake_push, clock
         page,
     ), "the breakdown names the cap with its count"
     assert "Skipped: frequency cap" in page  # the chart's label and its table
+
+
+@pytest.mark.parametrize(
+    ("per_day", "per_week", "topic", "said"),
+    [
+        (2, 7, "weekly-digest", "Frequency caps apply: at most 2 a day and 7 a week marketing"),
+        (0, 5, "offers", "Frequency caps apply: at most 5 a week marketing notifications"),
+        (0, 0, "weekly-digest", "No portal-wide frequency cap is set; people who chose"),
+        (2, 7, "security-alerts", "A transactional topic: frequency caps never hold it back"),
+    ],
+)
+def test_the_review_page_says_what_the_caps_will_do(
+    capped, sign_in, per_day, per_week, topic, said
+):
+    app, _ = capped(per_day=per_day, per_week=per_week)
+    staff = sign_in(app)
+    page = staff.post("/staff/campaigns/new", {**form_data(topic=topic), "action": "review"})
+    assert page.status_code == 200
+    note = re.search(r'<p class="hint" id="caps-note">([^<]*)</p>', page.text)
+    assert note and note.group(1).startswith(said), note
 
 
 # -- the preference centre's "How often" ------------------------------------------------
