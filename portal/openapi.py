@@ -231,6 +231,15 @@ def _schemas(endpoint_max: int, decided_at_skew: int) -> dict[str, JsonSchema]:
                     "description": "The published notice version the page showed; the "
                     "permission grant and the subscription are recorded against it.",
                 },
+                "timeZone": {
+                    "type": ["string", "null"],
+                    "minLength": 1,
+                    "maxLength": 64,
+                    "description": "The browser's time zone (Intl.DateTimeFormat()."
+                    "resolvedOptions().timeZone): a zone of the IANA database; an old name "
+                    "is stored as its canonical zone, anything else is 422 "
+                    "invalid_time_zone and nothing is written.",
+                },
             },
             ["subscription"],
         ),

@@ -166,3 +166,32 @@ def check_zone(name: str, field: str = "timezone") -> str:
         f"There is no time zone {shown}: choose one from the list, like Europe/Paris, or UTC",
         field,
     )
+
+
+def browser_zone(name: str, field: str = "timeZone") -> str:
+    """The canonical zone of what a browser reports
+    (``Intl.DateTimeFormat().resolvedOptions().timeZone``), for a person's local time.
+
+    Browsers report what their copy of the database calls the zone, an old name included
+    (Chromium says "Asia/Calcutta" and "Europe/Kiev" where tzdata now says "Asia/Kolkata"
+    and "Europe/Kyiv"): an alias is taken as its target, "Etc/UTC" and its like as UTC,
+    and a fixed offset ("Etc/GMT+5") kept. Anything else, spelt loosely or made up, is
+    refused: a guess would send at the wrong hour."""
+    if name in zone_names():
+        return name
+    target = _aliases().get(name, name)
+    if target in zone_names():
+        return target
+    if target in _SAME_AS_UTC:
+        return UTC_ZONE
+    if name in _database()[2]:
+        # A zone of the database that is no place's (a fixed offset such as
+        # "Etc/GMT+5", which a system set to an offset reports): a clock all the same.
+        return name
+    readable = len(name) <= 64 and name.isprintable()
+    shown = name if readable else repr(name[:64])
+    raise ValidationError(
+        "invalid_time_zone",
+        f"{field} must be a time zone of the IANA database, like Europe/Paris, not {shown}",
+        field,
+    )

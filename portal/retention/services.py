@@ -348,6 +348,7 @@ def erase_subscriber(
     subscriber.reference = None
     subscriber.locale = None
     subscriber.region_code = None
+    subscriber.time_zone = None  # where the person is: theirs, not the log's
     subscriber.erased_at = now
     seq = log.append(
         session,

@@ -65,6 +65,9 @@ class Subscriber(Base):
     # The short reference the person quotes to staff (portal/subscriptions/reference.py):
     # given when their preference centre first shows it, removed by erasure.
     reference: Mapped[str | None] = mapped_column(sa.String(8))
+    # The zone the person's browser reported when subscribing (canonical IANA name; see
+    # portal/campaigns/zones.py browser_zone); None where no browser said.
+    time_zone: Mapped[str | None] = mapped_column(sa.String(64))
     # "At most one a day", chosen in the preference centre: caps this person's marketing
     # notifications at one per rolling day (portal/delivery/caps.py).
     one_a_day: Mapped[bool] = mapped_column(

@@ -53,6 +53,7 @@ class Registration:
     source: str = Source.API.value
     screen: str | None = None
     region_code: str | None = None  # from a trusted edge header, when configured
+    time_zone: str | None = None  # the browser's, checked (campaigns.zones.browser_zone)
     policy_version: str | None = None  # the published notice the page showed, if it says
 
     def context(self, **extra: str) -> log.Context:
@@ -241,6 +242,7 @@ def upsert_subscription(
                 created_at=now,
                 locale=registration.locale,
                 region_code=registration.region_code,
+                time_zone=registration.time_zone,
             )
         )
         session.flush()
@@ -248,6 +250,16 @@ def upsert_subscription(
         # An existing row whose subscriber was erased (or that has none) takes the new
         # one; only a brand-new row may keep whatever a racing insert put there.
         given = existing is not None
+    elif registration.time_zone is not None:
+        # The latest browser to subscribe says where the person is now.
+        session.execute(
+            sa.update(Subscriber)
+            .where(
+                Subscriber.id == subscriber_id,
+                Subscriber.time_zone.is_distinct_from(registration.time_zone),
+            )
+            .values(time_zone=registration.time_zone)
+        )
 
     sealed = keys.seal(subscription.auth)
     values = {

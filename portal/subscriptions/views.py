@@ -14,6 +14,7 @@ from typing import Any
 from flask import Blueprint, Response, jsonify, request
 
 from portal.api import check_same_origin, json_body, request_locale, request_origin
+from portal.campaigns.zones import browser_zone
 from portal.consent.models import PreferenceState, Source
 from portal.consent.preferences import (
     Choice,
@@ -148,8 +149,13 @@ def subscribe() -> tuple[Response, int]:
     decisions, version = _topic_choice(body)
     session = db.session
     portal = current_portal()
+    zone = body.get("timeZone")
     registration = dataclasses.replace(
-        _registration(), source=source, screen=source, policy_version=version
+        _registration(),
+        source=source,
+        screen=source,
+        policy_version=version,
+        time_zone=None if zone is None else browser_zone(require_string(zone, "timeZone")),
     )
     result = services.upsert_subscription(
         session, subscription, registration, keys=portal.keys, now=portal.clock.now()

@@ -98,6 +98,17 @@
     }
   }
 
+  /* The browser's time zone ("Europe/Paris"), for sending at the person's local hours;
+     undefined when the browser does not say (the server then keeps what it had). */
+  function timeZone() {
+    try {
+      var zone = Intl.DateTimeFormat().resolvedOptions().timeZone;
+      return typeof zone === "string" && zone ? zone : undefined;
+    } catch (_) {
+      return undefined;
+    }
+  }
+
   /* A body naming the subscription, with the proof that this browser holds it. */
   function naming(subscription, extra) {
     var body = { endpoint: subscription.endpoint };
@@ -227,7 +238,7 @@
     var registration = await navigator.serviceWorker.ready;
     await subscription.unsubscribe();
     var fresh = await subscribeBrowser(registration);
-    var body = { subscription: fresh.toJSON(), source: source || "api" };
+    var body = { subscription: fresh.toJSON(), source: source || "api", timeZone: timeZone() };
     if (policyVersion) {
       body.policyVersion = policyVersion;
     }
@@ -268,6 +279,7 @@
     standalone: standalone,
     keyBytes: keyBytes,
     postJSON: postJSON,
+    timeZone: timeZone,
     naming: naming,
     currentSubscription: currentSubscription,
     subscribeBrowser: subscribeBrowser,

@@ -107,7 +107,11 @@
         show("state-browser-error", { focus: true, form: true });
         return;
       }
-      var body = { subscription: subscription.toJSON(), source: "subscribe-page" };
+      var body = {
+        subscription: subscription.toJSON(),
+        source: "subscribe-page",
+        timeZone: push.timeZone(),
+      };
       if (page.dataset.policyVersion) {
         body.topics = chosenTopics();
         body.policyVersion = page.dataset.policyVersion;

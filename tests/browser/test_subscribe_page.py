@@ -174,6 +174,23 @@ def test_subscribing_stores_the_subscription_with_its_auth_secret_sealed(
 
 
 @pytest.mark.parametrize(
+    ("browser_zone", "kept"),
+    [("Australia/Sydney", "Australia/Sydney"), ("America/Sao_Paulo", "America/Sao_Paulo")],
+)
+def test_the_page_records_the_browsers_time_zone(new_context, server, browser_zone, kept):
+    """Chromium set to a zone (as the person's system is): the page sends what
+    Intl.DateTimeFormat says, and it becomes the person's zone."""
+    page = new_context(timezone_id=browser_zone).new_page()
+    page.goto("/")
+    assert page.evaluate("Intl.DateTimeFormat().resolvedOptions().timeZone") == browser_zone
+    with page.expect_request("**/api/push/subscribe") as posted:
+        page.click("#subscribe-button")
+    page.wait_for_selector("#state-success:not([hidden])")
+    assert posted.value.post_data_json["timeZone"] == browser_zone
+    assert server.scalar("SELECT time_zone FROM subscriber") == kept
+
+
+@pytest.mark.parametrize(
     ("answer", "state", "error"),
     [("denied", "state-denied", True), ("default", "state-dismissed", False)],
 )

@@ -45,6 +45,7 @@ def test_erasure_leaves_nothing_of_the_person_and_the_log_still_verifies(
                 "subscription": sub.to_json(),
                 "topics": ["weekly-digest"],
                 "policyVersion": "v1",
+                "timeZone": "America/St_Johns",  # where the person is
             },
             headers={"User-Agent": UA, "Accept-Language": "fr-CA"},
         )
@@ -63,6 +64,7 @@ def test_erasure_leaves_nothing_of_the_person_and_the_log_still_verifies(
     assert UA.encode() in before
     assert b"customer-8812" in before
     assert b"fr-CA" in before
+    assert b"America/St_Johns" in before
 
     page = browser.get("/preferences/erase")
     assert page.status_code == 200
@@ -94,6 +96,7 @@ def test_erasure_leaves_nothing_of_the_person_and_the_log_still_verifies(
     assert b"Unique/7f3a" not in after
     assert b"customer-8812" not in after
     assert b"fr-CA" not in after
+    assert b"America/St_Johns" not in after
     assert count_rows(engine, "topic_preference") == 0
 
     with engine.connect() as conn:
