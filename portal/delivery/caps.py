@@ -11,8 +11,8 @@ The rule, in one place (the engine asks it for every batch it is about to send):
   any 7 days (zero: no cap), and one a day for a person who chose "at most one a day"
   in the preference centre, whatever the portal-wide caps say.
 - Counted against a delivery: the person's other marketing campaigns whose delivery a
-  push service accepted inside the window, or that is out right now (claimed and past
-  this check). The check and its outcome are one transaction that holds a lock per person
+  push service accepted inside the window, or that is out right now (claimed, not yet
+  answered). The check and its outcome are one transaction that holds a lock per person
   (PostgreSQL; SQLite's write lock serialises every transaction): a delivery held back is
   marked skipped before the lock goes, so whichever of two deliveries reaching one person
   at once is checked second sees the first, sent or held, and never both go over the cap
