@@ -28,9 +28,7 @@ def upgrade() -> None:
         batch.add_column(
             sa.Column("one_a_day", sa.Boolean(), nullable=False, server_default=sa.false())
         )
-    op.create_index(
-        "ix_delivery_subscription_sent", "delivery", ["subscription_id", "updated_at"]
-    )
+    op.create_index("ix_delivery_subscription_sent", "delivery", ["subscription_id", "updated_at"])
     op.drop_index("ix_delivery_subscription_id", table_name="delivery")
 
 
