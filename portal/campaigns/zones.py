@@ -111,18 +111,34 @@ def _aliases() -> dict[str, str]:
     return _database()[1]
 
 
+def _named(name: str) -> str | None:
+    """The canonical zone ``name`` is, or is an alias of (the UTC ones: UTC), spelt exactly;
+    None otherwise."""
+    if name in zone_names():
+        return name
+    target = _aliases().get(name, name)
+    if target in zone_names():
+        return target
+    if target in _SAME_AS_UTC:
+        return UTC_ZONE
+    return None
+
+
+def _shown(name: str) -> tuple[str, bool]:
+    """``name`` as a message may quote it (a long or unprintable one cut and quoted), and
+    whether it was readable as it came."""
+    readable = len(name) <= 64 and name.isprintable()
+    return (name if readable else repr(name[:64])), readable
+
+
 def canonical_for(name: str) -> str | None:
     """The canonical zone that ``name`` stands for: an alias's target ("US/Eastern" →
     "America/New_York"), the zone spelt in another case or with spaces ("new york"), or
     the one zone of a city ("Paris", "Amsterdam" → "Europe/Brussels"); None otherwise."""
+    exact = _named(name)
+    if exact is not None:
+        return exact
     known = zone_names()
-    if name in known:
-        return name
-    target = _aliases().get(name, name)
-    if target in known:
-        return target
-    if target in _SAME_AS_UTC:
-        return UTC_ZONE
     folded = name.strip().replace(" ", "_").casefold()
     spelt: dict[str, set[str]] = {}
     cities: dict[str, set[str]] = {}
@@ -141,8 +157,7 @@ def check_zone(name: str, field: str = "timezone") -> str:
         return name
     if not name.strip():
         raise ValidationError("invalid_zone", "Choose a time zone from the list", field)
-    readable = len(name) <= 64 and name.isprintable()
-    shown = name if readable else repr(name[:64])
+    shown, readable = _shown(name)
     suggestion = canonical_for(name) if readable else None
     if suggestion is not None and (name in _aliases() or name in _SAME_AS_UTC):
         raise ValidationError(
@@ -177,19 +192,14 @@ def browser_zone(name: str, field: str = "timeZone") -> str:
     and "Europe/Kyiv"): an alias is taken as its target, "Etc/UTC" and its like as UTC,
     and a fixed offset ("Etc/GMT+5") kept. Anything else, spelt loosely or made up, is
     refused: a guess would send at the wrong hour."""
-    if name in zone_names():
-        return name
-    target = _aliases().get(name, name)
-    if target in zone_names():
-        return target
-    if target in _SAME_AS_UTC:
-        return UTC_ZONE
+    exact = _named(name)
+    if exact is not None:
+        return exact
     if name in _database()[2]:
         # A zone of the database that is no place's (a fixed offset such as
         # "Etc/GMT+5", which a system set to an offset reports): a clock all the same.
         return name
-    readable = len(name) <= 64 and name.isprintable()
-    shown = name if readable else repr(name[:64])
+    shown, _ = _shown(name)
     raise ValidationError(
         "invalid_time_zone",
         f"{field} must be a time zone of the IANA database, like Europe/Paris, not {shown}",
