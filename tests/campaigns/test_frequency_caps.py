@@ -233,6 +233,28 @@ def test_no_caps_and_no_choice_sends_everything(capped, fake_push, clock):
     assert len(fake_push.received(device)) == 5
 
 
+def _one_person_two_campaigns(app, fake_push, clock):
+    """One person with one device, and two marketing campaigns launched for them:
+    (first, second, (subscription id, subscriber id))."""
+    _person(app, fake_push)
+    first, second = _launch(app, clock), _launch(app, clock, topic="offers")
+    with db.begin(app) as session:
+        subscription = session.scalars(sa.select(PushSubscription)).one()
+        return first, second, (subscription.id, subscription.subscriber_id)
+
+
+def _check(session, delivery_id, campaign_id, device, marketing, *, now, **limits):
+    """caps.over_cap for one delivery of ``campaign_id`` to ``device`` (subscription id,
+    subscriber id), with the caps ``limits`` (per_day, per_week)."""
+    return caps.over_cap(
+        session,
+        [caps.Candidate(delivery_id, campaign_id, *device)],
+        set(marketing),
+        now=now,
+        caps=FrequencyCapSettings(**limits),
+    )
+
+
 def _delivery(session, campaign_id, subscription_id, status, at):
     row = Delivery(
         campaign_id=campaign_id,
@@ -266,20 +288,12 @@ def test_what_counts_against_a_delivery(capped, fake_push, clock, status, held):
     """The rule itself (caps.over_cap): another marketing campaign's delivery to the same
     person, in each status; one held back is marked skipped in the same transaction."""
     app, _ = capped(per_day=1)
-    _person(app, fake_push)
-    first, second = _launch(app, clock), _launch(app, clock, topic="offers")
+    first, second, device = _one_person_two_campaigns(app, fake_push, clock)
     now = clock.now()
     with db.begin(app) as session:
-        subscription = session.scalars(sa.select(PushSubscription)).one()
-        _delivery(session, first, subscription.id, status, now)
-        mine = _delivery(session, second, subscription.id, "sending", now)
-        found = caps.over_cap(
-            session,
-            [caps.Candidate(mine, second, subscription.id, subscription.subscriber_id)],
-            {first, second},
-            now=now,
-            caps=FrequencyCapSettings(per_day=1),
-        )
+        _delivery(session, first, device[0], status, now)
+        mine = _delivery(session, second, device[0], "sending", now)
+        found = _check(session, mine, second, device, (first, second), now=now, per_day=1)
     assert found == ({mine} if held else set())
     assert _outcomes(app, second) == ([CAPPED] if held else [("sending", None)])
 
@@ -290,30 +304,15 @@ def test_of_two_claimed_at_once_exactly_one_goes(capped, fake_push, clock):
     at once), so the second check sees nothing out and lets its own go. Never both,
     never neither."""
     app, _ = capped(per_day=1)
-    _person(app, fake_push)
-    first, second = _launch(app, clock), _launch(app, clock, topic="offers")
+    first, second, device = _one_person_two_campaigns(app, fake_push, clock)
     now = clock.now()
     with db.begin(app) as session:
-        subscription = session.scalars(sa.select(PushSubscription)).one()
-        ids = {
-            campaign: _delivery(session, campaign, subscription.id, "sending", now)
-            for campaign in (first, second)
-        }
+        ids = {c: _delivery(session, c, device[0], "sending", now) for c in (first, second)}
     verdicts = []
     for campaign in (second, first):  # the later delivery is checked first
         with db.begin(app) as session:
             verdicts.append(
-                caps.over_cap(
-                    session,
-                    [
-                        caps.Candidate(
-                            ids[campaign], campaign, subscription.id, subscription.subscriber_id
-                        )
-                    ],
-                    {first, second},
-                    now=now,
-                    caps=FrequencyCapSettings(per_day=1),
-                )
+                _check(session, ids[campaign], campaign, device, ids, now=now, per_day=1)
             )
     assert verdicts == [{ids[second]}, set()]
     assert _outcomes(app, second) == [CAPPED]
@@ -326,24 +325,13 @@ def test_a_check_waits_for_another_checking_the_same_person(capped, fake_push, c
     back (the other is out) and has not committed yet; the second must wait for it and
     then see that hold, or both would be held and the person get neither."""
     app, _ = capped(per_day=1)
-    _person(app, fake_push)
-    first, second = _launch(app, clock), _launch(app, clock, topic="offers")
+    first, second, device = _one_person_two_campaigns(app, fake_push, clock)
     now = clock.now()
     with db.begin(app) as session:
-        subscription = session.scalars(sa.select(PushSubscription)).one()
-        ids = {
-            campaign: _delivery(session, campaign, subscription.id, "sending", now)
-            for campaign in (first, second)
-        }
+        ids = {c: _delivery(session, c, device[0], "sending", now) for c in (first, second)}
 
     def check(session, campaign):
-        return caps.over_cap(
-            session,
-            [caps.Candidate(ids[campaign], campaign, subscription.id, subscription.subscriber_id)],
-            {first, second},
-            now=now,
-            caps=FrequencyCapSettings(per_day=1),
-        )
+        return _check(session, ids[campaign], campaign, device, ids, now=now, per_day=1)
 
     checked = threading.Event()
     verdicts: dict[uuid.UUID, set[int]] = {}
@@ -370,20 +358,13 @@ def test_a_check_waits_for_another_checking_the_same_person(capped, fake_push, c
 
 def test_a_send_older_than_the_window_no_longer_counts(capped, fake_push, clock):
     app, _ = capped(per_day=1, per_week=2)
-    _person(app, fake_push)
-    first, second = _launch(app, clock), _launch(app, clock, topic="offers")
+    first, second, device = _one_person_two_campaigns(app, fake_push, clock)
     now = clock.now()
     with db.begin(app) as session:
-        subscription = session.scalars(sa.select(PushSubscription)).one()
-        _delivery(session, first, subscription.id, "accepted", now - DAY)  # just out
-        mine = _delivery(session, second, subscription.id, "queued", now)
-        candidate = caps.Candidate(mine, second, subscription.id, subscription.subscriber_id)
-        found = caps.over_cap(
-            session,
-            [candidate],
-            {first, second},
-            now=now,
-            caps=FrequencyCapSettings(per_day=1, per_week=2),
+        _delivery(session, first, device[0], "accepted", now - DAY)  # just out
+        mine = _delivery(session, second, device[0], "queued", now)
+        found = _check(
+            session, mine, second, device, (first, second), now=now, per_day=1, per_week=2
         )
     assert found == set()
 
