@@ -60,6 +60,15 @@ def submit(page: Page, press: Callable[[], None]) -> None:
         press()
 
 
+def tab_to_button(page: Page, text: str, *, presses: int) -> None:
+    """Press Tab until the button saying ``text`` has focus, at most ``presses`` times."""
+    for _ in range(presses):
+        page.keyboard.press("Tab")
+        if page.evaluate("document.activeElement.textContent.trim()") == text:
+            return
+    pytest.fail(f"Tab never reached the button {text!r}")
+
+
 def slow_focus_script(route: Route) -> None:
     time.sleep(0.3)
     route.continue_()
@@ -135,12 +144,7 @@ def test_the_form_can_be_completed_with_the_keyboard_alone(known_page, server):
         pytest.fail(f"Tab never reached #{target}")
     page.keyboard.press("Space")
     assert page.is_checked(f"#{target}")
-    for _ in range(40):
-        page.keyboard.press("Tab")
-        if page.evaluate("document.activeElement.textContent.trim()") == "Save my choices":
-            break
-    else:
-        pytest.fail("Tab never reached the save button")
+    tab_to_button(page, "Save my choices", presses=40)
     submit(page, lambda: page.keyboard.press("Enter"))
     page.wait_for_selector(".banner--success")
     assert "banner" in focused_classes(page)
@@ -216,12 +220,7 @@ def test_how_often_is_chosen_with_the_keyboard_and_kept(known_page, server):
     page.focus("#how-often-as-sent")
     page.keyboard.press("ArrowDown")
     assert page.is_checked("#how-often-one-a-day")
-    for _ in range(10):
-        page.keyboard.press("Tab")
-        if page.evaluate("document.activeElement.textContent.trim()") == "Save how often":
-            break
-    else:
-        pytest.fail("Tab never reached the How often button")
+    tab_to_button(page, "Save how often", presses=10)
     submit(page, lambda: page.keyboard.press("Enter"))
     page.wait_for_selector(".banner--success")
     assert "banner" in focused_classes(page)
