@@ -14,7 +14,8 @@ from flask.cli import AppGroup
 from portal.campaigns import drafts, media, outcome, services
 from portal.campaigns.actions import CLONED, DRAFT_SAVED, LAUNCHED, PICTURE_UPLOADED
 from portal.campaigns.forms import LocalTimeError, local_to_utc
-from portal.campaigns.presentation import zoned_time
+from portal.campaigns.local_time import parse_local_time
+from portal.campaigns.presentation import local_schedule, zoned_time
 from portal.campaigns.services import CampaignDraft
 from portal.campaigns.zones import UTC_ZONE, zone_names
 from portal.consent.catalogue import topic_by_slug
@@ -35,6 +36,8 @@ def _now() -> dt.datetime:
 
 _OPTIONS = {  # a draft's field → the option that sets it
     "timezone": "zone",
+    "local_time": "local-time",
+    "fallback_zone": "fallback-zone",
     "action1_title": "action",
     "action1_url": "action",
     "action2_title": "action",
@@ -113,6 +116,18 @@ def _instant(
     "offset.",
 )
 @click.option(
+    "--local-time",
+    metavar="HH:MM",
+    help="Send to each person at this time in their own time zone: the first time their "
+    "clocks show it at or after the send time, so within about a day.",
+)
+@click.option(
+    "--fallback-zone",
+    metavar="ZONE",
+    help="With --local-time: the zone for people whose browser did not report one "
+    "(default: --zone, or UTC).",
+)
+@click.option(
     "--image", help="A large image: the --icon rule (a path here, or CAMPAIGN_LINK_ORIGINS)."
 )
 @click.option("--badge", help="A small one-colour image for Android's status bar: the --icon rule.")
@@ -143,6 +158,8 @@ def campaign_create(
     send_at: str | None,
     deliver_until: str | None,
     zone: str | None,
+    local_time: str | None,
+    fallback_zone: str | None,
     image: str | None,
     badge: str | None,
     actions: tuple[str, ...],
@@ -164,6 +181,15 @@ def campaign_create(
     seconds = int(ttl) if ttl.strip().isdigit() else None
     if seconds is None:
         problems.append(ValidationError("invalid_value", "a whole number of seconds", "ttl"))
+    at = parse_local_time(local_time) if local_time else None
+    if local_time and at is None:
+        problems.append(
+            ValidationError("invalid_value", "the time as HH:MM, like 09:00", "local_time")
+        )
+    if fallback_zone and not local_time:
+        problems.append(
+            ValidationError("invalid_value", "only used with --local-time", "fallback_zone")
+        )
     candidate = CampaignDraft(
         topic=topic,
         title=title,
@@ -181,6 +207,8 @@ def campaign_create(
         actions=tuple(buttons),
         require_interaction=require_interaction,
         silent=silent,
+        local_time=at,
+        fallback_zone=fallback_zone or None,
     )
     now = _now()
     if draft:
@@ -211,11 +239,13 @@ def campaign_create(
         )
         campaign_id, when = campaign.id, zoned_time(campaign.send_at, campaign.time_zone)
         sends_now = campaign.send_at <= now
+        local = local_schedule(campaign.local_time, campaign.fallback_zone)
     click.echo(str(campaign_id))
+    sends = "now" if sends_now else f"on {when.text}"
+    if local:
+        sends = f"{local[:1].lower()}{local[1:]}, from {'now' if sends_now else when.text}"
     click.echo(
-        f"launched: {sum(audience.values())} subscriptions allowed now; "
-        f"sends {'now' if sends_now else f'on {when.text}'}",
-        err=True,
+        f"launched: {sum(audience.values())} subscriptions allowed now; sends {sends}", err=True
     )
 
 
@@ -262,6 +292,8 @@ def _save_draft(
             "schedule": "later" if candidate.send_at else "now",
             "send_at": _local(candidate.send_at, zone),
             "timezone": zone,
+            "local_time": candidate.local_time.strftime("%H:%M") if candidate.local_time else "",
+            "fallback_zone": candidate.fallback_zone or "",
             "deliver_until": _local(candidate.deliver_until, zone),
         }
         saved = drafts.create(session, fields, by=CREATED_BY, now=now)

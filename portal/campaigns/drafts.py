@@ -49,6 +49,8 @@ FIELDS = (
     "schedule",
     "send_at",
     "timezone",
+    "local_time",
+    "fallback_zone",
     "deliver_until",
 )
 _MULTILINE = {"body"}
@@ -227,6 +229,8 @@ def fields_of(campaign: Campaign, topic: Topic) -> dict[str, str]:
             "schedule": "now",
             "send_at": "",
             "timezone": campaign.time_zone or "UTC",
+            "local_time": campaign.local_time.strftime("%H:%M") if campaign.local_time else "",
+            "fallback_zone": campaign.fallback_zone or "",
             "deliver_until": "",
         }
     )

@@ -19,7 +19,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 from wtforms import BooleanField, Field, FileField, HiddenField, StringField, TextAreaField
 
-from portal.campaigns import services
+from portal.campaigns import local_time, services
 from portal.campaigns.drafts import FIELDS as DRAFT_FIELDS
 from portal.campaigns.presentation import URGENCIES
 from portal.campaigns.services import CampaignDraft
@@ -123,6 +123,8 @@ class CampaignForm(CheckedForm):
     schedule = StringField("When to send", default="now", filters=[_strip])
     send_at = StringField("Date and time to send", filters=[_strip])
     timezone = StringField("Time zone", default=UTC_ZONE, filters=[_strip])
+    local_time = StringField("At this time in each person's time zone (optional)", filters=[_strip])
+    fallback_zone = StringField("Time zone for people whose zone is not known", filters=[_strip])
     deliver_until = StringField("Don't deliver after (optional)", filters=[_strip])
     # Chosen when the review page is shown: the campaign's id, so Launch is idempotent.
     campaign_id = HiddenField()
@@ -221,6 +223,17 @@ def _times(form: CampaignForm) -> tuple[dt.datetime | None, dt.datetime | None]:
     return send_at, deliver_until
 
 
+def _local_time(form: CampaignForm) -> dt.time | None:
+    """The time of day for local-time delivery, when one is asked for and reads."""
+    text = form.local_time.data or ""
+    if not text:
+        return None
+    at = local_time.parse_local_time(text)
+    if at is None:
+        _error(form.local_time, "Enter the time as hours and minutes, like 09:00")
+    return at
+
+
 def check(form: CampaignForm, session: Session, *, now: dt.datetime) -> CampaignDraft | None:
     """Every problem with the submitted form as field errors; the draft when there are none."""
     # CSRFProtect checked the token before the view ran; the fields have no validators
@@ -251,6 +264,8 @@ def check(form: CampaignForm, session: Session, *, now: dt.datetime) -> Campaign
         actions=form.actions(),
         require_interaction=bool(form.require_interaction.data),
         silent=bool(form.silent.data),
+        local_time=_local_time(form),
+        fallback_zone=form.fallback_zone.data or None,
     )
     time_unclear = bool(form.send_at.errors or form.schedule.errors)
     for problem in services.validate_draft(

@@ -49,6 +49,11 @@ class Campaign(Base):
     # The IANA zone the times were chosen in, for showing them as chosen (they are stored
     # in UTC). NULL: launched before the zone was kept, and shown in UTC only.
     time_zone: Mapped[str | None] = mapped_column(sa.String(64))
+    # Local-time delivery (portal/campaigns/local_time.py): each person's delivery is due
+    # when their zone's clocks first show ``local_time`` at or after ``send_at``; people
+    # with no known zone use ``fallback_zone``. Both NULL: everyone at ``send_at``.
+    local_time: Mapped[dt.time | None] = mapped_column(sa.Time)
+    fallback_zone: Mapped[str | None] = mapped_column(sa.String(64))
     status: Mapped[str] = mapped_column(sa.String(16), nullable=False)
     created_by: Mapped[str] = mapped_column(sa.String(255), nullable=False)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, nullable=False)
@@ -67,6 +72,9 @@ class Campaign(Base):
         ),
         sa.CheckConstraint("urgency IN ('very-low', 'low', 'normal', 'high')", name="urgency"),
         sa.CheckConstraint("ttl >= 0", name="ttl"),
+        sa.CheckConstraint(
+            "(local_time IS NULL) = (fallback_zone IS NULL)", name="local_time_fallback"
+        ),
         sa.Index("ix_campaign_status_send_at", "status", "send_at"),
     )
 

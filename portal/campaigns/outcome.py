@@ -78,6 +78,11 @@ class Facts:
     dispatch_every: int = 30
     max_attempts: int = 5  # a delivery fails after this many (RetrySettings)
     time_zone: str | None = None  # the zone the send time was chosen in (None: UTC only)
+    # A local-time campaign's time of day, and its deliveries not due yet (never tried:
+    # waiting for that time where the person is) and when the next of them is due.
+    local_time: dt.time | None = None
+    later: int = 0
+    next_later_at: dt.datetime | None = None
 
     @property
     def total(self) -> int:
@@ -249,7 +254,15 @@ def _sending_activity(facts: Facts) -> list[str]:
         if made:
             line += f", attempt {made + 1} of at most {facts.max_attempts}"
         lines.append(line + ".")
-    fresh = facts.count(DeliveryStatus.QUEUED) - facts.retrying
+    if facts.later and facts.local_time is not None:
+        line = (
+            f"{_plural(facts.later, 'delivery', 'deliveries')} waiting for "
+            f"{facts.local_time:%H:%M} in the person's time zone"
+        )
+        if facts.next_later_at is not None:
+            line += f"; the next due {zoned_time(facts.next_later_at, facts.time_zone).text}"
+        lines.append(line + ".")
+    fresh = facts.count(DeliveryStatus.QUEUED) - facts.retrying - facts.later
     if fresh > 0 and not facts.recent and not in_flight:
         lines.append(f"{_plural(fresh, 'delivery', 'deliveries')} waiting for their first attempt.")
     return lines
@@ -362,6 +375,13 @@ def read(
     recent = sa.func.sum(
         sa.case((sa.and_(_d.c.status.in_(FINAL), _d.c.updated_at >= since), 1), else_=0)
     )
+    # Never tried and not due yet: a local-time campaign's deliveries waiting for the
+    # person's hour (a retry has a reason; a fresh delivery of any other campaign is due).
+    not_due = sa.and_(
+        _d.c.status == DeliveryStatus.QUEUED.value,
+        _d.c.reason.is_(None),
+        _d.c.next_attempt_at > now,
+    )
     rows = session.execute(
         sa.select(
             _d.c.status,
@@ -372,7 +392,9 @@ def read(
             sa.func.max(_d.c.attempts),
             retried,
             recent,
+            sa.func.sum(sa.case((not_due, 1), else_=0)),
             sa.func.min(_d.c.next_attempt_at),
+            sa.func.min(sa.case((not_due, _d.c.next_attempt_at), else_=sa.null())),
         )
         .where(_d.c.campaign_id == campaign.id)
         .group_by(_d.c.status, _d.c.reason, _d.c.last_status_code, _d.c.push_service)
@@ -380,10 +402,15 @@ def read(
     counts = {s.value: 0 for s in DeliveryStatus}
     reasons: dict[tuple[str, str | None, int | None], list[int]] = {}
     per_service: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    retrying = recent_total = 0
+    retrying = recent_total = later = 0
     next_retry: dt.datetime | None = None
-    for status, reason, code, service, *numbers, earliest_at in rows:
-        n, most, again, lately = (int(x or 0) for x in numbers)
+    next_later: dt.datetime | None = None
+    for status, reason, code, service, *numbers, earliest_at, earliest_later in rows:
+        n, most, again, lately, waiting_later = (int(x or 0) for x in numbers)
+        later += waiting_later
+        if earliest_later is not None:
+            due = _utc(earliest_later)
+            next_later = due if next_later is None else min(next_later, due)
         counts[status] = counts.get(status, 0) + n
         recent_total += lately
         key = (status, reason, code)
@@ -407,6 +434,9 @@ def read(
         time_zone=campaign.time_zone,
         retrying=retrying,
         next_retry_at=next_retry,
+        local_time=campaign.local_time,
+        later=later,
+        next_later_at=next_later,
         recent=recent_total,
         reasons=[
             Reason(status, reason, code, n, most)

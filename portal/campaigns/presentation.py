@@ -189,6 +189,16 @@ def zoned_time(at: dt.datetime, zone: str | None) -> ZonedTime:
     )
 
 
+def local_schedule(at: dt.time | None, fallback: str | None) -> str | None:
+    """ "At 09:00 in each person's time zone (Europe/London for people whose zone is not
+    known)"; None for a campaign that goes to everyone at its send time."""
+    if at is None or fallback is None:
+        return None
+    return (
+        f"At {at:%H:%M} in each person's time zone ({fallback} for people whose zone is not known)"
+    )
+
+
 def circuit_sentence(circuit: CircuitState) -> str:
     """ "fcm slowed down until 12:03 UTC — 40 of 50 answers were 429/5xx"."""
     until = circuit.open_until.astimezone(dt.UTC).strftime("%H:%M:%S UTC")

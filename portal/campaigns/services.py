@@ -19,8 +19,9 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from portal.campaigns import media
+from portal.campaigns import local_time, media
 from portal.campaigns.models import Campaign, CampaignStatus
+from portal.campaigns.presentation import zoned_time
 from portal.campaigns.zones import UTC_ZONE, check_zone
 from portal.consent.catalogue import topic_by_slug
 from portal.consent.models import Topic
@@ -77,6 +78,18 @@ class CampaignDraft:
     actions: tuple[tuple[str, str], ...] = ()
     require_interaction: bool = False
     silent: bool = False
+    # Local-time delivery (portal/campaigns/local_time.py): each person at this time of
+    # day in their zone, from ``send_at`` on; the fallback zone (default: ``time_zone``)
+    # for people whose zone is not known.
+    local_time: dt.time | None = None
+    fallback_zone: str | None = None
+
+    @property
+    def fallback(self) -> str | None:
+        """The zone used for people with none, when the campaign has a local time."""
+        if self.local_time is None:
+            return None
+        return self.fallback_zone or self.time_zone
 
 
 MAX_ACTIONS = 2
@@ -314,6 +327,26 @@ def validate_draft(
         "The collapse key is at most 32 letters, digits, '-' or '_'",
         "collapse_key",
     )
+    problems.extend(_time_problems(draft, now))
+    size = payload_size(draft)
+    check(
+        size <= MAX_PLAINTEXT,
+        "payload_too_large",
+        f"The message is {size} bytes; it must be at most {MAX_PLAINTEXT} bytes once encrypted "
+        f"into 4096 — shorten it by {size - MAX_PLAINTEXT} bytes",
+        "body",
+    )
+    return problems
+
+
+def _time_problems(draft: CampaignDraft, now: dt.datetime) -> list[ValidationError]:
+    """The draft's zones and times: :func:`validate_draft`'s part for "when"."""
+    problems: list[ValidationError] = []
+
+    def check(condition: bool, code: str, message: str, field: str) -> None:
+        if not condition:
+            problems.append(ValidationError(code, message, field))
+
     try:
         check_zone(draft.time_zone)
     except ValidationError as problem:
@@ -327,6 +360,12 @@ def validate_draft(
             "The send time has passed: choose a later time, or send now",
             "send_at",
         )
+    fallback = draft.fallback
+    if fallback is not None:
+        try:
+            check_zone(fallback, "fallback_zone")
+        except ValidationError as problem:
+            problems.append(problem)
     if draft.deliver_until is not None and send_at.tzinfo is not None:
         check(
             draft.deliver_until.tzinfo is not None and draft.deliver_until > send_at,
@@ -334,14 +373,15 @@ def validate_draft(
             "“Don't deliver after” must be later than the send time",
             "deliver_until",
         )
-    size = payload_size(draft)
-    check(
-        size <= MAX_PLAINTEXT,
-        "payload_too_large",
-        f"The message is {size} bytes; it must be at most {MAX_PLAINTEXT} bytes once encrypted "
-        f"into 4096 — shorten it by {size - MAX_PLAINTEXT} bytes",
-        "body",
-    )
+        if draft.local_time is not None and draft.deliver_until > send_at:
+            last = local_time.latest_due(send_at, draft.local_time)
+            check(
+                draft.deliver_until >= last,
+                "before_local_time",
+                f"“Don't deliver after” must be {zoned_time(last, draft.time_zone).text} or "
+                f"later: the last time zones reach {local_time.shown(draft.local_time)} then",
+                "deliver_until",
+            )
     return problems
 
 
@@ -409,6 +449,8 @@ def unsaved_campaign(
         send_at=draft.send_at or now,
         deliver_until=draft.deliver_until,
         time_zone=draft.time_zone,
+        local_time=draft.local_time,
+        fallback_zone=draft.fallback,
         status=CampaignStatus.SCHEDULED.value,
         created_by=created_by,
         created_at=now,
@@ -454,7 +496,7 @@ def create_test_campaign(
         )
     campaign = create_campaign(
         session,
-        replace(draft, send_at=None, deliver_until=None),
+        replace(draft, send_at=None, deliver_until=None, local_time=None, fallback_zone=None),
         created_by=created_by,
         now=now,
         is_test=True,
@@ -601,13 +643,16 @@ def materialise_batch(
         session.flush()
         return 0
     lower = campaign.materialised_through
+    due: sa.ColumnElement[Any] = sa.literal(campaign.send_at, _d.c.next_attempt_at.type)
+    if campaign.local_time is not None and campaign.fallback_zone is not None:
+        due = _local_due(session, campaign, ids, lower, upper)
     chosen = sa.select(
         sa.literal(campaign.id, sa.Uuid).label("campaign_id"),
         ids.c.id.label("subscription_id"),
         ids.c.push_service,
         sa.literal(DeliveryStatus.QUEUED.value).label("status"),
         sa.literal(0).label("attempts"),
-        sa.literal(campaign.send_at, _d.c.next_attempt_at.type).label("next_attempt_at"),
+        due.label("next_attempt_at"),
         ids.c.reason.label("consent_reason"),
         ids.c.event_seq.label("consent_event_seq"),
         sa.literal(now, _d.c.updated_at.type).label("updated_at"),
@@ -620,6 +665,34 @@ def materialise_batch(
     campaign.materialised_through = upper
     session.flush()
     return max(inserted, 0)
+
+
+def _local_due(
+    session: Session,
+    campaign: Campaign,
+    ids: sa.Subquery,
+    lower: uuid.UUID | None,
+    upper: uuid.UUID,
+) -> sa.ColumnElement[Any]:
+    """Each recipient's due time for a local-time campaign: a CASE over the zones of this
+    batch (a few dozen at most), so the batch stays one INSERT … SELECT."""
+    assert campaign.local_time is not None
+    assert campaign.fallback_zone is not None
+    in_batch = sa.select(ids.c.time_zone).where(ids.c.id <= upper).distinct()
+    if lower is not None:
+        in_batch = in_batch.where(ids.c.id > lower)
+    zones = [zone for zone in session.scalars(in_batch) if zone is not None]
+    due = local_time.due_by_zone(
+        campaign.send_at, campaign.local_time, [None, *zones], campaign.fallback_zone
+    )
+    kind = _d.c.next_attempt_at.type
+    fallback = sa.literal(due[None], kind)
+    if not zones:
+        return fallback
+    return sa.case(
+        *((ids.c.time_zone == zone, sa.literal(due[zone], kind)) for zone in zones),
+        else_=fallback,
+    )
 
 
 def outcome_by_service(session: Session, campaign_id: uuid.UUID) -> list[tuple[str, str, int]]:

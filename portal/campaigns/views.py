@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -30,6 +31,7 @@ from portal.campaigns import (
     drafts,
     funnel,
     funnel_chart,
+    local_time,
     media,
     outcome,
     presentation,
@@ -63,7 +65,7 @@ from portal.campaigns.models import Campaign, Draft
 from portal.campaigns.services import CampaignDraft, payload_size
 from portal.consent.catalogue import topic_by_slug
 from portal.consent.models import Topic
-from portal.consent.recipients import audience_breakdown
+from portal.consent.recipients import audience_breakdown, audience_by_zone
 from portal.db import db, uuid7
 from portal.delivery.models import DeliveryStatus
 from portal.errors import ApiError
@@ -99,6 +101,8 @@ _KEPT = (
     "schedule",
     "send_at",
     "timezone",
+    "local_time",
+    "fallback_zone",
     "deliver_until",
     "campaign_id",
     "draft_id",
@@ -113,6 +117,11 @@ def _now() -> dt.datetime:
 @bp.app_template_filter("zoned")
 def _zoned(at: dt.datetime, zone: str | None) -> presentation.ZonedTime:
     return presentation.zoned_time(at, zone)
+
+
+@bp.app_template_filter("local_schedule")
+def _local_schedule(at: dt.time | None, fallback: str | None) -> str | None:
+    return presentation.local_schedule(at, fallback)
 
 
 def _signed_in() -> SignedIn:
@@ -222,6 +231,24 @@ def _audience(topic: Topic) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class LocalHours:
+    """A local-time campaign's deliveries per hour, as the review page shows them."""
+
+    rows: list[tuple[presentation.ZonedTime, int]]
+    unknown_zone: int  # of them, people whose zone is not known (the fallback's hour)
+
+
+def _local_hours(topic: Topic, draft: CampaignDraft) -> LocalHours | None:
+    if draft.local_time is None or draft.fallback is None:
+        return None
+    by_zone = audience_by_zone(db.session, topic.id)
+    start = draft.send_at or _now()
+    hours = local_time.per_hour(start, draft.local_time, by_zone, draft.fallback)
+    rows = [(presentation.zoned_time(hour, draft.time_zone), n) for hour, n in hours]
+    return LocalHours(rows, by_zone.get(None, 0))
+
+
 def _review_page(
     form: CampaignForm,
     draft: CampaignDraft,
@@ -244,6 +271,8 @@ def _review_page(
             draft=draft,
             topic=topic,
             audience=_audience(topic),
+            local_hours=_local_hours(topic, draft),
+            local_schedule=presentation.local_schedule(draft.local_time, draft.fallback),
             preview=_preview(form),
             ttl_words=presentation.ttl_in_words(draft.ttl),
             urgency=presentation.urgency_text(draft.urgency),
@@ -592,7 +621,7 @@ def campaign_test_sent(campaign_id: uuid.UUID) -> Any:
         **{
             name: value
             for name, value in drafts.fields_of(campaign, topic).items()
-            if name not in {"schedule", "send_at", "timezone", "deliver_until"}
+            if name not in _KEPT
         },
     }
     if kept.get("id") == str(campaign.id):  # another tab's test keeps its own schedule

@@ -67,6 +67,8 @@ def recipient_query(topic_id: int) -> sa.Select[tuple]:
             _s.c.push_service,
             reason.label("reason"),
             event.label("event_seq"),
+            # The person's zone, for local-time delivery (portal/campaigns/local_time.py).
+            _sub.c.time_zone,
         )
         .select_from(_s)
         .join(_sub, sa.and_(_sub.c.id == _s.c.subscriber_id, _sub.c.erased_at.is_(None)))
@@ -103,3 +105,13 @@ def audience_breakdown(session: Session, topic_id: int) -> dict[str, int]:
         sa.select(query.c.reason, sa.func.count()).group_by(query.c.reason)
     ).all()
     return {str(reason): int(count) for reason, count in rows}
+
+
+def audience_by_zone(session: Session, topic_id: int) -> dict[str | None, int]:
+    """Counts by the person's time zone (None: not known): the review page's deliveries
+    per hour for a local-time campaign."""
+    query = recipient_query(topic_id).subquery()
+    rows = session.execute(
+        sa.select(query.c.time_zone, sa.func.count()).group_by(query.c.time_zone)
+    ).all()
+    return {zone: int(count) for zone, count in rows}

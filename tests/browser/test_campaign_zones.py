@@ -17,6 +17,7 @@ from playwright.sync_api import Page, expect
 
 from tests.browser.conftest import DESKTOP, PHONE, LiveServer
 from tests.browser.test_accessibility import TARGETS, _staff, axe_results, page_overflow
+from tests.factories import SubscriptionFactory
 
 pytestmark = pytest.mark.browser
 
@@ -175,3 +176,84 @@ def test_without_javascript_the_field_lists_the_canonical_zones_and_works(new_co
     page.click("button[value=launch]")
     page.wait_for_selector(".banner")
     expect(page.locator("#campaign-sends time")).to_have_text(paris_text(day))
+
+
+def _subscribe(server: LiveServer, zone: str | None) -> None:
+    """A person opted in to the weekly digest whose browser reported ``zone``."""
+    body: dict[str, Any] = {
+        "subscription": SubscriptionFactory()("fcm").to_json(),
+        "topics": ["weekly-digest"],
+        "policyVersion": "2026-01",
+    }
+    if zone is not None:
+        body["timeZone"] = zone
+    answer = server.app.test_client().post("/api/push/subscribe", json=body)
+    assert answer.status_code == 201, answer.json
+
+
+@WIDTHS
+def test_a_local_time_campaign_shows_its_hours_before_launch_and_who_waits_after(
+    viewport, new_context, server
+):
+    for zone in ("Asia/Tokyo", "America/New_York", None):
+        _subscribe(server, zone)
+    day = send_day()
+    page = _open(new_context, server, viewport)
+    fill_campaign(page, f"{day.isoformat()}T09:00")
+    type_zone(page, "paris")
+    page.locator("#timezone-listbox [role=option]").first.click()
+    page.fill("#local_time", "09:00")
+    # The fallback zone has the same picker as the campaign's zone.
+    fallback = page.locator("#fallback_zone")
+    fallback.press_sequentially("london")
+    options = page.locator("#fallback_zone-listbox [role=option]")
+    expect(options.first).to_contain_text("Europe/London")
+    fallback.press("ArrowDown")
+    fallback.press("Enter")
+    expect(fallback).to_have_value("Europe/London")
+
+    page.click("button[value=review]")
+    hours = page.locator("table.per-hour tbody tr")
+    # 08:00 UTC on the 8th: London's 09:00 an hour later, New York's at 14:00 UTC,
+    # Tokyo's (passed that day) on the 9th at 00:00 UTC; each one person.
+    expect(hours).to_have_count(3)
+    assert hours.locator("time").evaluate_all("ts => ts.map(t => t.dateTime)") == [
+        f"{day.isoformat()}T09:00:00Z",
+        f"{day.isoformat()}T14:00:00Z",
+        f"{(day + dt.timedelta(days=1)).isoformat()}T00:00:00Z",
+    ]
+    expect(hours.locator("td")).to_have_text(["1", "1", "1"])
+    expect(page.locator("main")).to_contain_text(
+        "1 of them has no known time zone (their browser did not say when they subscribed) "
+        "and gets it at 09:00 in Europe/London."
+    )
+    _checked(page, "review-local-time", viewport, part="section:has(#hours-heading)")
+
+    page.click("button[value=launch]")
+    page.wait_for_selector(".banner")
+    expect(page.locator("#campaign-local-time")).to_contain_text(
+        "At 09:00 in each person's time zone (Europe/London for people whose zone is not known)"
+    )
+    _checked(page, "campaign-local-time", viewport, part=".summary-list >> nth=0")
+    assert server.rows("SELECT local_time, fallback_zone FROM campaign")[0][1] == "Europe/London"
+
+
+@WIDTHS
+def test_an_unknown_fallback_zone_is_refused_in_the_error_summary(viewport, new_context, server):
+    page = _open(new_context, server, viewport)
+    fill_campaign(page, f"{send_day().isoformat()}T09:00")
+    page.fill("#local_time", "09:00")
+    page.locator("#fallback_zone").fill("Mars/Olympus")
+    with page.expect_response("**/staff/campaigns/new") as answered:
+        page.click("button[value=review]")
+    assert answered.value.status == 422
+    summary = page.locator(".error-summary")
+    expect(summary).to_be_focused()
+    link = summary.locator("a[href='#fallback_zone']")
+    expect(link).to_contain_text("There is no time zone Mars/Olympus")
+    expect(page.locator("#fallback_zone")).to_have_attribute("aria-invalid", "true")
+    expect(page.locator("#local_time")).to_have_value("09:00")
+    _checked(page, "form-fallback-zone-error", viewport, part=".error-summary")
+    link.click()
+    expect(page.locator("#fallback_zone")).to_be_focused()
+    assert server.scalar("SELECT count(*) FROM campaign") == 0
