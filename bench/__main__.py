@@ -46,6 +46,7 @@ BENCHMARKS = (
     "pages",
     "dispatch",
     "claims",
+    "waiting_claims",
     "funnel",
     "consent_log",
     "receipt",

@@ -107,7 +107,9 @@ SELECT CAST(:campaign AS uuid),
             WHEN i % 1000 < 995 THEN 'revoked'
             ELSE 'skipped' END,
        CASE WHEN :finished THEN 1 ELSE 0 END,
-       now() - CAST(:age AS interval),
+       -- A local-time campaign's deliveries for zones whose hour has not come: due later.
+       CASE WHEN NOT :finished AND i % 100 < :waiting THEN now() + interval '12 hours'
+            ELSE now() - CAST(:age AS interval) END,
        NULL,
        CASE WHEN NOT :finished THEN NULL
             WHEN i % 1000 < 970 THEN 201
@@ -133,7 +135,11 @@ class Population:
     rows: int
 
 
-def populate(engine: sa.Engine, sending_size: int, finished: int, finished_size: int) -> Population:
+def populate(
+    engine: sa.Engine, sending_size: int, finished: int, finished_size: int, waiting: int = 0
+) -> Population:
+    """``waiting``: the percentage of the sending campaign's deliveries due 12 hours from
+    now (spread evenly over its ids), as a local-time campaign's other zones are."""
     started = time.perf_counter()
     with engine.begin() as conn:
         topic = conn.execute(
@@ -196,7 +202,14 @@ def populate(engine: sa.Engine, sending_size: int, finished: int, finished_size:
                 conn.execute(sa.text("SET LOCAL session_replication_role = replica"))
                 conn.execute(
                     sa.text(DELIVERY_SQL),
-                    {"campaign": str(campaign), "finished": done, "age": age, "lo": lo, "hi": hi},
+                    {
+                        "campaign": str(campaign),
+                        "finished": done,
+                        "age": age,
+                        "lo": lo,
+                        "hi": hi,
+                        "waiting": waiting,
+                    },
                 )
             print(f"  campaign {number + 1}: {hi + 1:,} of {size:,} rows", flush=True)
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:

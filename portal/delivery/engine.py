@@ -249,23 +249,32 @@ class Dispatcher:
                 for service, until in (also_blocked or {}).items()
                 if until > now and service not in blocked
             ]
-            due: sa.ColumnElement[bool] = sa.or_(
-                sa.and_(_d.c.status == DeliveryStatus.QUEUED.value, _d.c.next_attempt_at <= now),
-                # A lease that ran out: the process sending it died. Claimable again.
-                sa.and_(_d.c.status == DeliveryStatus.SENDING.value, _d.c.lease_expires_at < now),
+            # A row out under a lease was due when it was claimed, so the range on
+            # next_attempt_at holds it too.
+            due: sa.ColumnElement[bool] = sa.and_(
+                _d.c.next_attempt_at <= now,
+                sa.or_(
+                    _d.c.status == DeliveryStatus.QUEUED.value,
+                    # A lease that ran out: the process sending it died. Claimable again.
+                    sa.and_(
+                        _d.c.status == DeliveryStatus.SENDING.value,
+                        _d.c.lease_expires_at < now,
+                    ),
+                ),
             )
             if not is_postgres(session):
-                # Both planners read ix_delivery_due (only the rows still to send, in id
-                # order), so a claim costs the same at the first and the last delivery
-                # (SPEC §7). PostgreSQL proves from the OR that the index's predicate
-                # holds; SQLite only sees it when the query repeats it word for word.
-                # (Repeated on PostgreSQL it would be counted twice in the row estimates.)
+                # Both planners read ix_delivery_due (only the rows still to send, by due
+                # time), so a claim costs the same at the first and the last delivery and
+                # whatever waits for later (SPEC §7). PostgreSQL proves from the OR that
+                # the index's predicate holds; SQLite only sees it when the query repeats
+                # it word for word. (Repeated on PostgreSQL it would be counted twice in
+                # the row estimates.)
                 due = sa.and_(_DUE, due)
             candidates = (
                 sa.select(_d.c.id)
                 .join(_c, _c.c.id == _d.c.campaign_id)
                 .where(_c.c.status == CampaignStatus.SENDING.value, due)
-                .order_by(_d.c.id)
+                .order_by(_d.c.next_attempt_at, _d.c.id)
                 .limit(self.settings.batch_size)
             )
             if blocked:

@@ -84,10 +84,13 @@ class Delivery(Base):
         # The claim query: a campaign's due work.
         # A campaign's progress counts and "anything left?" checks (its prefix).
         sa.Index("ix_delivery_claim", "campaign_id", "status", "next_attempt_at"),
-        # The claim query: the rows still to send, in id order (migration 0017). A row
-        # leaves it once answered, so a claim's cost does not grow with what was sent.
+        # The claim query: the rows still to send, by when they are due, then id
+        # (migrations 0017, 0026). A row leaves it once answered, so a claim's cost does
+        # not grow with what was sent; and it reads only the rows already due, so nor
+        # with what waits for later (a local time, a retry).
         sa.Index(
             "ix_delivery_due",
+            "next_attempt_at",
             "id",
             postgresql_where=sa.text(DUE_SQL),
             sqlite_where=sa.text(DUE_SQL),
