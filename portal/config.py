@@ -22,6 +22,8 @@ from urllib.parse import urlsplit
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
+from portal.delivery.quiet import Window, parse_window
+
 DEFAULT_PUSH_HOSTS = (
     "fcm.googleapis.com",
     "updates.push.services.mozilla.com",
@@ -256,6 +258,27 @@ class FrequencyCapSettings:
     per_week: int = setting("MARKETING_CAP_PER_WEEK", _whole, 0)
 
 
+def _quiet_window(reading: _Reading, name: str, default: Window | None) -> Window | None:
+    text = reading.text(name).strip()
+    if not text:
+        return default
+    found = parse_window(text)
+    if found is None:
+        raise ConfigError(
+            f"{name} must be two different times, from and until, like 21:00-08:00, not {text!r}"
+        )
+    return found
+
+
+@dataclass(frozen=True)
+class QuietHoursSettings:
+    """The portal-wide quiet hours, in each person's time zone: marketing deliveries due
+    inside them wait until they end (portal/delivery/quiet.py). Unset: none."""
+
+    # setting() returns a dataclasses.field, and a Window is frozen: nothing is shared.
+    window: Window | None = setting("QUIET_HOURS", _quiet_window, None)  # noqa: RUF009
+
+
 @dataclass(frozen=True)
 class ScheduleSettings:
     """Intervals of the embedded scheduler's jobs, in seconds (zero: the default)."""
@@ -354,6 +377,7 @@ class Settings:
     failures_before_stale: int = setting("PUSH_FAILURES_BEFORE_STALE", _whole, 3)
     retry: RetrySettings = field(default_factory=RetrySettings)
     frequency_caps: FrequencyCapSettings = field(default_factory=FrequencyCapSettings)
+    quiet_hours: QuietHoursSettings = field(default_factory=QuietHoursSettings)
     # How long a claimed delivery belongs to its process unless renewed (the sender
     # renews it while sending); past it (the process died) another may send it again.
     dispatch_lease_seconds: float = setting("DISPATCH_LEASE_SECONDS", _lease, 60.0)

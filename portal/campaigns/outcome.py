@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 from portal.campaigns.models import Campaign, CampaignStatus, CircuitState
 from portal.campaigns.presentation import zoned_time
 from portal.delivery.models import Delivery, DeliveryStatus, Unsendable
+from portal.delivery.quiet import QUIET_HOURS
 
 _d = cast(sa.Table, Delivery.__table__)
 # How far back "sending at N a second" looks.
@@ -83,6 +84,10 @@ class Facts:
     local_time: dt.time | None = None
     later: int = 0
     next_later_at: dt.datetime | None = None
+    # Waiting for quiet hours to end where the person is (portal/delivery/quiet.py), and
+    # when the first of them is due again. Not retries: no attempt failed.
+    quiet: int = 0
+    next_quiet_at: dt.datetime | None = None
 
     @property
     def total(self) -> int:
@@ -248,7 +253,7 @@ def _sending_activity(facts: Facts) -> list[str]:
             when = max(facts.next_retry_at, facts.now)
             line += f"; next attempt at {_clock(when)}"
         made = max(
-            (r.attempts for r in facts.reasons if r.status == DeliveryStatus.QUEUED.value),
+            (r.attempts for r in facts.reasons if _retrying(r.status, r.reason)),
             default=0,
         )
         if made:
@@ -262,7 +267,15 @@ def _sending_activity(facts: Facts) -> list[str]:
         if facts.next_later_at is not None:
             line += f"; the next due {zoned_time(facts.next_later_at, facts.time_zone).text}"
         lines.append(line + ".")
-    fresh = facts.count(DeliveryStatus.QUEUED) - facts.retrying - facts.later
+    if facts.quiet:
+        line = (
+            f"{_plural(facts.quiet, 'delivery', 'deliveries')} waiting for quiet hours to end "
+            "where the person is"
+        )
+        if facts.next_quiet_at is not None:
+            line += f"; the next due {zoned_time(facts.next_quiet_at, facts.time_zone).text}"
+        lines.append(line + ".")
+    fresh = facts.count(DeliveryStatus.QUEUED) - facts.retrying - facts.later - facts.quiet
     if fresh > 0 and not facts.recent and not in_flight:
         lines.append(f"{_plural(fresh, 'delivery', 'deliveries')} waiting for their first attempt.")
     return lines
@@ -278,11 +291,17 @@ def status_phrase(code: int | None) -> str:
         return str(code)
 
 
+def _retrying(status: str, reason: str | None) -> bool:
+    """Queued again after an attempt that did not get through (a reason is kept), as
+    against waiting for quiet hours to end (no attempt was made)."""
+    return status == DeliveryStatus.QUEUED.value and reason not in (None, QUIET_HOURS)
+
+
 def retry_causes(reasons: list[Reason]) -> str:
     """ "19 after 503 Service Unavailable" for the deliveries waiting for a retry."""
     by_answer: dict[str, int] = defaultdict(int)
     for row in reasons:
-        if row.status == DeliveryStatus.QUEUED.value and row.reason:
+        if _retrying(row.status, row.reason):
             by_answer[status_phrase(row.code)] += row.count
     return ", ".join(f"{_n(n)} after {answer}" for answer, n in sorted(by_answer.items()))
 
@@ -402,9 +421,10 @@ def read(
     counts = {s.value: 0 for s in DeliveryStatus}
     reasons: dict[tuple[str, str | None, int | None], list[int]] = {}
     per_service: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    retrying = recent_total = later = 0
+    retrying = recent_total = later = quiet = 0
     next_retry: dt.datetime | None = None
     next_later: dt.datetime | None = None
+    next_quiet: dt.datetime | None = None
     for status, reason, code, service, *numbers, earliest_at, earliest_later in rows:
         n, most, again, lately, waiting_later = (int(x or 0) for x in numbers)
         later += waiting_later
@@ -417,7 +437,12 @@ def read(
         seen = reasons.setdefault(key, [0, 0])
         seen[0] += n
         seen[1] = max(seen[1], most)
-        waiting = status == DeliveryStatus.QUEUED.value and reason is not None
+        if status == DeliveryStatus.QUEUED.value and reason == QUIET_HOURS:
+            quiet += n
+            if earliest_at is not None:
+                earliest = _utc(earliest_at)
+                next_quiet = earliest if next_quiet is None else min(next_quiet, earliest)
+        waiting = _retrying(status, reason)
         if waiting:
             retrying += n
             if earliest_at is not None:
@@ -437,6 +462,8 @@ def read(
         local_time=campaign.local_time,
         later=later,
         next_later_at=next_later,
+        quiet=quiet,
+        next_quiet_at=next_quiet,
         recent=recent_total,
         reasons=[
             Reason(status, reason, code, n, most)

@@ -17,6 +17,7 @@ from portal.campaigns.zones import UTC_ZONE
 from portal.config import FrequencyCapSettings
 from portal.consent.preferences import Reason
 from portal.delivery.models import DeliveryStatus
+from portal.delivery.quiet import Window
 
 DELIVERY_LABELS = {
     DeliveryStatus.QUEUED.value: ("Queued", "waiting to be sent, or to be retried"),
@@ -103,6 +104,7 @@ _NO_ANSWER = {
     "deliver_until_passed": "expired",
     "consent_withdrawn": "no consent",
     "frequency_cap": "frequency cap",
+    "quiet_hours": "quiet hours",
     "subscription_ended": "subscription ended",
     "unreadable_keys": "keys unreadable",
 }
@@ -122,7 +124,7 @@ def answer_kind(answer: str) -> str:
     status, _, reason = answer.partition(":")
     if status == DeliveryStatus.FAILED.value:
         return "error"
-    if status == DeliveryStatus.QUEUED.value and reason:
+    if status == DeliveryStatus.QUEUED.value and reason and reason != "quiet_hours":
         return "retry"
     return "none"
 
@@ -392,4 +394,21 @@ def frequency_cap_note(caps: FrequencyCapSettings, *, transactional: bool) -> st
     return (
         "No portal-wide frequency cap is set; people who chose at most one a day and have "
         "had one in the last 24 hours are skipped and counted on the campaign page."
+    )
+
+
+def quiet_hours_note(window: Window | None, *, transactional: bool) -> str:
+    """What quiet hours (portal/delivery/quiet.py) will do to this campaign, for the
+    review page: staff learn before launching that some deliveries may wait."""
+    if transactional:
+        return "A transactional topic: quiet hours never hold it back."
+    if window is not None:
+        return (
+            f"Quiet hours apply: a delivery whose turn comes between {window.start:%H:%M} and "
+            f"{window.end:%H:%M} where the person is, or inside quiet hours they set "
+            "themselves, waits until they end; the campaign page says how many wait."
+        )
+    return (
+        "No portal-wide quiet hours are set; deliveries to people who set their own wait "
+        "until those end, and the campaign page says how many wait."
     )

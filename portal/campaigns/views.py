@@ -285,6 +285,10 @@ def _review_page(
                 current_portal().settings.frequency_caps,
                 transactional=bool(topic and topic.is_transactional),
             ),
+            quiet_note=presentation.quiet_hours_note(
+                current_portal().settings.quiet_hours.window,
+                transactional=bool(topic and topic.is_transactional),
+            ),
             devices=testdevices.devices_of(db.session, _signed_in().id),
             chosen=set(chosen or ()),
             device_test=device_test,

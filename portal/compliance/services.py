@@ -368,6 +368,7 @@ KIND_LABELS = {
     EventKind.ACCOUNT_LINKED: "Account linked",
     EventKind.ERASED: "Erased",
     EventKind.FREQUENCY_CHOSEN: "How often chosen (frequency cap)",
+    EventKind.QUIET_HOURS_CHOSEN: "Quiet hours chosen",
     EventKind.GAP: "Gap closed by the sequencer (a rolled-back sequence number)",
 }
 

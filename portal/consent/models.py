@@ -32,6 +32,9 @@ class EventKind(enum.StrEnum):
     # The person's own frequency cap ("How often" in the preference centre): states
     # ``as_sent`` and ``one_a_day`` (portal/delivery/caps.py applies it).
     FREQUENCY_CHOSEN = "frequency_chosen"
+    # The person's own quiet hours ("Do not send between …"): states ``none`` or the
+    # window as ``HH:MM-HH:MM`` (portal/delivery/quiet.py applies it).
+    QUIET_HOURS_CHOSEN = "quiet_hours_chosen"
     # A sequence number taken by a transaction that rolled back, closed by the sequencer
     # (portal.consent.tree) so the tree never stalls and never hides the hole.
     GAP = "gap"

@@ -67,8 +67,11 @@ def recipient_query(topic_id: int) -> sa.Select[tuple]:
             _s.c.push_service,
             reason.label("reason"),
             event.label("event_seq"),
-            # The person's zone, for local-time delivery (portal/campaigns/local_time.py).
+            # The person's zone and quiet hours, for local-time delivery
+            # (portal/campaigns/local_time.py) and quiet hours (portal/delivery/quiet.py).
             _sub.c.time_zone,
+            _sub.c.quiet_from,
+            _sub.c.quiet_until,
         )
         .select_from(_s)
         .join(_sub, sa.and_(_sub.c.id == _s.c.subscriber_id, _sub.c.erased_at.is_(None)))

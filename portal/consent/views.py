@@ -24,6 +24,7 @@ from sqlalchemy.orm.attributes import set_committed_value
 
 from portal import ratelimit
 from portal.api import check_same_origin, json_body
+from portal.campaigns.local_time import parse_local_time
 from portal.consent import catalogue, receipts, tree
 from portal.consent.accounts import link_account
 from portal.consent.log import Context
@@ -48,6 +49,7 @@ from portal.consent.preferences import (
 )
 from portal.consent.sources import source_for
 from portal.db import db
+from portal.delivery import quiet
 from portal.errors import NotFound, ValidationError
 from portal.identity import (
     Assertion,
@@ -198,6 +200,8 @@ def _render(
     rows: dict[int, TopicPreference] | None = None,
     opened_under: str | None = None,
     frequency_error: str | None = None,
+    quiet_errors: dict[str, str] | None = None,
+    quiet_typed: dict[str, str] | None = None,
 ) -> tuple[str, int]:
     session = db.session
     shown = catalogue.current(session)
@@ -241,6 +245,11 @@ def _render(
         one_a_day=subscriber.one_a_day,
         caps=current_portal().settings.frequency_caps,
         frequency_error=frequency_error,
+        portal_quiet=current_portal().settings.quiet_hours.window,
+        my_quiet=quiet.window(subscriber.quiet_from, subscriber.quiet_until),
+        time_zone=subscriber.time_zone,
+        quiet_errors=quiet_errors or {},
+        quiet_typed=quiet_typed,
     ), status
 
 
@@ -528,6 +537,65 @@ def frequency() -> Any:
     )
     db.session.commit()
     flash(message if changed else f"{message} Nothing needed to change.", "success")
+    return redirect(url_for("preferences.centre"), code=303)
+
+
+@bp.post("/preferences/quiet-hours")
+def quiet_hours() -> Any:
+    """The person's own quiet hours: "Do not send between …", or none
+    (portal/delivery/quiet.py applies them). Account messages always come."""
+    subscriber, rows = _visitor()
+    if subscriber is None:
+        return _render(None, status=403)
+    action = request.form.get("action", "")
+    typed = {name: request.form.get(name, "") for name in ("quiet_from", "quiet_until")}
+    window: quiet.Window | None = None
+    if action == "save":
+        start = parse_local_time(typed["quiet_from"])
+        end = parse_local_time(typed["quiet_until"])
+        problems: dict[str, str] = {}
+        if start is None:
+            problems["quiet-from"] = "Enter the time quiet hours start, like 22:00"
+        if end is None:
+            problems["quiet-until"] = "Enter the time quiet hours end, like 07:00"
+        if start is not None and start == end:
+            problems["quiet-until"] = "Enter an end time different from the start time"
+        window = quiet.window(start, end)
+        if problems or window is None:
+            return _render(
+                subscriber,
+                errors=list(problems.items()),
+                status=400,
+                rows=rows,
+                quiet_errors=problems,
+                quiet_typed=typed,
+            )
+    elif action != "remove":
+        message = "Choose to save quiet hours or to remove them"
+        return _render(
+            subscriber,
+            errors=[("quiet-from", message)],
+            status=400,
+            rows=rows,
+            quiet_errors={"quiet-from": message},
+            quiet_typed=typed,
+        )
+    changed = subscription_services.choose_quiet_hours(
+        db.session,
+        subscriber.id,
+        window,
+        now=current_portal().clock.now(),
+        source=Source.PREFERENCE_CENTRE.value,
+        context=_context("preference-centre:quiet-hours"),
+    )
+    db.session.commit()
+    said = (
+        f"Saved: no marketing notifications between {window.start:%H:%M} and "
+        f"{window.end:%H:%M} where you are."
+        if window is not None
+        else "Saved: you have no quiet hours of your own."
+    )
+    flash(said if changed else f"{said} Nothing needed to change.", "success")
     return redirect(url_for("preferences.centre"), code=303)
 
 

@@ -40,7 +40,7 @@ from portal.consent import log as consent_log
 from portal.consent.models import EventKind
 from portal.consent.recipients import recipient_query
 from portal.db import among, db, is_postgres
-from portal.delivery import caps
+from portal.delivery import caps, quiet
 from portal.delivery.models import DUE_SQL, Delivery, DeliveryStatus, Unsendable
 from portal.push.encryption import InvalidSubscriptionKeys, PayloadTooLarge
 from portal.push.transport import (
@@ -112,6 +112,7 @@ class TickReport:
     revoked: int = 0
     skipped: int = 0
     retried: int = 0
+    deferred: int = 0  # back in the queue until quiet hours end (portal/delivery/quiet.py)
     materialised: int = 0
     by_service: dict[str, dict[str, int]] = field(
         default_factory=lambda: defaultdict(lambda: defaultdict(int))
@@ -139,6 +140,7 @@ class Dispatcher:
         self.retry = portal.settings.retry
         self.failures_before_stale = portal.settings.failures_before_stale
         self.frequency_caps = portal.settings.frequency_caps
+        self.quiet_hours = portal.settings.quiet_hours.window
         self._lock = threading.Lock()
         self._gauges_at = -float("inf")  # time.monotonic() of the last gauge refresh
 
@@ -445,9 +447,11 @@ class Dispatcher:
     def _send(self, claimed: list[_Claimed], report: TickReport, previous: _Plan | None) -> _Plan:
         now = self.clock.now()
         carried = previous.lifecycles if previous is not None else {}
-        skipped, unsent, answered, subs, held = self._encrypt_and_send(claimed, carried)
+        skipped, unsent, answered, subs, held, deferred = self._encrypt_and_send(claimed, carried)
         plan = self._plan(skipped, unsent, answered, subs, carried, now, report)
         plan.held = held
+        plan.deferred = deferred
+        report.deferred += len(deferred)
         return plan
 
     def _encrypt_and_send(
@@ -458,6 +462,7 @@ class Dispatcher:
         list[tuple[_Claimed, PushResponse]],
         dict[uuid.UUID, Any],
         list[_Claimed],
+        list[tuple[_Claimed, dt.datetime]],
     ]:
         by_subscription = {c.subscription_id: c for c in claimed}
         campaign_ids = {c.campaign_id for c in claimed}
@@ -499,22 +504,8 @@ class Dispatcher:
             # recording puts them back in the queue, or ends them as the campaign now says.
             held = [c for c in claimed if campaigns[c.campaign_id].status != _SENDING]
             claimed = [c for c in claimed if campaigns[c.campaign_id].status == _SENDING]
-            # Of those the person still agrees to get, the ones over a frequency cap.
-            over_cap = caps.over_cap(
-                session,
-                [
-                    caps.Candidate(
-                        c.delivery_id,
-                        c.campaign_id,
-                        c.subscription_id,
-                        subs[c.subscription_id].subscriber_id,
-                    )
-                    for c in claimed
-                    if c.subscription_id in allowed and c.subscription_id in subs
-                ],
-                caps.marketing_campaigns(session, campaigns.values()),
-                now=self.clock.now(),
-                caps=self.frequency_caps,
+            claimed, deferred, over_cap = self._hold_back(
+                session, claimed, allowed, subs, campaigns
             )
         skipped: list[tuple[int, str]] = []
         unsent: list[tuple[_Claimed, Unsendable]] = []  # could not be built or sent
@@ -579,7 +570,68 @@ class Dispatcher:
             [(item.push_service, response) for item, response in answered],
             elapsed / max(len(sent), 1),
         )
-        return skipped, unsent, answered, subs, held
+        return skipped, unsent, answered, subs, held, deferred
+
+    def _hold_back(
+        self,
+        session: Session,
+        claimed: list[_Claimed],
+        allowed: dict[uuid.UUID, Any],
+        subs: dict[uuid.UUID, Any],
+        campaigns: dict[uuid.UUID, Campaign],
+    ) -> tuple[list[_Claimed], list[tuple[_Claimed, dt.datetime]], set[int]]:
+        """Of the deliveries the person still agrees to get: the marketing ones whose
+        turn came in quiet hours where the person is (back in the queue until they end),
+        and of the rest the ones over a frequency cap (skipped). Returns the claimed
+        without the first, the first with when they are due, and the second's ids."""
+        marketing = caps.marketing_campaigns(session, campaigns.values())
+        deferred = self._quiet(claimed, allowed, campaigns, marketing)
+        waiting = {c.delivery_id for c, _ in deferred}
+        claimed = [c for c in claimed if c.delivery_id not in waiting]
+        over_cap = caps.over_cap(
+            session,
+            [
+                caps.Candidate(
+                    c.delivery_id,
+                    c.campaign_id,
+                    c.subscription_id,
+                    subs[c.subscription_id].subscriber_id,
+                )
+                for c in claimed
+                if c.subscription_id in allowed and c.subscription_id in subs
+            ],
+            marketing,
+            now=self.clock.now(),
+            caps=self.frequency_caps,
+        )
+        return claimed, deferred, over_cap
+
+    def _quiet(
+        self,
+        claimed: list[_Claimed],
+        allowed: dict[uuid.UUID, Any],
+        campaigns: dict[uuid.UUID, Campaign],
+        marketing: set[uuid.UUID],
+    ) -> list[tuple[_Claimed, dt.datetime]]:
+        """The claimed marketing deliveries inside the portal's or the person's quiet
+        hours, each with when those end (portal/delivery/quiet.py)."""
+        now = self.clock.now()
+        found: list[tuple[_Claimed, dt.datetime]] = []
+        for item in claimed:
+            row = allowed.get(item.subscription_id)
+            if row is None or item.campaign_id not in marketing:
+                continue  # not sent anyway, or never held (transactional, a test)
+            windows = [
+                w for w in (self.quiet_hours, quiet.window(row.quiet_from, row.quiet_until)) if w
+            ]
+            if not windows:
+                continue
+            campaign = campaigns[item.campaign_id]
+            zone = row.time_zone or campaign.fallback_zone or campaign.time_zone or "UTC"
+            until = quiet.quiet_until(now, zone, windows)
+            if until is not None:
+                found.append((item, until))
+        return found
 
     def _send_all(
         self,
@@ -690,6 +742,24 @@ class Dispatcher:
                         if reason
                         # Back in the queue as it was: this claim is not an attempt.
                         else {"status": DeliveryStatus.QUEUED.value, "attempts": _d.c.attempts - 1}
+                    )
+                    session.execute(
+                        sa.update(_d)
+                        .where(_d.c.id == item.delivery_id)
+                        .values(lease_expires_at=None, updated_at=plan.now, **values)
+                    )
+                for item, until in plan.deferred:
+                    reason = closed.get(item.campaign_id)
+                    values = (
+                        {"status": DeliveryStatus.SKIPPED.value, "reason": reason}
+                        if reason
+                        # Due again when the quiet hours end; waiting is not an attempt.
+                        else {
+                            "status": DeliveryStatus.QUEUED.value,
+                            "reason": quiet.QUIET_HOURS,
+                            "next_attempt_at": until,
+                            "attempts": _d.c.attempts - 1,
+                        }
                     )
                     session.execute(
                         sa.update(_d)
@@ -876,12 +946,16 @@ class _Plan:
     lifecycles: dict[uuid.UUID, Lifecycle] = field(default_factory=dict)
     # Claimed but not sent: their campaign was paused, cancelled or expired meanwhile.
     held: list[_Claimed] = field(default_factory=list)
+    # Claimed but not sent: quiet hours where the person is, until the time given.
+    deferred: list[tuple[_Claimed, dt.datetime]] = field(default_factory=list)
 
     def campaign_ids(self) -> set[uuid.UUID]:
         """The campaigns whose deliveries this plan may put back in the queue."""
-        return {c.campaign_id for c in self.held} | {
-            a.item.campaign_id for a in self.answers if a.step.outcome == Outcome.RETRY
-        }
+        return (
+            {c.campaign_id for c in self.held}
+            | {c.campaign_id for c, _ in self.deferred}
+            | {a.item.campaign_id for a in self.answers if a.step.outcome == Outcome.RETRY}
+        )
 
 
 class _LeaseKeeper:

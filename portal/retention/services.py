@@ -349,6 +349,7 @@ def erase_subscriber(
     subscriber.locale = None
     subscriber.region_code = None
     subscriber.time_zone = None  # where the person is: theirs, not the log's
+    subscriber.quiet_from = subscriber.quiet_until = None  # their own quiet hours, likewise
     subscriber.erased_at = now
     seq = log.append(
         session,

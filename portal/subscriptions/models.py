@@ -73,8 +73,15 @@ class Subscriber(Base):
     one_a_day: Mapped[bool] = mapped_column(
         sa.Boolean, nullable=False, default=False, server_default=sa.false()
     )
+    # The person's own quiet hours ("Do not send between …" in the preference centre),
+    # local times in ``time_zone``: both or neither (portal/delivery/quiet.py).
+    quiet_from: Mapped[dt.time | None] = mapped_column(sa.Time)
+    quiet_until: Mapped[dt.time | None] = mapped_column(sa.Time)
 
-    __table_args__ = (sa.Index("ix_subscriber_reference", "reference", unique=True),)
+    __table_args__ = (
+        sa.Index("ix_subscriber_reference", "reference", unique=True),
+        sa.CheckConstraint("(quiet_from IS NULL) = (quiet_until IS NULL)", name="quiet_hours"),
+    )
 
 
 # The partial index's predicate; its text must stay as the migration wrote it.

@@ -25,6 +25,7 @@ from portal.campaigns.testdevice_models import TestDevice
 from portal.consent import log
 from portal.consent.models import EventKind, Source
 from portal.db import is_postgres, uuid7
+from portal.delivery import quiet
 from portal.metrics import subscription_upserts
 from portal.subscriptions.models import (
     EndReason,
@@ -766,6 +767,60 @@ def choose_one_a_day(
         decided_at=now,
         previous_state=ONE_A_DAY if before else AS_SENT,
         new_state=ONE_A_DAY if one_a_day else AS_SENT,
+        context=context,
+    )
+    return True
+
+
+# The quiet_hours_chosen event's state when the person has no quiet hours of their own.
+NO_QUIET_HOURS = "none"
+
+
+def quiet_hours_state(window: quiet.Window | None) -> str:
+    """How the consent log writes a person's quiet hours: ``22:00-07:00`` or ``none``."""
+    return NO_QUIET_HOURS if window is None else f"{window.start:%H:%M}-{window.end:%H:%M}"
+
+
+def choose_quiet_hours(
+    session: Session,
+    subscriber_id: uuid.UUID,
+    window: quiet.Window | None,
+    *,
+    now: dt.datetime,
+    source: str,
+    context: log.Context | None = None,
+) -> bool:
+    """The person's own quiet hours ("Do not send between …" in the preference centre),
+    or none: their marketing notifications due inside them wait until they end
+    (portal/delivery/quiet.py). A change is a ``quiet_hours_chosen`` consent event;
+    choosing what is already chosen writes nothing. Returns whether it changed."""
+    log.lock_subscriber(session, subscriber_id)
+    start, end = session.execute(
+        sa.select(Subscriber.quiet_from, Subscriber.quiet_until).where(
+            Subscriber.id == subscriber_id
+        )
+    ).one()
+    before = quiet.window(start, end)
+    if before == window:
+        return False
+    session.execute(
+        sa.update(Subscriber)
+        .where(Subscriber.id == subscriber_id)
+        .values(
+            quiet_from=None if window is None else window.start,
+            quiet_until=None if window is None else window.end,
+        )
+    )
+    log.append(
+        session,
+        kind=EventKind.QUIET_HOURS_CHOSEN,
+        subscriber_id=subscriber_id,
+        source=source,
+        actor="subscriber",
+        recorded_at=now,
+        decided_at=now,
+        previous_state=quiet_hours_state(before),
+        new_state=quiet_hours_state(window),
         context=context,
     )
     return True

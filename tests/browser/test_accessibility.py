@@ -274,6 +274,27 @@ def _preferences_how_often_refused(new_context: Callable[..., Any], server: Live
     return page
 
 
+def _preferences_quiet_hours_saved(new_context: Callable[..., Any], server: LiveServer) -> Page:
+    page = _known(new_context)
+    page.fill("#quiet-from", "22:00")
+    page.fill("#quiet-until", "07:00")
+    with page.expect_navigation():
+        page.click("text=Save quiet hours")
+    page.wait_for_selector(".banner--success")
+    return page
+
+
+def _preferences_quiet_hours_refused(new_context: Callable[..., Any], server: LiveServer) -> Page:
+    """The same time twice: the page names the field's error and links to it."""
+    page = _known(new_context)
+    page.fill("#quiet-from", "22:00")
+    page.fill("#quiet-until", "22:00")
+    with page.expect_navigation():
+        page.click("text=Save quiet hours")
+    page.wait_for_selector(".error-summary")
+    return page
+
+
 def _preferences_receipts_limited(new_context: Callable[..., Any], server: LiveServer) -> Page:
     """The receipt link asked for once too often in one rate-limit window: a page, not a
     download, saying when to try again."""
@@ -1242,6 +1263,10 @@ PAGES = [
     PageState("preferences-saved", _preferences_saved),
     PageState("preferences-one-a-day", _preferences_one_a_day),
     PageState("preferences-how-often-refused", _preferences_how_often_refused, error_summary=True),
+    PageState("preferences-quiet-hours-saved", _preferences_quiet_hours_saved),
+    PageState(
+        "preferences-quiet-hours-refused", _preferences_quiet_hours_refused, error_summary=True
+    ),
     PageState("preferences-receipts-limited", _preferences_receipts_limited),
     PageState("preferences-device-stopped", _preferences_device_stopped),  # no devices left
     PageState("preferences-stale-policy", _preferences_stale_policy, error_summary=True),

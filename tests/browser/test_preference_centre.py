@@ -254,6 +254,68 @@ def test_how_often_works_without_javascript(new_context, server, browser_subscri
     assert server.scalar("SELECT count(*) FROM consent_event WHERE kind = 'frequency_chosen'") == 2
 
 
+def test_quiet_hours_are_set_and_removed_with_the_keyboard(known_page, server):
+    """From and Until reached with Tab, saved with Enter; the banner takes focus, the page
+    shows the hours kept and offers to remove them; each change is a consent event."""
+    page = known_page
+    assert "You have no quiet hours of your own." in page.inner_text("#quiet-hours")
+    assert page.locator("text=Remove my quiet hours").count() == 0
+    page.focus("#quiet-from")
+    page.fill("#quiet-from", "22:30")
+    # Tab walks the time field's parts (hours, minutes, AM/PM), then the next field.
+    for _ in range(4):
+        page.keyboard.press("Tab")
+        if page.evaluate("document.activeElement.id") == "quiet-until":
+            break
+    assert page.evaluate("document.activeElement.id") == "quiet-until"
+    page.fill("#quiet-until", "07:15")
+    tab_to_button(page, "Save quiet hours", presses=8)
+    submit(page, lambda: page.keyboard.press("Enter"))
+    page.wait_for_selector(".banner--success")
+    assert "banner" in focused_classes(page)
+    assert "Saved: no marketing notifications between 22:30 and 07:15 where you are." in (
+        page.inner_text(".banner--success")
+    )
+    assert "Your quiet hours: no marketing notifications between 22:30 and 07:15" in (
+        page.inner_text("#quiet-hours")
+    )
+    assert page.input_value("#quiet-from") == "22:30"
+    assert page.input_value("#quiet-until") == "07:15"
+    group = page.get_by_role("group", name="Do not send me marketing notifications between")
+    assert group.count() == 1
+    tab_to_button(page, "Remove my quiet hours", presses=40)
+    submit(page, lambda: page.keyboard.press("Enter"))
+    page.wait_for_selector(".banner--success")
+    assert "Saved: you have no quiet hours of your own." in page.inner_text(".banner--success")
+    states = server.rows(
+        "SELECT previous_state, new_state FROM consent_event WHERE kind = 'quiet_hours_chosen'"
+        " ORDER BY seq"
+    )
+    assert [tuple(row) for row in states] == [("none", "22:30-07:15"), ("22:30-07:15", "none")]
+
+
+def test_quiet_hours_refused_name_the_field_and_work_without_javascript(
+    new_context, server, browser_subscription
+):
+    context = new_context(java_script_enabled=False, stub=False, permission=False)
+    subscribe_through_api(context, browser_subscription)
+    page = context.new_page()
+    page.goto("/preferences")
+    page.fill("#quiet-from", "22:00")
+    page.fill("#quiet-until", "22:00")
+    with page.expect_navigation():
+        page.click("text=Save quiet hours")
+    summary = page.locator(".error-summary a[href='#quiet-until']")
+    assert summary.inner_text() == "Enter an end time different from the start time"
+    assert page.get_attribute("#quiet-until", "aria-invalid") == "true"
+    assert page.input_value("#quiet-from") == "22:00"  # what was typed is kept
+    assert server.scalar("SELECT quiet_from FROM subscriber") is None
+    page.fill("#quiet-until", "06:00")
+    with page.expect_navigation():
+        page.click("text=Save quiet hours")
+    assert "between 22:00 and 06:00" in page.inner_text(".banner--success")
+
+
 def _owners(server) -> set[object]:
     return {
         row.external_user_id

@@ -26,6 +26,8 @@ SHOTS = {
     "preferences-receipts-limited": "preferences-receipt-limited",
     "preferences-one-a-day": "preferences-how-often-success",
     "preferences-how-often-refused": "preferences-how-often-error",
+    "preferences-quiet-hours-saved": "preferences-quiet-hours-success",
+    "preferences-quiet-hours-refused": "preferences-quiet-hours-error",
     "account-link-confirm": "account-link",
 }
 STATES = {state.name: state for state in PAGES}

@@ -242,6 +242,11 @@ SUBMISSIONS: dict[Target, Callable[[Flow], TestResponse]] = {
     ("/preferences/frequency", "POST"): _simple(
         "subscriber", "/preferences/frequency", {"how_often": "one-a-day"}
     ),
+    ("/preferences/quiet-hours", "POST"): _simple(
+        "subscriber",
+        "/preferences/quiet-hours",
+        {"action": "save", "quiet_from": "22:00", "quiet_until": "07:00"},
+    ),
     ("/preferences/stop-device", "POST"): _simple("subscriber", "/preferences/stop-device"),
     ("/preferences/devices/<uuid:subscription_id>/stop", "POST"): _stop_other_device,
     ("/preferences/link", "POST"): _account_link,
