@@ -37,6 +37,11 @@ def _now() -> dt.datetime:
 _OPTIONS = {  # a draft's field → the option that sets it
     "timezone": "zone",
     "local_time": "local-time",
+    **{
+        f"variant_{letter}_{part}": "variant"
+        for letter in "bc"
+        for part in ("title", "body", "image")
+    },
     "fallback_zone": "fallback-zone",
     "action1_title": "action",
     "action1_url": "action",
@@ -138,6 +143,14 @@ def _instant(
     metavar="LABEL=URL",
     help="A button: its label, '=', and the link it opens (the --url rule). At most two.",
 )
+@click.option(
+    "--variant",
+    "variant_texts",
+    multiple=True,
+    metavar="TITLE|BODY",
+    help="An A/B test: another version of the title and message, split at the first '|' "
+    "(--title and --body are variant A). At most two: B and C.",
+)
 @click.option("--require-interaction", is_flag=True, help="Keep it on screen until acted on.")
 @click.option("--silent", is_flag=True, help="No sound or vibration.")
 @click.option(
@@ -163,6 +176,7 @@ def campaign_create(
     image: str | None,
     badge: str | None,
     actions: tuple[str, ...],
+    variant_texts: tuple[str, ...],
     require_interaction: bool,
     silent: bool,
     draft: bool,
@@ -178,6 +192,14 @@ def campaign_create(
                 ValidationError("invalid_value", f"{given!r} is not LABEL=URL", "action1_title")
             )
         buttons.append((label.strip(), link.strip()))
+    others: list[tuple[str, str, str | None]] = []
+    for given in variant_texts:
+        text, bar, message = given.partition("|")
+        if not bar:
+            problems.append(
+                ValidationError("invalid_value", f"{given!r} is not TITLE|BODY", "variant_b_title")
+            )
+        others.append((text.strip(), message.strip(), None))
     seconds = int(ttl) if ttl.strip().isdigit() else None
     if seconds is None:
         problems.append(ValidationError("invalid_value", "a whole number of seconds", "ttl"))
@@ -209,6 +231,7 @@ def campaign_create(
         silent=silent,
         local_time=at,
         fallback_zone=fallback_zone or None,
+        variants=tuple(others),
     )
     now = _now()
     if draft:
@@ -286,6 +309,7 @@ def _save_draft(
             "action2_url": pairs[1][1],
             "require_interaction": "y" if candidate.require_interaction else "",
             "silent": "y" if candidate.silent else "",
+            **drafts.variant_fields(services.variants_of(candidate)),
             "urgency": candidate.urgency,
             "ttl": ttl.strip(),
             "collapse_key": candidate.collapse_key,

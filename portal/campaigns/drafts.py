@@ -43,6 +43,12 @@ FIELDS = (
     "action2_url",
     "require_interaction",
     "silent",
+    "variant_b_title",
+    "variant_b_body",
+    "variant_b_image",
+    "variant_c_title",
+    "variant_c_body",
+    "variant_c_image",
     "urgency",
     "ttl",
     "collapse_key",
@@ -53,7 +59,7 @@ FIELDS = (
     "fallback_zone",
     "deliver_until",
 )
-_MULTILINE = {"body"}
+_MULTILINE = {"body", "variant_b_body", "variant_c_body"}
 MAX_FIELD = 8192  # far above what a campaign can hold; a draft is not a file store
 _t = cast(sa.Table, Draft.__table__)
 
@@ -202,6 +208,16 @@ def mark_launched(
         raise _refusal(session, draft_id)
 
 
+def variant_fields(kept: list[dict[str, str | None]] | None) -> dict[str, str | None]:
+    """A campaign's variants B and C as the form's fields (empty where there is none)."""
+    fields: dict[str, str | None] = {}
+    for index, letter in enumerate("bc", start=1):
+        variant = (kept or [])[index] if kept and index < len(kept) else {}
+        for part in ("title", "body", "image"):
+            fields[f"variant_{letter}_{part}"] = variant.get(part) or ""
+    return fields
+
+
 def fields_of(campaign: Campaign, topic: Topic) -> dict[str, str]:
     """A campaign's content as the form's fields: what a clone starts from. The schedule
     is "send now" and there is no "don't deliver after": the old times have passed."""
@@ -223,6 +239,7 @@ def fields_of(campaign: Campaign, topic: Topic) -> dict[str, str]:
             "action2_url": pairs[1][1],
             "require_interaction": "y" if campaign.require_interaction else "",
             "silent": "y" if campaign.silent else "",
+            **variant_fields(campaign.variants),
             "urgency": campaign.urgency,
             "ttl": str(campaign.ttl),
             "collapse_key": campaign.collapse_key,

@@ -117,6 +117,13 @@ class CampaignForm(CheckedForm):
     # Checkboxes, kept as the string a browser sends ("y") so a page re-renders as sent.
     require_interaction = StringField("Keep it on screen until the person acts", filters=[_strip])
     silent = StringField("Silent: no sound or vibration", filters=[_strip])
+    # A/B test: variants B and C (A is the title, message and image above).
+    variant_b_title = StringField("Variant B: title", filters=[_strip])
+    variant_b_body = TextAreaField("Variant B: message", filters=[_text])
+    variant_b_image = StringField("Variant B: image (optional)", filters=[_strip])
+    variant_c_title = StringField("Variant C: title", filters=[_strip])
+    variant_c_body = TextAreaField("Variant C: message", filters=[_text])
+    variant_c_image = StringField("Variant C: image (optional)", filters=[_strip])
     urgency = StringField("Urgency", default="normal", filters=[_strip])
     ttl = StringField("Time to live, in seconds", default="86400", filters=[_strip])
     collapse_key = StringField("Collapse key (optional)", filters=[_strip])
@@ -173,6 +180,21 @@ class CampaignForm(CheckedForm):
         if pairs[1] != ("", ""):
             return pairs  # a second button needs a first: an empty first one is refused
         return pairs[:1] if pairs[0] != ("", "") else ()
+
+    def variants(self) -> tuple[tuple[str, str, str | None], ...]:
+        """Variants B and C as filled in: B alone, B and C, or a C without a B (which
+        :func:`portal.campaigns.services.validate_draft` refuses on B's fields)."""
+        found = tuple(
+            (
+                self[f"variant_{letter}_title"].data or "",
+                self[f"variant_{letter}_body"].data or "",
+                self[f"variant_{letter}_image"].data or None,
+            )
+            for letter in "bc"
+        )
+        if found[1] != ("", "", None):
+            return found
+        return found[:1] if found[0] != ("", "", None) else ()
 
 
 class TestSendForm(CampaignForm):
@@ -266,6 +288,7 @@ def check(form: CampaignForm, session: Session, *, now: dt.datetime) -> Campaign
         silent=bool(form.silent.data),
         local_time=_local_time(form),
         fallback_zone=form.fallback_zone.data or None,
+        variants=form.variants(),
     )
     time_unclear = bool(form.send_at.errors or form.schedule.errors)
     for problem in services.validate_draft(

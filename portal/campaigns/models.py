@@ -54,6 +54,9 @@ class Campaign(Base):
     # with no known zone use ``fallback_zone``. Both NULL: everyone at ``send_at``.
     local_time: Mapped[dt.time | None] = mapped_column(sa.Time)
     fallback_zone: Mapped[str | None] = mapped_column(sa.String(64))
+    # A/B variants (portal/campaigns/variants.py): [{"title", "body", "image"}, …] in
+    # order A, B(, C); A is the campaign's own title, body and image. NULL: no test.
+    variants: Mapped[list[dict[str, str | None]] | None] = mapped_column(sa.JSON)
     status: Mapped[str] = mapped_column(sa.String(16), nullable=False)
     created_by: Mapped[str] = mapped_column(sa.String(255), nullable=False)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, nullable=False)

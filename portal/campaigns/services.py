@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from portal.campaigns import local_time, media
+from portal.campaigns import local_time, media, variants
 from portal.campaigns.models import Campaign, CampaignStatus
 from portal.campaigns.presentation import zoned_time
 from portal.campaigns.zones import UTC_ZONE, check_zone
@@ -53,6 +53,7 @@ _MATERIALISED = (
     "next_attempt_at",
     "consent_reason",
     "consent_event_seq",
+    "variant",
     "updated_at",
 )
 
@@ -83,6 +84,9 @@ class CampaignDraft:
     # for people whose zone is not known.
     local_time: dt.time | None = None
     fallback_zone: str | None = None
+    # A/B test (portal/campaigns/variants.py): the other variants' (title, body, image),
+    # B and C; the fields above are variant A. Empty: no test.
+    variants: tuple[tuple[str, str, str | None], ...] = ()
 
     @property
     def fallback(self) -> str | None:
@@ -101,9 +105,10 @@ def action_id(index: int) -> str:
     return f"action-{index + 1}"
 
 
-def payload(campaign: Campaign, delivery_id: int) -> bytes:
-    """What the service worker receives (decrypted): compact JSON."""
-    return _encoded({"deliveryId": str(delivery_id), **_message(campaign)})
+def payload(campaign: Campaign, delivery_id: int, variant: int | None = None) -> bytes:
+    """What the service worker receives (decrypted): compact JSON; ``variant``: which of
+    an A/B test's versions (None or 0: A, the campaign's own)."""
+    return _encoded({"deliveryId": str(delivery_id), **_message(campaign, variant)})
 
 
 def device_payload(campaign: Campaign) -> bytes:
@@ -116,19 +121,23 @@ def _encoded(message: dict[str, Any]) -> bytes:
     return json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
-def _message(campaign: Campaign) -> dict[str, Any]:
+def _message(campaign: Campaign, variant: int | None = None) -> dict[str, Any]:
+    title, body, image = campaign.title, campaign.body, campaign.image
+    if variant and campaign.variants and variant < len(campaign.variants):
+        chosen = campaign.variants[variant]
+        title, body, image = str(chosen["title"]), str(chosen["body"]), chosen.get("image")
     message: dict[str, Any] = {
         "campaignId": str(campaign.id),
-        "title": campaign.title,
-        "body": campaign.body,
+        "title": title,
+        "body": body,
         "tag": f"campaign-{campaign.id}",
     }
     if campaign.url:
         message["url"] = campaign.url
     if campaign.icon:
         message["icon"] = campaign.icon
-    if campaign.image:
-        message["image"] = campaign.image
+    if image:
+        message["image"] = image
     if campaign.badge:
         message["badge"] = campaign.badge
     if campaign.actions:
@@ -147,8 +156,8 @@ class PayloadTemplate:
     """:func:`payload` for one campaign, the JSON encoded once: only the delivery id
     (the first member) differs between its messages."""
 
-    def __init__(self, campaign: Campaign) -> None:
-        whole = payload(campaign, 0)
+    def __init__(self, campaign: Campaign, variant: int | None = None) -> None:
+        whole = payload(campaign, 0, variant)
         head = b'{"deliveryId":"0"'
         assert whole.startswith(head)
         self._tail = whole[len(head) :]
@@ -158,7 +167,7 @@ class PayloadTemplate:
 
 
 def payload_size(draft: CampaignDraft) -> int:
-    """The plaintext size of the largest message this draft can produce."""
+    """The plaintext size of the largest message this draft can produce (of any variant)."""
     probe = Campaign(
         id=uuid.UUID(int=0),
         title=draft.title,
@@ -170,8 +179,28 @@ def payload_size(draft: CampaignDraft) -> int:
         actions=_actions(draft),
         require_interaction=draft.require_interaction,
         silent=draft.silent,
+        variants=variants_of(draft),
     )
-    return len(payload(probe, _LARGEST_DELIVERY_ID))
+    return max(
+        len(payload(probe, _LARGEST_DELIVERY_ID, variant))
+        for variant in range(len(probe.variants or [None]))
+    )
+
+
+def variants_of(draft: CampaignDraft) -> list[dict[str, str | None]] | None:
+    """The campaign's ``variants``: A (the draft's own fields) and the others, stripped;
+    None without a test."""
+    if not draft.variants:
+        return None
+    return [
+        {"title": title.strip(), "body": body.strip(), "image": (image or "").strip() or None}
+        for title, body, image in ((draft.title, draft.body, draft.image), *draft.variants)
+    ]
+
+
+def variant_field(index: int, part: str) -> str:
+    """The form field of the other variants' ``part``: index 0 is B (``variant_b_title``)."""
+    return f"variant_{variants.NAMES[index + 1].lower()}_{part}"
 
 
 def _actions(draft: CampaignDraft) -> list[dict[str, str]] | None:
@@ -240,6 +269,12 @@ def _text_problems(draft: CampaignDraft) -> dict[str, ValidationError]:
             problem = text_problem(value) if value else None
             if problem:
                 found[field] = ValidationError("invalid_text", f"{name} {problem}", field)
+    for index, parts in enumerate(draft.variants[: variants.MAX_VARIANTS - 1]):
+        for part, value in zip(("title", "body", "image"), parts, strict=True):
+            problem = text_problem(value, multiline=part == "body") if value else None
+            if problem:
+                field = variant_field(index, part)
+                found[field] = ValidationError("invalid_text", f"This field {problem}", field)
     return found
 
 
@@ -317,6 +352,7 @@ def validate_draft(
                 _link(url, link_field, link_origins)
             except ValidationError as problem:
                 problems.append(problem)
+    problems.extend(_variant_problems(session, draft, unreadable, link_origins))
     check(draft.urgency in URGENCIES, "invalid_value", "Choose an urgency", "urgency")
     check(
         0 <= draft.ttl <= MAX_TTL, "invalid_value", f"Time to live is 0 to {MAX_TTL} seconds", "ttl"
@@ -336,6 +372,62 @@ def validate_draft(
         f"into 4096 — shorten it by {size - MAX_PLAINTEXT} bytes",
         "body",
     )
+    return problems
+
+
+def _variant_problems(
+    session: Session,
+    draft: CampaignDraft,
+    unreadable: dict[str, ValidationError],
+    link_origins: LinkOrigins,
+) -> list[ValidationError]:
+    """The other A/B variants: each a title and a message (the campaign's rules) and an
+    optional image (the image's rule); at most MAX_VARIANTS in all."""
+    problems: list[ValidationError] = []
+    if len(draft.variants) > variants.MAX_VARIANTS - 1:
+        problems.append(
+            ValidationError(
+                "too_many_variants",
+                f"At most {variants.MAX_VARIANTS} variants: A and {variants.MAX_VARIANTS - 1} more",
+                variant_field(0, "title"),
+            )
+        )
+    for index, (title, body, image) in enumerate(draft.variants[: variants.MAX_VARIANTS - 1]):
+        name = variants.NAMES[index + 1]
+        title_field, body_field = variant_field(index, "title"), variant_field(index, "body")
+        if title_field not in unreadable:
+            if not title.strip():
+                problems.append(
+                    ValidationError("missing_field", f"Enter variant {name}'s title", title_field)
+                )
+            elif len(title.strip()) > 200:
+                problems.append(
+                    ValidationError(
+                        "too_long",
+                        f"Variant {name}'s title must be 200 characters or fewer",
+                        title_field,
+                    )
+                )
+        if body_field not in unreadable and not body.strip():
+            problems.append(
+                ValidationError("missing_field", f"Enter variant {name}'s message", body_field)
+            )
+        image_field = variant_field(index, "image")
+        if image and image_field not in unreadable:
+            try:
+                _link(image, image_field, link_origins)
+            except ValidationError as problem:
+                problems.append(problem)
+                continue
+            address = media.unkept_address(session, image)
+            if address is not None:
+                problems.append(
+                    ValidationError(
+                        "unknown_picture",
+                        f"no picture is kept at {address}: upload it again, or check the address",
+                        image_field,
+                    )
+                )
     return problems
 
 
@@ -443,6 +535,7 @@ def unsaved_campaign(
         actions=_actions(draft),
         require_interaction=draft.require_interaction,
         silent=draft.silent,
+        variants=variants_of(draft),
         urgency=draft.urgency,
         ttl=draft.ttl,
         collapse_key=draft.collapse_key or None,
@@ -496,7 +589,15 @@ def create_test_campaign(
         )
     campaign = create_campaign(
         session,
-        replace(draft, send_at=None, deliver_until=None, local_time=None, fallback_zone=None),
+        # A test goes now, to one browser, with variant A's text.
+        replace(
+            draft,
+            send_at=None,
+            deliver_until=None,
+            local_time=None,
+            fallback_zone=None,
+            variants=(),
+        ),
         created_by=created_by,
         now=now,
         is_test=True,
@@ -655,6 +756,7 @@ def materialise_batch(
         due.label("next_attempt_at"),
         ids.c.reason.label("consent_reason"),
         ids.c.event_seq.label("consent_event_seq"),
+        variants.variant_column(session, ids.c.id, campaign).label("variant"),
         sa.literal(now, _d.c.updated_at.type).label("updated_at"),
     ).where(ids.c.id <= upper)
     if lower is not None:

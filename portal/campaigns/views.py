@@ -37,6 +37,7 @@ from portal.campaigns import (
     presentation,
     services,
     testdevices,
+    variants,
     zones,
 )
 from portal.campaigns.actions import (
@@ -862,6 +863,7 @@ def _detail_page(
         "staff/campaigns/detail.html",
         **_progress(campaign),
         topic=topic,
+        variant_results=variants.results(db.session, campaign),
         ttl_words=presentation.ttl_in_words(campaign.ttl),
         urgency=presentation.urgency_text(campaign.urgency),
         confirm=ConfirmForm(),

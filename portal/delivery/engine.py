@@ -102,6 +102,7 @@ class _Claimed:
     subscription_id: uuid.UUID
     push_service: str
     attempts: int
+    variant: int | None = None  # the A/B variant (portal/campaigns/variants.py)
 
 
 @dataclass
@@ -318,6 +319,7 @@ class Dispatcher:
                     _d.c.subscription_id,
                     _d.c.push_service,
                     _d.c.attempts,
+                    _d.c.variant,
                 )
             ).all()
         return sorted((_Claimed(*row) for row in rows), key=lambda c: c.delivery_id)
@@ -510,10 +512,16 @@ class Dispatcher:
         skipped: list[tuple[int, str]] = []
         unsent: list[tuple[_Claimed, Unsendable]] = []  # could not be built or sent
         sent: list[_Claimed] = []
-        # Per campaign, read once: the message template and the request options.
+        # Per campaign and variant, read once: the message template and the request options.
         messages = {
-            c.id: (PayloadTemplate(c), c.ttl, Urgency(c.urgency), c.collapse_key)
+            (c.id, variant): (
+                PayloadTemplate(c, variant),
+                c.ttl,
+                Urgency(c.urgency),
+                c.collapse_key,
+            )
             for c in campaigns.values()
+            for variant in (None, *range(len(c.variants or ())))
         }
 
         def requests() -> Iterator[PushRequest]:
@@ -532,7 +540,7 @@ class Dispatcher:
                     # Revoked or gone stale by the previous batch's answers, not yet written.
                     skipped.append((item.delivery_id, f"subscription_{known.state.value}"))
                     continue
-                template, ttl, urgency, topic = messages[item.campaign_id]
+                template, ttl, urgency, topic = messages[item.campaign_id, item.variant]
                 try:
                     secret = self.keys.open(bytes(sub.auth_sealed), sub.auth_key_version)
                     request = PushRequest.encrypted(

@@ -71,6 +71,9 @@ class Delivery(Base):
     # The proof of consent per send: why this subscription may get this campaign.
     consent_reason: Mapped[str] = mapped_column(sa.String(32), nullable=False)
     consent_event_seq: Mapped[int | None] = mapped_column(sa.BigInteger)
+    # The A/B variant this subscription was given (0 = A; portal/campaigns/variants.py),
+    # NULL for a campaign without variants.
+    variant: Mapped[int | None] = mapped_column(sa.SmallInteger)
     updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, nullable=False)
 
     __table_args__ = (

@@ -6,15 +6,19 @@ sideways, and every control is large enough.
 
 from __future__ import annotations
 
+import datetime as dt
 import re
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from playwright.sync_api import Page, expect
 
 from portal.campaigns import media
+from portal.delivery.models import Delivery, DeliveryReceipt
 from tests.browser.conftest import DESKTOP, PHONE, LiveServer
 from tests.browser.test_accessibility import TARGETS, _staff, axe_results, page_overflow
 
@@ -288,3 +292,89 @@ def test_chromium_decodes_every_sample_at_the_size_the_reader_says(
             [list(path.read_bytes()), shape.content_type],
         )
         assert decoded == [shape.width, shape.height], path.name
+
+
+# -- A/B tests ---------------------------------------------------------------------------
+
+
+def _answered(server: LiveServer, campaign_id: str, shown: int, clicked: dict[int, int]) -> None:
+    """``shown`` deliveries of each variant accepted and shown, ``clicked[v]`` of them
+    clicked: what browsers would have reported."""
+    now = dt.datetime.now(dt.UTC)
+    with server.session() as session, session.begin():
+        for variant, clicks in clicked.items():
+            for n in range(shown):
+                delivery = Delivery(
+                    campaign_id=uuid.UUID(campaign_id),
+                    subscription_id=uuid.uuid4(),
+                    push_service="fcm",
+                    status="accepted",
+                    attempts=1,
+                    next_attempt_at=now,
+                    consent_reason="explicit_opt_in",
+                    variant=variant,
+                    updated_at=now,
+                )
+                session.add(delivery)
+                session.flush()
+                session.add(DeliveryReceipt(delivery_id=str(delivery.id), event="shown", at=now))
+                if n < clicks:
+                    session.add(
+                        DeliveryReceipt(delivery_id=str(delivery.id), event="clicked", at=now)
+                    )
+        session.execute(
+            sa.text("UPDATE campaign SET status = 'completed', finished_at = :n"), {"n": now}
+        )
+
+
+@WIDTHS
+def test_an_ab_test_is_composed_reviewed_and_its_results_compared(viewport, new_context, server):
+    page = _staff(sized(new_context, viewport), server, roles=("campaigns",))
+    page.goto("/staff/campaigns/new")
+    page.select_option("#topic", "weekly-digest")
+    page.fill("#title", "Winter sale")
+    page.fill("#body", "Everything is half price this week.")
+    page.fill("#variant_b_title", "Last days of the sale")
+    page.fill("#variant_b_body", "Half price ends on Sunday.")
+    expect(page.locator("#variants-hint")).to_contain_text("are variant A")
+    page.click("button[value=review]")
+    variants_row = page.locator("#review-variants")
+    expect(variants_row).to_contain_text("2 variants, each to about 50% of the audience")
+    expect(variants_row.locator("li")).to_have_count(2)
+    _checked(page, "review-ab", viewport, part="#review-variants")
+    page.click("button[value=launch]")
+    page.wait_for_selector(".banner")
+    campaign_id = str(uuid.UUID(str(server.scalar("SELECT id FROM campaign"))))
+    # Before anything is shown: no rate, and no leader.
+    expect(page.locator("#variant-verdict")).to_contain_text("No variant leads yet")
+    _checked(page, "campaign-ab-empty", viewport, part="section.variants")
+
+    _answered(server, campaign_id, shown=400, clicked={0: 20, 1: 60})
+    page.reload()
+    rows = page.locator("#variant-results tbody tr")
+    expect(rows).to_have_count(2)
+    expect(rows.nth(0)).to_contain_text("5.0%")
+    expect(rows.nth(1)).to_contain_text("15.0%")
+    expect(page.locator("#variant-verdict")).to_contain_text("Variant B leads:")
+    _checked(page, "campaign-ab-results", viewport, part="section.variants")
+
+
+@WIDTHS
+def test_an_incomplete_variant_is_named_in_the_error_summary(viewport, new_context, server):
+    page = _staff(sized(new_context, viewport), server, roles=("campaigns",))
+    page.goto("/staff/campaigns/new")
+    page.select_option("#topic", "weekly-digest")
+    page.fill("#title", "Winter sale")
+    page.fill("#body", "Everything is half price this week.")
+    page.fill("#variant_b_title", "Last days of the sale")
+    with page.expect_response("**/staff/campaigns/new") as answered:
+        page.click("button[value=review]")
+    assert answered.value.status == 422
+    summary = page.locator(".error-summary")
+    expect(summary).to_be_focused()
+    link = summary.locator("a[href='#variant_b_body']")
+    expect(link).to_have_text("Enter variant B's message")
+    _checked(page, "form-ab-error", viewport, part=".error-summary")
+    link.click()
+    expect(page.locator("#variant_b_body")).to_be_focused()
+    assert server.scalar("SELECT count(*) FROM campaign") == 0

@@ -1,0 +1,178 @@
+"""A/B variants: two or three versions of a campaign's title, message and image, a split
+of the audience, and the funnel of each with its click-through rate.
+
+**The split** is random and stable per subscription: a subscription's variant in a
+campaign is one byte of its id (a UUIDv7, whose last bytes are random), which byte chosen
+by the campaign, modulo the number of variants. The same subscription always gets the
+same variant of one campaign (a delivery sent again, a resumed materialisation), and
+different campaigns split the audience differently. It is written on each delivery when
+the audience is materialised (:func:`variant_column`, one SQL expression for both
+databases, held to :func:`variant_of` by the tests).
+
+**The results** (:func:`results`): per variant, the deliveries, how many a push service
+accepted, were shown and were clicked (the funnel's rules: portal/campaigns/funnel.py),
+and the click-through rate of shown notifications with its 95% Wilson score interval. A
+variant *leads* only when its interval lies wholly above every other's; otherwise the
+page says no variant leads yet.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+import zlib
+from dataclasses import dataclass
+from typing import Any, cast
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from portal.campaigns.models import Campaign
+from portal.db import is_postgres, without_jit
+from portal.delivery.models import Delivery, DeliveryReceipt, DeliveryStatus, ReceiptEvent
+
+MAX_VARIANTS = 3
+NAMES = ("A", "B", "C")
+_d = cast(sa.Table, Delivery.__table__)
+_r = cast(sa.Table, DeliveryReceipt.__table__)
+_FIRST_RANDOM_BYTE = 9  # of a UUIDv7: bytes 9-15 are random
+_HEX = "0123456789abcdef"
+Z_95 = 1.959963984540054
+
+
+def _byte(campaign_id: uuid.UUID) -> int:
+    """Which byte of a subscription id splits this campaign's audience."""
+    return _FIRST_RANDOM_BYTE + zlib.crc32(campaign_id.bytes) % (16 - _FIRST_RANDOM_BYTE)
+
+
+def variant_of(campaign_id: uuid.UUID, subscription_id: uuid.UUID, count: int) -> int:
+    """The variant (0 = A) a subscription gets in a campaign of ``count`` variants."""
+    return subscription_id.bytes[_byte(campaign_id)] % count
+
+
+def variant_column(
+    session: Session, subscription_id: sa.ColumnElement[Any], campaign: Campaign
+) -> sa.ColumnElement[Any]:
+    """:func:`variant_of` in SQL, for the materialisation's INSERT … SELECT; NULL for a
+    campaign without variants."""
+    count = len(campaign.variants or ())
+    if count < 2:
+        return sa.cast(sa.null(), sa.SmallInteger)
+    position = _byte(campaign.id)
+    if is_postgres(session):
+        byte: sa.ColumnElement[Any] = sa.func.get_byte(sa.func.uuid_send(subscription_id), position)
+    else:
+        # SQLite keeps a UUID as 32 lower-case hex digits: the byte is two of them.
+        def digit(offset: int) -> sa.ColumnElement[Any]:
+            return sa.func.instr(_HEX, sa.func.substr(subscription_id, offset, 1)) - 1
+
+        byte = digit(2 * position + 1) * 16 + digit(2 * position + 2)
+    return sa.cast(byte % count, sa.SmallInteger)
+
+
+@dataclass(frozen=True)
+class Interval:
+    low: float
+    high: float
+
+
+def wilson(successes: int, trials: int, z: float = Z_95) -> Interval | None:
+    """The Wilson score interval of a proportion (95% by default); None without trials.
+    Unlike the normal approximation it stays inside 0-1 and is honest for small counts."""
+    if trials <= 0:
+        return None
+    p = successes / trials
+    denominator = 1 + z * z / trials
+    centre = (p + z * z / (2 * trials)) / denominator
+    half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / denominator
+    # At 0 or at every trial one end is exactly 0 or 1; rounding must not move it off.
+    low = 0.0 if successes == 0 else max(0.0, centre - half)
+    high = 1.0 if successes == trials else min(1.0, centre + half)
+    return Interval(low, high)
+
+
+@dataclass(frozen=True)
+class VariantResult:
+    index: int
+    title: str
+    body: str
+    image: str | None
+    deliveries: int
+    accepted: int
+    shown: int
+    clicked: int
+
+    @property
+    def name(self) -> str:
+        return NAMES[self.index]
+
+    @property
+    def click_through(self) -> float | None:
+        """Clicked of shown."""
+        return self.clicked / self.shown if self.shown else None
+
+    @property
+    def interval(self) -> Interval | None:
+        return wilson(self.clicked, self.shown)
+
+
+@dataclass(frozen=True)
+class Results:
+    variants: list[VariantResult]
+
+    @property
+    def leader(self) -> VariantResult | None:
+        """The variant whose interval lies wholly above every other's, if one does."""
+        measured = [(v, v.interval) for v in self.variants]
+        if any(interval is None for _, interval in measured):
+            return None
+        best, best_interval = max(measured, key=lambda pair: pair[0].click_through or 0.0)
+        assert best_interval is not None
+        others = [interval for v, interval in measured if v is not best]
+        if all(other is not None and best_interval.low > other.high for other in others):
+            return best
+        return None
+
+
+def results(session: Session, campaign: Campaign) -> Results | None:
+    """Each variant's deliveries and funnel, from one aggregate query; None for a
+    campaign without variants."""
+    if not campaign.variants or len(campaign.variants) < 2:
+        return None
+    without_jit(session)
+    key = sa.cast(_d.c.id, sa.String)
+
+    def reported(*events: ReceiptEvent) -> sa.ColumnElement[bool]:
+        return (
+            sa.select(_r.c.id)
+            .where(_r.c.delivery_id == key, _r.c.event.in_([e.value for e in events]))
+            .exists()
+        )
+
+    clicks = (ReceiptEvent.CLICKED, ReceiptEvent.ACTION_1, ReceiptEvent.ACTION_2)
+    accepted = _d.c.status == DeliveryStatus.ACCEPTED.value
+    # A click means the notification was on screen (the funnel's rule): shown includes it.
+    shown = sa.and_(accepted, reported(ReceiptEvent.SHOWN, *clicks))
+    clicked = sa.and_(accepted, reported(*clicks))
+
+    def count(condition: sa.ColumnElement[bool]) -> sa.ColumnElement[Any]:
+        return sa.func.sum(sa.case((condition, 1), else_=0))
+
+    rows = session.execute(
+        sa.select(_d.c.variant, sa.func.count(), count(accepted), count(shown), count(clicked))
+        .where(_d.c.campaign_id == campaign.id)
+        .group_by(_d.c.variant)
+    ).all()
+    found = {row[0]: [int(n or 0) for n in row[1:]] for row in rows}
+    return Results(
+        [
+            VariantResult(
+                index,
+                str(variant.get("title") or ""),
+                str(variant.get("body") or ""),
+                variant.get("image"),
+                *found.get(index, [0, 0, 0, 0]),
+            )
+            for index, variant in enumerate(campaign.variants)
+        ]
+    )
