@@ -6,7 +6,9 @@ a cut-off upload is refused), at most :data:`MAX_BYTES` and :data:`MAX_SIDE` pix
 side. SVG is refused: it is a document that can carry scripts. A kept picture is named
 by the SHA-256 of its bytes and served at ``/media/<sha256>.<extension>``, a path on
 this site, so the campaign link rule (:func:`portal.campaigns.services.validate_draft`)
-takes it as it takes any other; the same file uploaded twice is one picture.
+takes it as it takes any other; the same file uploaded twice is one picture. Its metadata
+(EXIF with the place a photo was taken, XMP, comments) is taken out before it is kept
+(:mod:`portal.campaigns.picture_metadata`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
+from portal.campaigns import picture_metadata
 from portal.campaigns.media_models import Picture
 from portal.db import is_postgres
 from portal.errors import NotFound, ValidationError
@@ -165,7 +168,11 @@ def path_of(picture: Picture) -> str:
 def store(
     session: Session, data: bytes, *, uploaded_by: uuid.UUID | None, now: dt.datetime
 ) -> Picture:
-    """Check ``data`` and keep it (once: an identical upload returns the kept picture)."""
+    """Check ``data`` and keep it without its metadata (once: an identical upload returns
+    the kept picture)."""
+    shape = read_shape(data)
+    # Where a photo was taken, the camera, the owner: every recipient would download it.
+    data = picture_metadata.strip(data, shape.content_type)
     shape = read_shape(data)
     digest = hashlib.sha256(data).hexdigest()
     kept = session.get(Picture, digest)

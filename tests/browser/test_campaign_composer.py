@@ -378,3 +378,31 @@ def test_an_incomplete_variant_is_named_in_the_error_summary(viewport, new_conte
     link.click()
     expect(page.locator("#variant_b_body")).to_be_focused()
     assert server.scalar("SELECT count(*) FROM campaign") == 0
+
+
+def test_chromium_decodes_pictures_stripped_of_metadata_and_turns_by_the_kept_orientation(
+    new_context: Callable[..., Any],
+) -> None:
+    """The metadata taken out (portal/campaigns/picture_metadata.py), each format still
+    decodes at its size, and a JPEG's kept orientation 6 (a quarter turn) is applied."""
+    from tests.campaigns import test_picture_metadata as built
+
+    page = new_context().new_page()
+    page.goto("about:blank")
+    cases = [
+        (built.jpeg_with_metadata(6), "image/jpeg", [36, 72]),  # turned: 72 × 36 on its side
+        (built.jpeg_with_metadata(None), "image/jpeg", [72, 36]),
+        (built.png_with_metadata(), "image/png", [64, 64]),
+        (built.webp_with_metadata(), "image/webp", [48, 48]),
+        (built.gif_with_metadata(), "image/gif", [3, 2]),
+    ]
+    for data, content_type, size in cases:
+        stripped = media.picture_metadata.strip(data, content_type)
+        decoded = page.evaluate(
+            """async ([bytes, type]) => {
+                 const bitmap = await createImageBitmap(new Blob([new Uint8Array(bytes)], {type}));
+                 return [bitmap.width, bitmap.height];
+               }""",
+            [list(stripped), content_type],
+        )
+        assert decoded == size, content_type
