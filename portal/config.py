@@ -246,6 +246,16 @@ class RetentionSettings:
     receipt_months: int = setting("RECEIPT_RETENTION_MONTHS", _positive_whole, 13)
     # Job runs: the sequencer alone records one a second (portal/retention/tables.py).
     job_run_days: int = setting("JOB_RUN_RETENTION_DAYS", _positive_whole, 7)
+    # Uploaded pictures no campaign or draft uses (portal/retention/tables.py).
+    picture_unused_days: int = setting("PICTURE_UNUSED_RETENTION_DAYS", _positive_whole, 30)
+
+
+@dataclass(frozen=True)
+class PictureSettings:
+    """Uploads of campaign pictures (portal/campaigns/media.py): at most this many new
+    pictures per member of staff in any 24 hours; zero, no limit."""
+
+    uploads_per_day: int = setting("PICTURE_UPLOADS_PER_DAY", _whole, 100)
 
 
 @dataclass(frozen=True)
@@ -378,6 +388,7 @@ class Settings:
     retry: RetrySettings = field(default_factory=RetrySettings)
     frequency_caps: FrequencyCapSettings = field(default_factory=FrequencyCapSettings)
     quiet_hours: QuietHoursSettings = field(default_factory=QuietHoursSettings)
+    pictures: PictureSettings = field(default_factory=PictureSettings)
     # How long a claimed delivery belongs to its process unless renewed (the sender
     # renews it while sending); past it (the process died) another may send it again.
     dispatch_lease_seconds: float = setting("DISPATCH_LEASE_SECONDS", _lease, 60.0)

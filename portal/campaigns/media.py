@@ -20,6 +20,7 @@ import struct
 import uuid
 from dataclasses import dataclass
 
+import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -166,10 +167,16 @@ def path_of(picture: Picture) -> str:
 
 
 def store(
-    session: Session, data: bytes, *, uploaded_by: uuid.UUID | None, now: dt.datetime
+    session: Session,
+    data: bytes,
+    *,
+    uploaded_by: uuid.UUID | None,
+    now: dt.datetime,
+    per_day: int = 0,
 ) -> Picture:
     """Check ``data`` and keep it without its metadata (once: an identical upload returns
-    the kept picture)."""
+    the kept picture). ``per_day``: at most this many new pictures by ``uploaded_by`` in
+    any 24 hours (0: no limit; the command line has none)."""
     shape = read_shape(data)
     # Where a photo was taken, the camera, the owner: every recipient would download it.
     data = picture_metadata.strip(data, shape.content_type)
@@ -178,6 +185,8 @@ def store(
     kept = session.get(Picture, digest)
     if kept is not None:
         return kept
+    if per_day and uploaded_by is not None:
+        _check_quota(session, uploaded_by, now, per_day)
     values = {
         "sha256": digest,
         "content_type": shape.content_type,
@@ -194,6 +203,22 @@ def store(
     picture = session.get(Picture, digest)
     assert picture is not None
     return picture
+
+
+def _check_quota(session: Session, staff_id: uuid.UUID, now: dt.datetime, per_day: int) -> None:
+    since = now - dt.timedelta(days=1)
+    recent = session.scalars(
+        sa.select(Picture.uploaded_at)
+        .where(Picture.uploaded_by == staff_id, Picture.uploaded_at > since)
+        .order_by(Picture.uploaded_at)
+    ).all()
+    if len(recent) >= per_day:
+        again = recent[len(recent) - per_day] + dt.timedelta(days=1)
+        raise _refuse(
+            f"You have uploaded {len(recent)} pictures in the last 24 hours, the most one "
+            f"person may: use a picture already kept, or upload again after "
+            f"{again.astimezone(dt.UTC):%H:%M} UTC"
+        )
 
 
 def unkept_address(session: Session, value: str) -> str | None:

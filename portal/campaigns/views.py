@@ -370,7 +370,13 @@ def _take_upload(form: CampaignForm) -> bool:
         form.upload_as.errors = ["Choose what the uploaded picture is for"]
         return False
     try:
-        picture = media.store(db.session, data, uploaded_by=_signed_in().id, now=_now())
+        picture = media.store(
+            db.session,
+            data,
+            uploaded_by=_signed_in().id,
+            now=_now(),
+            per_day=current_portal().settings.pictures.uploads_per_day,
+        )
     except ApiError as problem:
         db.session.rollback()
         form.upload.errors = [problem.message]

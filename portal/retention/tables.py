@@ -22,6 +22,10 @@ sweep (``portal.batches``). None of them changes a figure a page shows:
   run and newest finished run (what the jobs page's table of jobs and the compliance
   page's last log check show) nor the newest ``RECENT_RUNS_LISTED`` runs (the jobs
   page's list of recent runs), so those pages are the same.
+- **campaign_picture** rows uploaded more than ``PICTURE_UNUSED_RETENTION_DAYS`` ago that
+  no campaign and no draft names (as icon, image, badge or a variant's image, in any
+  spelling of its ``/media/`` address) go: an upload tried in a preview and never used.
+  A picture a campaign names stays as long as the campaign: its notifications fetch it.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ import sqlalchemy as sa
 from flask import Flask
 
 from portal.batches import delete_batches
+from portal.campaigns.media_models import Picture
+from portal.campaigns.models import Campaign, Draft
 from portal.config import Settings
 from portal.db import db
 from portal.delivery.models import Delivery, DeliveryReceipt
@@ -52,6 +58,9 @@ _session = cast(sa.Table, StaffSession.__table__)
 _receipt = cast(sa.Table, DeliveryReceipt.__table__)
 _delivery = cast(sa.Table, Delivery.__table__)
 _run = cast(sa.Table, JobRun.__table__)
+_picture = cast(sa.Table, Picture.__table__)
+_campaign = cast(sa.Table, Campaign.__table__)
+_draft = cast(sa.Table, Draft.__table__)
 
 
 def old_digests(app: Flask, now: dt.datetime, settings: Settings) -> sa.ColumnElement[bool]:
@@ -114,6 +123,24 @@ def old_job_runs(app: Flask, now: dt.datetime, settings: Settings) -> sa.ColumnE
     return (_run.c.started_at < cutoff) & _run.c.id.not_in(sorted(kept))
 
 
+def unused_pictures(now: dt.datetime, settings: Settings) -> sa.ColumnElement[bool]:
+    """Pictures past the window that no campaign or draft names: the address's
+    ``/media/<sha256>.`` found in a campaign's icon, image, badge or variants, or in a
+    draft's fields (a handful of uploads, each looked for once)."""
+    cutoff = now - dt.timedelta(days=settings.retention.picture_unused_days)
+    named = sa.literal("%/media/") + _picture.c.sha256 + sa.literal(".%")
+    in_campaign = sa.exists().where(
+        sa.or_(
+            _campaign.c.icon.like(named),
+            _campaign.c.image.like(named),
+            _campaign.c.badge.like(named),
+            sa.cast(_campaign.c.variants, sa.Text).like(named),
+        )
+    )
+    in_draft = sa.exists().where(sa.cast(_draft.c.fields, sa.Text).like(named))
+    return (_picture.c.uploaded_at < cutoff) & ~in_campaign & ~in_draft
+
+
 def table_retention_job(app: Flask, progress: Progress) -> JobReport:
     portal = current_portal(app)
     settings, now = portal.settings, portal.clock.now()
@@ -124,6 +151,7 @@ def table_retention_job(app: Flask, progress: Progress) -> JobReport:
         (_session, ended_sessions(now, settings)),
         (_receipt, orphaned_receipts(now, settings)),
         (_run, old_job_runs(app, now, settings)),
+        (_picture, unused_pictures(now, settings)),
     ):
         delete_batches(
             app,
