@@ -21,6 +21,7 @@ from portal.campaigns import media
 from portal.delivery.models import Delivery, DeliveryReceipt
 from tests.browser.conftest import DESKTOP, PHONE, LiveServer
 from tests.browser.test_accessibility import TARGETS, _staff, axe_results, page_overflow
+from tests.campaigns import test_picture_metadata as built
 
 pytestmark = pytest.mark.browser
 
@@ -385,8 +386,6 @@ def test_chromium_decodes_pictures_stripped_of_metadata_and_turns_by_the_kept_or
 ) -> None:
     """The metadata taken out (portal/campaigns/picture_metadata.py), each format still
     decodes at its size, and a JPEG's kept orientation 6 (a quarter turn) is applied."""
-    from tests.campaigns import test_picture_metadata as built
-
     page = new_context().new_page()
     page.goto("about:blank")
     cases = [

@@ -8,6 +8,7 @@ axe-core finds nothing in any of these states, and nothing scrolls sideways.
 from __future__ import annotations
 
 import datetime as dt
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,9 @@ from typing import Any
 import pytest
 from playwright.sync_api import Page, expect
 
+from portal.campaigns import services as campaigns
+from portal.campaigns.services import CampaignDraft
+from portal.delivery.models import Delivery
 from tests.browser.conftest import DESKTOP, PHONE, LiveServer
 from tests.browser.test_accessibility import TARGETS, _staff, axe_results, page_overflow
 from tests.factories import SubscriptionFactory
@@ -257,3 +261,52 @@ def test_an_unknown_fallback_zone_is_refused_in_the_error_summary(viewport, new_
     link.click()
     expect(page.locator("#fallback_zone")).to_be_focused()
     assert server.scalar("SELECT count(*) FROM campaign") == 0
+
+
+@WIDTHS
+def test_the_campaign_page_says_who_waits_for_their_hour_and_for_quiet_hours_to_end(
+    viewport, new_context, server
+):
+    """A local-time campaign part sent: some deliveries wait for 09:00 where the person
+    is, some for quiet hours to end; the page says both, apart from retries."""
+    now = dt.datetime.now(dt.UTC).replace(microsecond=0)
+    with server.session() as session, session.begin():
+        campaign = campaigns.create_campaign(
+            session,
+            CampaignDraft(
+                topic="weekly-digest",
+                title="Good morning",
+                body="Today's digest",
+                time_zone="Europe/Paris",
+                local_time=dt.time(9),
+                fallback_zone="Europe/Paris",
+            ),
+            created_by="officer@example.test",
+            now=now,
+        )
+        campaign.status, campaign.materialised_at = "sending", now
+        rows = [("accepted", None, now)] + [("queued", None, now + dt.timedelta(hours=5))] * 2
+        rows += [("queued", "quiet_hours", now + dt.timedelta(hours=7))] * 3
+        for status, reason, due in rows:
+            session.add(
+                Delivery(
+                    campaign_id=campaign.id,
+                    subscription_id=uuid.uuid4(),
+                    push_service="fcm",
+                    status=status,
+                    attempts=1 if status == "accepted" else 0,
+                    next_attempt_at=due,
+                    reason=reason,
+                    consent_reason="explicit_opt_in",
+                    updated_at=now,
+                )
+            )
+        campaign_id = campaign.id
+    page = _open(new_context, server, viewport)
+    page.goto(f"/staff/campaigns/{campaign_id}")
+    main = page.locator("main")
+    expect(main).to_contain_text("2 deliveries waiting for 09:00 in the person's time zone")
+    expect(main).to_contain_text("3 deliveries waiting for quiet hours to end where the person is")
+    expect(main).not_to_contain_text("Retrying")
+    expect(page.locator("#campaign-local-time")).to_contain_text("At 09:00 in each person's")
+    _checked(page, "campaign-waiting", viewport, part="main")

@@ -464,3 +464,35 @@ def test_the_command_line_refuses_what_the_form_refuses(catalogue_ready, args, e
     assert error in result.stderr
     with db.begin(catalogue_ready) as session:
         assert session.scalars(sa.select(Campaign)).all() == []
+
+
+# -- across a clock change, through the engine -----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("start", "zone", "due"),
+    [
+        # Sydney's summer time ends at 03:00 on Sunday 4 April 2027 (UTC+11 → UTC+10):
+        # launched on the Saturday at 12:00 UTC (23:00 there), 09:00 Sunday is 23:00 UTC.
+        (at(2027, 4, 3, 12), "Australia/Sydney", at(2027, 4, 3, 23)),
+        # New York's begins at 02:00 on Sunday 14 March 2027 (UTC-5 → UTC-4): launched at
+        # 03:00 UTC (22:00 Saturday there), 09:00 Sunday is 13:00 UTC, not 14:00.
+        (at(2027, 3, 14, 3), "America/New_York", at(2027, 3, 14, 13)),
+    ],
+    ids=["sydney-autumn", "new-york-spring"],
+)
+def test_nine_oclock_is_found_across_the_clock_change_and_sent_then(
+    push_app, dispatcher, fake_push, clock, start, zone, due
+):
+    clock.advance(start - clock.now())
+    sub = _person(push_app, fake_push, zone)
+    campaign = _launch(push_app, clock, local_time=NINE, fallback_zone="UTC")
+    dispatcher.tick()
+    assert _due(push_app, campaign.id) == [(due, "queued")]
+    clock.advance(due - clock.now() - dt.timedelta(seconds=1))
+    dispatcher.tick()
+    assert fake_push.received(sub) == []
+    clock.advance(dt.timedelta(seconds=1))
+    dispatcher.tick()
+    assert len(fake_push.received(sub)) == 1
+    assert _due(push_app, campaign.id) == [(due, "accepted")]

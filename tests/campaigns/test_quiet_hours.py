@@ -383,3 +383,32 @@ def test_erasure_removes_the_persons_quiet_hours(quiet_app, fake_push, clock):
         (subscriber_id,) = session.scalars(sa.select(Subscriber.id)).all()
         erase_subscriber(session, subscriber_id, now=clock.now())
     assert _windows(app) == [(None, None)]
+
+
+@pytest.mark.parametrize(
+    ("now", "zone", "until"),
+    [
+        # 01:00 on Sunday 4 April 2027 in Sydney (UTC+11); at 03:00 the clocks go back, so
+        # 08:00 is UTC+10: 22:00 UTC, eleven wall-clock hours but twelve real ones later.
+        (at(2027, 4, 3, 14), "Australia/Sydney", at(2027, 4, 3, 22)),
+        # 01:00 on Sunday 14 March 2027 in New York (UTC-5); at 02:00 the clocks go
+        # forward, so 08:00 is UTC-4: 12:00 UTC, six real hours later.
+        (at(2027, 3, 14, 6), "America/New_York", at(2027, 3, 14, 12)),
+    ],
+    ids=["sydney-autumn", "new-york-spring"],
+)
+def test_quiet_hours_end_at_eight_across_the_clock_change_through_the_engine(
+    quiet_app, fake_push, clock, now, zone, until
+):
+    app, engine = quiet_app()
+    clock.advance(now - clock.now())
+    sub, _ = _person(app, fake_push, zone)
+    campaign_id = _launch(app, clock)
+    engine.tick()
+    assert _rows(app, campaign_id) == [("queued", "quiet_hours", until, 0)]
+    clock.advance(until - clock.now() - dt.timedelta(seconds=1))
+    engine.tick()
+    assert fake_push.received(sub) == []
+    clock.advance(dt.timedelta(seconds=1))
+    engine.tick()
+    assert len(fake_push.received(sub)) == 1
