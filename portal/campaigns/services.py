@@ -168,6 +168,11 @@ class PayloadTemplate:
 
 def payload_size(draft: CampaignDraft) -> int:
     """The plaintext size of the largest message this draft can produce (of any variant)."""
+    return max(payload_sizes(draft))
+
+
+def payload_sizes(draft: CampaignDraft) -> list[int]:
+    """The plaintext size of the largest message of each variant (A alone without a test)."""
     probe = Campaign(
         id=uuid.UUID(int=0),
         title=draft.title,
@@ -181,10 +186,10 @@ def payload_size(draft: CampaignDraft) -> int:
         silent=draft.silent,
         variants=variants_of(draft),
     )
-    return max(
+    return [
         len(payload(probe, _LARGEST_DELIVERY_ID, variant))
         for variant in range(len(probe.variants or [None]))
-    )
+    ]
 
 
 def variants_of(draft: CampaignDraft) -> list[dict[str, str | None]] | None:
@@ -194,7 +199,10 @@ def variants_of(draft: CampaignDraft) -> list[dict[str, str | None]] | None:
         return None
     return [
         {"title": title.strip(), "body": body.strip(), "image": (image or "").strip() or None}
-        for title, body, image in ((draft.title, draft.body, draft.image), *draft.variants)
+        for title, body, image in (
+            (draft.title, draft.body, draft.image),
+            *draft.variants[: variants.MAX_VARIANTS - 1],  # more are refused, not kept
+        )
     ]
 
 
@@ -364,14 +372,16 @@ def validate_draft(
         "collapse_key",
     )
     problems.extend(_time_problems(draft, now))
-    size = payload_size(draft)
-    check(
-        size <= MAX_PLAINTEXT,
-        "payload_too_large",
-        f"The message is {size} bytes; it must be at most {MAX_PLAINTEXT} bytes once encrypted "
-        f"into 4096 — shorten it by {size - MAX_PLAINTEXT} bytes",
-        "body",
-    )
+    for index, size in enumerate(payload_sizes(draft)):
+        # Said at the message of the variant that is too large (A: the message field).
+        whose = "The message" if index == 0 else f"Variant {variants.NAMES[index]}'s message"
+        check(
+            size <= MAX_PLAINTEXT,
+            "payload_too_large",
+            f"{whose} is {size} bytes; it must be at most {MAX_PLAINTEXT} bytes once "
+            f"encrypted into 4096 — shorten it by {size - MAX_PLAINTEXT} bytes",
+            "body" if index == 0 else variant_field(index - 1, "body"),
+        )
     return problems
 
 

@@ -129,7 +129,9 @@ def test_each_variant_needs_a_title_and_a_message_and_at_most_three(catalogue_re
 def test_the_payload_limit_counts_the_largest_variant(catalogue_ready, clock):
     long_body = "x" * 3900
     found = _problems(catalogue_ready, clock, variants=(("Short", long_body, None),))
-    assert found and found[0][0] == "body" and "shorten it by" in found[0][1]
+    # Said at variant B's message, the one too large.
+    assert len(found) == 1 and found[0][0] == "variant_b_body"
+    assert found[0][1].startswith("Variant B's message is ") and "shorten it by" in found[0][1]
     assert campaigns.payload_size(_draft(variants=(("Short", long_body, None),))) > MAX_PLAINTEXT
 
 
