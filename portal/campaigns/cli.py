@@ -37,6 +37,8 @@ def _now() -> dt.datetime:
 _OPTIONS = {  # a draft's field → the option that sets it
     "timezone": "zone",
     "local_time": "local-time",
+    "test_share": "test-share",
+    "winner_after_hours": "winner-after",
     **{
         f"variant_{letter}_{part}": "variant"
         for letter in "bc"
@@ -151,6 +153,19 @@ def _instant(
     help="An A/B test: another version of the title and message, split at the first '|' "
     "(--title and --body are variant A). At most two: B and C.",
 )
+@click.option(
+    "--test-share",
+    type=click.IntRange(1, 99),
+    metavar="PERCENT",
+    help="With --variant: test on this share of the audience first; the rest get the winner.",
+)
+@click.option(
+    "--winner-after",
+    type=click.IntRange(1, 168),
+    metavar="HOURS",
+    help="With --test-share: send the variant with the best click-through rate to the rest "
+    "this many hours after the send time.",
+)
 @click.option("--require-interaction", is_flag=True, help="Keep it on screen until acted on.")
 @click.option("--silent", is_flag=True, help="No sound or vibration.")
 @click.option(
@@ -177,6 +192,8 @@ def campaign_create(
     badge: str | None,
     actions: tuple[str, ...],
     variant_texts: tuple[str, ...],
+    test_share: int | None,
+    winner_after: int | None,
     require_interaction: bool,
     silent: bool,
     draft: bool,
@@ -232,6 +249,8 @@ def campaign_create(
         local_time=at,
         fallback_zone=fallback_zone or None,
         variants=tuple(others),
+        test_share=test_share,
+        winner_after_hours=winner_after,
     )
     now = _now()
     if draft:
@@ -310,6 +329,8 @@ def _save_draft(
             "require_interaction": "y" if candidate.require_interaction else "",
             "silent": "y" if candidate.silent else "",
             **drafts.variant_fields(services.variants_of(candidate)),
+            "test_share": str(candidate.test_share or ""),
+            "winner_after_hours": str(candidate.winner_after_hours or ""),
             "urgency": candidate.urgency,
             "ttl": ttl.strip(),
             "collapse_key": candidate.collapse_key,

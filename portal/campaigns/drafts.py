@@ -49,6 +49,8 @@ FIELDS = (
     "variant_c_title",
     "variant_c_body",
     "variant_c_image",
+    "test_share",
+    "winner_after_hours",
     "urgency",
     "ttl",
     "collapse_key",
@@ -240,6 +242,10 @@ def fields_of(campaign: Campaign, topic: Topic) -> dict[str, str]:
             "require_interaction": "y" if campaign.require_interaction else "",
             "silent": "y" if campaign.silent else "",
             **variant_fields(campaign.variants),
+            "test_share": str(campaign.test_share) if campaign.test_share else "",
+            "winner_after_hours": (
+                str(campaign.winner_after // 3600) if campaign.winner_after else ""
+            ),
             "urgency": campaign.urgency,
             "ttl": str(campaign.ttl),
             "collapse_key": campaign.collapse_key,

@@ -124,6 +124,10 @@ class CampaignForm(CheckedForm):
     variant_c_title = StringField("Variant C: title", filters=[_strip])
     variant_c_body = TextAreaField("Variant C: message", filters=[_text])
     variant_c_image = StringField("Variant C: image (optional)", filters=[_strip])
+    test_share = StringField(
+        "Test on this share of the audience first (optional)", filters=[_strip]
+    )
+    winner_after_hours = StringField("Send the winner to the rest after", filters=[_strip])
     urgency = StringField("Urgency", default="normal", filters=[_strip])
     ttl = StringField("Time to live, in seconds", default="86400", filters=[_strip])
     collapse_key = StringField("Collapse key (optional)", filters=[_strip])
@@ -245,6 +249,18 @@ def _times(form: CampaignForm) -> tuple[dt.datetime | None, dt.datetime | None]:
     return send_at, deliver_until
 
 
+def _whole(field: Field, refusal: str) -> int | None:
+    """A whole number typed in ``field``: None when empty, or (with the field's error)
+    when it is not ASCII digits."""
+    text = field.data or ""
+    if not text:
+        return None
+    if not _SECONDS.fullmatch(text):
+        _error(field, refusal)
+        return None
+    return int(text)
+
+
 def _local_time(form: CampaignForm) -> dt.time | None:
     """The time of day for local-time delivery, when one is asked for and reads."""
     text = form.local_time.data or ""
@@ -289,6 +305,8 @@ def check(form: CampaignForm, session: Session, *, now: dt.datetime) -> Campaign
         local_time=_local_time(form),
         fallback_zone=form.fallback_zone.data or None,
         variants=form.variants(),
+        test_share=_whole(form.test_share, "Enter the test share as a whole percentage, like 20"),
+        winner_after_hours=_whole(form.winner_after_hours, "Enter whole hours, like 4"),
     )
     time_unclear = bool(form.send_at.errors or form.schedule.errors)
     for problem in services.validate_draft(

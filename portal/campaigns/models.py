@@ -57,6 +57,12 @@ class Campaign(Base):
     # A/B variants (portal/campaigns/variants.py): [{"title", "body", "image"}, …] in
     # order A, B(, C); A is the campaign's own title, body and image. NULL: no test.
     variants: Mapped[list[dict[str, str | None]] | None] = mapped_column(sa.JSON)
+    # Test on ``test_share`` percent of the audience, then ``winner_after`` seconds after
+    # ``send_at`` send the best variant (``winner``) to the rest. NULL: everyone at once.
+    test_share: Mapped[int | None] = mapped_column(sa.SmallInteger)
+    winner_after: Mapped[int | None] = mapped_column(sa.Integer)
+    winner: Mapped[int | None] = mapped_column(sa.SmallInteger)
+    winner_chosen_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
     status: Mapped[str] = mapped_column(sa.String(16), nullable=False)
     created_by: Mapped[str] = mapped_column(sa.String(255), nullable=False)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, nullable=False)

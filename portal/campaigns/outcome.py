@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session
 
 from portal.campaigns.models import Campaign, CampaignStatus, CircuitState
 from portal.campaigns.presentation import zoned_time
+from portal.campaigns.variants import AWAITING_WINNER, winner_due
 from portal.delivery.models import Delivery, DeliveryStatus, Unsendable
 from portal.delivery.quiet import QUIET_HOURS
 
@@ -88,6 +89,9 @@ class Facts:
     # when the first of them is due again. Not retries: no attempt failed.
     quiet: int = 0
     next_quiet_at: dt.datetime | None = None
+    # Held for an A/B test's winner (portal/campaigns/variants.py), and when it is chosen.
+    awaiting_winner: int = 0
+    winner_at: dt.datetime | None = None
 
     @property
     def total(self) -> int:
@@ -275,7 +279,21 @@ def _sending_activity(facts: Facts) -> list[str]:
         if facts.next_quiet_at is not None:
             line += f"; the next due {zoned_time(facts.next_quiet_at, facts.time_zone).text}"
         lines.append(line + ".")
-    fresh = facts.count(DeliveryStatus.QUEUED) - facts.retrying - facts.later - facts.quiet
+    if facts.awaiting_winner:
+        line = (
+            f"{_plural(facts.awaiting_winner, 'delivery', 'deliveries')} waiting for the A/B "
+            "test's winner"
+        )
+        if facts.winner_at is not None:
+            line += f", chosen {zoned_time(facts.winner_at, facts.time_zone).text}"
+        lines.append(line + ".")
+    fresh = (
+        facts.count(DeliveryStatus.QUEUED)
+        - facts.retrying
+        - facts.later
+        - facts.quiet
+        - facts.awaiting_winner
+    )
     if fresh > 0 and not facts.recent and not in_flight:
         lines.append(f"{_plural(fresh, 'delivery', 'deliveries')} waiting for their first attempt.")
     return lines
@@ -294,7 +312,11 @@ def status_phrase(code: int | None) -> str:
 def _retrying(status: str, reason: str | None) -> bool:
     """Queued again after an attempt that did not get through (a reason is kept), as
     against waiting for quiet hours to end (no attempt was made)."""
-    return status == DeliveryStatus.QUEUED.value and reason not in (None, QUIET_HOURS)
+    return status == DeliveryStatus.QUEUED.value and reason not in (
+        None,
+        QUIET_HOURS,
+        AWAITING_WINNER,
+    )
 
 
 def retry_causes(reasons: list[Reason]) -> str:
@@ -421,7 +443,7 @@ def read(
     counts = {s.value: 0 for s in DeliveryStatus}
     reasons: dict[tuple[str, str | None, int | None], list[int]] = {}
     per_service: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    retrying = recent_total = later = quiet = 0
+    retrying = recent_total = later = quiet = awaiting = 0
     next_retry: dt.datetime | None = None
     next_later: dt.datetime | None = None
     next_quiet: dt.datetime | None = None
@@ -437,6 +459,8 @@ def read(
         seen = reasons.setdefault(key, [0, 0])
         seen[0] += n
         seen[1] = max(seen[1], most)
+        if status == DeliveryStatus.QUEUED.value and reason == AWAITING_WINNER:
+            awaiting += n
         if status == DeliveryStatus.QUEUED.value and reason == QUIET_HOURS:
             quiet += n
             if earliest_at is not None:
@@ -464,6 +488,8 @@ def read(
         next_later_at=next_later,
         quiet=quiet,
         next_quiet_at=next_quiet,
+        awaiting_winner=awaiting,
+        winner_at=winner_due(campaign),
         recent=recent_total,
         reasons=[
             Reason(status, reason, code, n, most)

@@ -105,6 +105,7 @@ _NO_ANSWER = {
     "consent_withdrawn": "no consent",
     "frequency_cap": "frequency cap",
     "quiet_hours": "quiet hours",
+    "awaiting_winner": "waiting for the A/B winner",
     "subscription_ended": "subscription ended",
     "unreadable_keys": "keys unreadable",
 }
@@ -124,7 +125,11 @@ def answer_kind(answer: str) -> str:
     status, _, reason = answer.partition(":")
     if status == DeliveryStatus.FAILED.value:
         return "error"
-    if status == DeliveryStatus.QUEUED.value and reason and reason != "quiet_hours":
+    if status == DeliveryStatus.QUEUED.value and reason not in (
+        "",
+        "quiet_hours",
+        "awaiting_winner",
+    ):
         return "retry"
     return "none"
 

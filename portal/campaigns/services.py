@@ -54,6 +54,7 @@ _MATERIALISED = (
     "consent_reason",
     "consent_event_seq",
     "variant",
+    "reason",
     "updated_at",
 )
 
@@ -87,6 +88,10 @@ class CampaignDraft:
     # A/B test (portal/campaigns/variants.py): the other variants' (title, body, image),
     # B and C; the fields above are variant A. Empty: no test.
     variants: tuple[tuple[str, str, str | None], ...] = ()
+    # Test the variants on this percentage of the audience, then send the winner to the
+    # rest this many hours after the send time. Both None: everyone at once.
+    test_share: int | None = None
+    winner_after_hours: int | None = None
 
     @property
     def fallback(self) -> str | None:
@@ -361,6 +366,7 @@ def validate_draft(
             except ValidationError as problem:
                 problems.append(problem)
     problems.extend(_variant_problems(session, draft, unreadable, link_origins))
+    problems.extend(_winner_problems(draft, now))
     check(draft.urgency in URGENCIES, "invalid_value", "Choose an urgency", "urgency")
     check(
         0 <= draft.ttl <= MAX_TTL, "invalid_value", f"Time to live is 0 to {MAX_TTL} seconds", "ttl"
@@ -438,6 +444,67 @@ def _variant_problems(
                         image_field,
                     )
                 )
+    return problems
+
+
+MAX_WINNER_HOURS = 168  # a week: longer, and the test's audience has moved on
+
+
+def _winner_problems(draft: CampaignDraft, now: dt.datetime) -> list[ValidationError]:
+    """A test on a share of the audience with the winner sent to the rest later."""
+    share, hours = draft.test_share, draft.winner_after_hours
+    if share is None and hours is None:
+        return []
+    problems: list[ValidationError] = []
+    if not draft.variants:
+        problems.append(
+            ValidationError(
+                "no_variants",
+                "A test share needs variants to test: fill in variant B, or leave the share empty",
+                "test_share",
+            )
+        )
+    if share is None or not 1 <= share <= 99:
+        problems.append(
+            ValidationError(
+                "invalid_value",
+                "Enter the test share as a whole percentage from 1 to 99",
+                "test_share",
+            )
+        )
+    if hours is None or not 1 <= hours <= MAX_WINNER_HOURS:
+        problems.append(
+            ValidationError(
+                "invalid_value",
+                f"Enter when to send the winner as whole hours from 1 to {MAX_WINNER_HOURS}",
+                "winner_after_hours",
+            )
+        )
+    if draft.local_time is not None:
+        problems.append(
+            ValidationError(
+                "invalid_value",
+                "A test whose winner goes to the rest later cannot also be sent at a local "
+                "time: leave out the local time or the test share",
+                "test_share",
+            )
+        )
+    send_at = draft.send_at or now
+    if (
+        hours is not None
+        and draft.deliver_until is not None
+        and draft.deliver_until.tzinfo is not None
+        and send_at.tzinfo is not None
+        and draft.deliver_until <= send_at + dt.timedelta(hours=hours)
+    ):
+        problems.append(
+            ValidationError(
+                "invalid_value",
+                "“Don't deliver after” must be later than when the winner is sent "
+                f"({hours} hours after the send time)",
+                "deliver_until",
+            )
+        )
     return problems
 
 
@@ -546,6 +613,12 @@ def unsaved_campaign(
         require_interaction=draft.require_interaction,
         silent=draft.silent,
         variants=variants_of(draft),
+        test_share=draft.test_share if draft.variants else None,
+        winner_after=(
+            draft.winner_after_hours * 3600
+            if draft.variants and draft.winner_after_hours is not None
+            else None
+        ),
         urgency=draft.urgency,
         ttl=draft.ttl,
         collapse_key=draft.collapse_key or None,
@@ -607,6 +680,8 @@ def create_test_campaign(
             local_time=None,
             fallback_zone=None,
             variants=(),
+            test_share=None,
+            winner_after_hours=None,
         ),
         created_by=created_by,
         now=now,
@@ -757,6 +832,13 @@ def materialise_batch(
     due: sa.ColumnElement[Any] = sa.literal(campaign.send_at, _d.c.next_attempt_at.type)
     if campaign.local_time is not None and campaign.fallback_zone is not None:
         due = _local_due(session, campaign, ids, lower, upper)
+    # An A/B test on a share of the audience: the rest wait for the winner.
+    reason: sa.ColumnElement[Any] = sa.cast(sa.null(), sa.String)
+    held = variants.held_back(session, ids.c.id, campaign)
+    if held is not None:
+        pending = sa.literal(variants.WINNER_PENDING, _d.c.next_attempt_at.type)
+        due = sa.case((held, pending), else_=due)
+        reason = sa.case((held, sa.literal(variants.AWAITING_WINNER)), else_=reason)
     chosen = sa.select(
         sa.literal(campaign.id, sa.Uuid).label("campaign_id"),
         ids.c.id.label("subscription_id"),
@@ -767,6 +849,7 @@ def materialise_batch(
         ids.c.reason.label("consent_reason"),
         ids.c.event_seq.label("consent_event_seq"),
         variants.variant_column(session, ids.c.id, campaign).label("variant"),
+        reason.label("reason"),
         sa.literal(now, _d.c.updated_at.type).label("updated_at"),
     ).where(ids.c.id <= upper)
     if lower is not None:

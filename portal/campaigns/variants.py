@@ -9,6 +9,13 @@ different campaigns split the audience differently. It is written on each delive
 the audience is materialised (:func:`variant_column`, one SQL expression for both
 databases, held to :func:`variant_of` by the tests).
 
+**Winner to the rest**: a campaign may test its variants on ``test_share`` percent of its
+audience (the subscriptions whose split byte falls in that share: :func:`in_test`) and
+hold the rest back, queued with reason ``awaiting_winner`` and due at
+:data:`WINNER_PENDING`; ``winner_after`` seconds after the send time the engine asks
+:func:`send_winner`, which chooses the variant with the best click-through rate
+(:func:`choose_winner`) and makes every held delivery that variant, due now.
+
 **The results** (:func:`results`): per variant, the deliveries, how many a push service
 accepted, were shown and were clicked (the funnel's rules: portal/campaigns/funnel.py),
 and the click-through rate of shown notifications with its 95% Wilson score interval. A
@@ -18,6 +25,7 @@ page says no variant leads yet.
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 import uuid
 import zlib
@@ -38,6 +46,9 @@ _r = cast(sa.Table, DeliveryReceipt.__table__)
 _FIRST_RANDOM_BYTE = 9  # of a UUIDv7: bytes 9-15 are random
 _HEX = "0123456789abcdef"
 Z_95 = 1.959963984540054
+AWAITING_WINNER = "awaiting_winner"  # the reason a delivery held for the winner carries
+# When a held delivery is due: never, until the winner is chosen and makes it due now.
+WINNER_PENDING = dt.datetime(9999, 12, 31, tzinfo=dt.UTC)
 
 
 def _byte(campaign_id: uuid.UUID) -> int:
@@ -50,24 +61,52 @@ def variant_of(campaign_id: uuid.UUID, subscription_id: uuid.UUID, count: int) -
     return subscription_id.bytes[_byte(campaign_id)] % count
 
 
+def in_test(campaign_id: uuid.UUID, subscription_id: uuid.UUID, share: int) -> bool:
+    """Whether a subscription is in the ``share`` percent a campaign tests its variants on."""
+    return subscription_id.bytes[_byte(campaign_id)] * 100 < share * 256
+
+
+def _split_byte(
+    session: Session, subscription_id: sa.ColumnElement[Any], campaign: Campaign
+) -> sa.ColumnElement[Any]:
+    position = _byte(campaign.id)
+    if is_postgres(session):
+        return sa.func.get_byte(sa.func.uuid_send(subscription_id), position)
+
+    # SQLite keeps a UUID as 32 lower-case hex digits: the byte is two of them.
+    def digit(offset: int) -> sa.ColumnElement[Any]:
+        return sa.func.instr(_HEX, sa.func.substr(subscription_id, offset, 1)) - 1
+
+    return digit(2 * position + 1) * 16 + digit(2 * position + 2)
+
+
+def held_back(
+    session: Session, subscription_id: sa.ColumnElement[Any], campaign: Campaign
+) -> sa.ColumnElement[bool] | None:
+    """SQL: this subscription waits for the winner (outside the test share, no winner
+    chosen yet); None when the campaign holds nobody back."""
+    if campaign.test_share is None or campaign.winner is not None or not campaign.variants:
+        return None
+    return _split_byte(session, subscription_id, campaign) * 100 >= campaign.test_share * 256
+
+
 def variant_column(
     session: Session, subscription_id: sa.ColumnElement[Any], campaign: Campaign
 ) -> sa.ColumnElement[Any]:
     """:func:`variant_of` in SQL, for the materialisation's INSERT … SELECT; NULL for a
-    campaign without variants."""
+    campaign without variants. With a test share: the split inside it, and outside it the
+    winner once chosen (NULL before: :func:`send_winner` sets it)."""
     count = len(campaign.variants or ())
     if count < 2:
         return sa.cast(sa.null(), sa.SmallInteger)
-    position = _byte(campaign.id)
-    if is_postgres(session):
-        byte: sa.ColumnElement[Any] = sa.func.get_byte(sa.func.uuid_send(subscription_id), position)
-    else:
-        # SQLite keeps a UUID as 32 lower-case hex digits: the byte is two of them.
-        def digit(offset: int) -> sa.ColumnElement[Any]:
-            return sa.func.instr(_HEX, sa.func.substr(subscription_id, offset, 1)) - 1
-
-        byte = digit(2 * position + 1) * 16 + digit(2 * position + 2)
-    return sa.cast(byte % count, sa.SmallInteger)
+    byte = _split_byte(session, subscription_id, campaign)
+    split = sa.cast(byte % count, sa.SmallInteger)
+    if campaign.test_share is None:
+        return split
+    rest = sa.literal(campaign.winner) if campaign.winner is not None else sa.null()
+    return sa.case(
+        (byte * 100 < campaign.test_share * 256, split), else_=sa.cast(rest, sa.SmallInteger)
+    )
 
 
 @dataclass(frozen=True)
@@ -132,6 +171,47 @@ class Results:
         if all(other is not None and best_interval.low > other.high for other in others):
             return best
         return None
+
+
+def choose_winner(found: Results) -> int:
+    """The variant with the best click-through rate of shown notifications (the first of
+    equals; A when nothing was shown)."""
+    best = max(found.variants, key=lambda v: (v.click_through or 0.0, -v.index))
+    return best.index
+
+
+def winner_due(campaign: Campaign) -> dt.datetime | None:
+    """When the winner goes to the rest, for a campaign that holds some back."""
+    if campaign.test_share is None or campaign.winner_after is None:
+        return None
+    return campaign.send_at + dt.timedelta(seconds=campaign.winner_after)
+
+
+def send_winner(session: Session, campaign_id: uuid.UUID, *, now: dt.datetime) -> int | None:
+    """Choose the winner of a campaign whose test time is over and make every held
+    delivery that variant, due now; None when there is nothing to do (not due, chosen
+    already, or not materialised whole). Under the campaign row's lock, so of many
+    processes one chooses, once, and no materialisation batch runs meanwhile."""
+    campaign = session.get(Campaign, campaign_id, with_for_update=True)
+    if campaign is None or campaign.winner is not None or campaign.materialised_at is None:
+        return None
+    due = winner_due(campaign)
+    if due is None or due > now:
+        return None
+    found = results(session, campaign)
+    winner = choose_winner(found) if found is not None else 0
+    campaign.winner, campaign.winner_chosen_at = winner, now
+    session.execute(
+        sa.update(_d)
+        .where(
+            _d.c.campaign_id == campaign.id,
+            _d.c.status == DeliveryStatus.QUEUED.value,
+            _d.c.reason == AWAITING_WINNER,
+        )
+        .values(variant=winner, reason=None, next_attempt_at=now, updated_at=now)
+    )
+    session.flush()
+    return winner
 
 
 def results(session: Session, campaign: Campaign) -> Results | None:

@@ -870,6 +870,7 @@ def _detail_page(
         **_progress(campaign),
         topic=topic,
         variant_results=variants.results(db.session, campaign),
+        winner_at=variants.winner_due(campaign),
         ttl_words=presentation.ttl_in_words(campaign.ttl),
         urgency=presentation.urgency_text(campaign.urgency),
         confirm=ConfirmForm(),

@@ -28,7 +28,7 @@ import sqlalchemy as sa
 from flask import Flask
 from sqlalchemy.orm import Session
 
-from portal.campaigns import metrics
+from portal.campaigns import metrics, variants
 from portal.campaigns.models import Campaign, CampaignStatus, CircuitState
 from portal.campaigns.services import (
     PayloadTemplate,
@@ -195,6 +195,7 @@ class Dispatcher:
                         updated_at=now,
                     )
                 )
+        self._send_winners(now)
         with db.begin(self.app) as session:
             pending = session.scalars(
                 sa.select(Campaign)
@@ -230,6 +231,23 @@ class Dispatcher:
                 .values(status=CampaignStatus.COMPLETED.value, finished_at=now)
             )
         return materialised
+
+    def _send_winners(self, now: dt.datetime) -> None:
+        """A/B tests whose test time is over: the winner to the held deliveries
+        (portal/campaigns/variants.py)."""
+        with db.begin(self.app) as session:
+            testing = session.scalars(
+                sa.select(Campaign).where(
+                    Campaign.status.in_([_SENDING, CampaignStatus.PAUSED.value]),
+                    Campaign.winner_after.is_not(None),
+                    Campaign.winner.is_(None),
+                    Campaign.materialised_at.is_not(None),
+                )
+            ).all()
+            due = [c.id for c in testing if (variants.winner_due(c) or now) <= now]
+        for campaign_id in due:
+            with db.begin(self.app) as session:
+                variants.send_winner(session, campaign_id, now=now)
 
     # -- claiming ---------------------------------------------------------------------
 

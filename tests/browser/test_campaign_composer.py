@@ -337,17 +337,23 @@ def test_an_ab_test_is_composed_reviewed_and_its_results_compared(viewport, new_
     page.fill("#body", "Everything is half price this week.")
     page.fill("#variant_b_title", "Last days of the sale")
     page.fill("#variant_b_body", "Half price ends on Sunday.")
+    page.fill("#test_share", "20")
+    page.fill("#winner_after_hours", "4")
     expect(page.locator("#variants-hint")).to_contain_text("are variant A")
     page.click("button[value=review]")
     variants_row = page.locator("#review-variants")
-    expect(variants_row).to_contain_text("2 variants, each to about 50% of the audience")
+    expect(variants_row).to_contain_text(
+        "2 variants, each to about 50% of the first 20% of the audience; 4 hours after the "
+        "send time the one with the best click-through rate goes to the other 80%"
+    )
     expect(variants_row.locator("li")).to_have_count(2)
     _checked(page, "review-ab", viewport, part="#review-variants")
     page.click("button[value=launch]")
     page.wait_for_selector(".banner")
     campaign_id = str(uuid.UUID(str(server.scalar("SELECT id FROM campaign"))))
-    # Before anything is shown: no rate, and no leader.
+    # Before anything is shown: no rate, and no leader; the winner's time is named.
     expect(page.locator("#variant-verdict")).to_contain_text("No variant leads yet")
+    expect(page.locator("#variant-winner")).to_contain_text("Tested on 20% of the audience.")
     _checked(page, "campaign-ab-empty", viewport, part="section.variants")
 
     _answered(server, campaign_id, shown=400, clicked={0: 20, 1: 60})

@@ -5,6 +5,7 @@ engine, on both databases."""
 
 from __future__ import annotations
 
+import datetime as dt
 import html as htmllib
 import json
 import math
@@ -24,7 +25,7 @@ from portal.campaigns.services import MAX_PLAINTEXT, CampaignDraft
 from portal.campaigns.variants import wilson
 from portal.db import db, uuid7
 from portal.delivery.models import Delivery, DeliveryReceipt
-from tests.campaigns.conftest import form_data
+from tests.campaigns.conftest import CAMPAIGNER, form_data
 
 B = ("Last chance", "Ends tonight", None)
 C = ("Don't miss it", "Midnight deadline", "/static/c.png")
@@ -343,3 +344,195 @@ def test_the_command_line_refuses_what_the_form_refuses(catalogue_ready, args, e
     assert error in result.stderr
     with db.begin(catalogue_ready) as session:
         assert session.scalars(sa.select(Campaign)).all() == []
+
+
+# -- the winner to the rest ---------------------------------------------------------------
+
+
+def test_the_winner_is_the_best_click_through_and_a_without_anything_shown():
+    assert variants.choose_winner(variants.Results([_result(0, 100, 5), _result(1, 100, 9)])) == 1
+    assert variants.choose_winner(variants.Results([_result(0, 100, 9), _result(1, 100, 9)])) == 0
+    assert variants.choose_winner(variants.Results([_result(0, 0, 0), _result(1, 0, 0)])) == 0
+
+
+def test_a_test_share_sends_the_winner_to_the_rest_after_the_test(
+    push_app, dispatcher, fake_push, clock, sign_in
+):
+    subs = _people(push_app, fake_push, 60)
+    with db.begin(push_app) as session:
+        campaign = campaigns.create_campaign(
+            session,
+            _draft(variants=(B,), test_share=30, winner_after_hours=4),
+            created_by="test",
+            now=clock.now(),
+        )
+        campaign_id = campaign.id
+    for _ in range(3):
+        dispatcher.tick()
+
+    def deliveries():
+        with db.begin(push_app) as session:
+            return session.execute(
+                sa.select(
+                    Delivery.id,
+                    Delivery.subscription_id,
+                    Delivery.variant,
+                    Delivery.status,
+                    Delivery.reason,
+                ).where(Delivery.campaign_id == campaign_id)
+            ).all()
+
+    rows = deliveries()
+    tested = [r for r in rows if variants.in_test(campaign_id, r.subscription_id, 30)]
+    held = [r for r in rows if not variants.in_test(campaign_id, r.subscription_id, 30)]
+    assert 5 <= len(tested) <= 35 and len(tested) + len(held) == 60
+    assert {(r.status, r.reason) for r in tested} == {("accepted", None)}
+    assert {(r.status, r.reason, r.variant) for r in held} == {("queued", "awaiting_winner", None)}
+    assert sum(len(fake_push.received(s)) for s in subs) == len(tested)
+    staff = sign_in(push_app)
+    page = htmllib.unescape(
+        re.sub(r"<[^>]+>", "", staff.get(f"/staff/campaigns/{campaign_id}").text)
+    )
+    assert (
+        f"{len(held)} deliveries waiting for the A/B test's winner, chosen Thu 1 Jan 2026, "
+        "04:00 UTC." in page
+    )
+    assert "Tested on 30% of the audience." in page and "Retrying" not in page
+
+    # Variant B's notifications get clicked, A's are only shown.
+    with db.begin(push_app) as session:
+        for row in tested:
+            session.add(DeliveryReceipt(delivery_id=str(row.id), event="shown", at=clock.now()))
+            if row.variant == 1:
+                session.add(
+                    DeliveryReceipt(delivery_id=str(row.id), event="clicked", at=clock.now())
+                )
+    clock.advance(hours=3, minutes=59)
+    dispatcher.tick()
+    assert {r.reason for r in deliveries() if r.id in {h.id for h in held}} == {"awaiting_winner"}
+    clock.advance(minutes=1)
+    for _ in range(3):
+        dispatcher.tick()
+    rows = deliveries()
+    assert {(r.status, r.variant) for r in rows if r.id in {h.id for h in held}} == {
+        ("accepted", 1)
+    }
+    # Each person got one message, with their delivery's variant: the held ones B's.
+    variant_of_delivery = {r.id: r.variant for r in rows}
+    for sub in subs:
+        (plaintext,) = fake_push.plaintexts(sub)
+        message = json.loads(plaintext)
+        expected = "Last chance" if variant_of_delivery[int(message["deliveryId"])] else "Sale"
+        assert message["title"] == expected
+    with db.begin(push_app) as session:
+        chosen = session.get(Campaign, campaign_id)
+        assert (chosen.winner, chosen.winner_chosen_at, chosen.status) == (
+            1,
+            clock.now(),
+            "completed",
+        )
+        # Choosing again does nothing: one process chooses, once.
+        assert variants.send_winner(session, campaign_id, now=clock.now()) is None
+    assert staff.sign_in(CAMPAIGNER).status_code == 303  # the staff session ended meanwhile
+    page = htmllib.unescape(
+        re.sub(r"<[^>]+>", "", staff.get(f"/staff/campaigns/{campaign_id}").text)
+    )
+    assert (
+        "Variant B won (chosen Thu 1 Jan 2026, 04:00 UTC, by the best click-through rate)" in page
+    )
+
+
+@pytest.mark.parametrize(
+    ("fields", "field", "message"),
+    [
+        ({"test_share": 20, "winner_after_hours": 4}, "test_share", "A test share needs variants"),
+        (
+            {"variants": (B,), "test_share": 0, "winner_after_hours": 4},
+            "test_share",
+            "Enter the test share",
+        ),
+        (
+            {"variants": (B,), "test_share": 100, "winner_after_hours": 4},
+            "test_share",
+            "Enter the test share",
+        ),
+        (
+            {"variants": (B,), "test_share": 20},
+            "winner_after_hours",
+            "Enter when to send the winner",
+        ),
+        (
+            {"variants": (B,), "test_share": 20, "winner_after_hours": 169},
+            "winner_after_hours",
+            "Enter when to send the winner",
+        ),
+        ({"variants": (B,), "winner_after_hours": 4}, "test_share", "Enter the test share"),
+        (
+            {"variants": (B,), "test_share": 20, "winner_after_hours": 4, "local_time": dt.time(9)},
+            "test_share",
+            "A test whose winner goes to the rest later cannot also be sent at a local time",
+        ),
+    ],
+)
+def test_a_test_share_follows_its_rules(catalogue_ready, clock, fields, field, message):
+    found = _problems(catalogue_ready, clock, **fields)
+    assert any(f == field and m.startswith(message) for f, m in found), found
+
+
+def test_dont_deliver_after_must_come_after_the_winner(catalogue_ready, clock):
+    found = _problems(
+        catalogue_ready,
+        clock,
+        variants=(B,),
+        test_share=20,
+        winner_after_hours=4,
+        deliver_until=clock.now() + dt.timedelta(hours=3),
+    )
+    assert (
+        "deliver_until",
+        "“Don't deliver after” must be later than when the winner is sent (4 hours after the send time)",
+    ) in found
+
+
+def test_the_form_and_the_command_line_take_a_test_share(campaigner, catalogue_ready):
+    fields = form_data(
+        variant_b_title="Last chance",
+        variant_b_body="Ends tonight",
+        test_share="25",
+        winner_after_hours="6",
+    )
+    assert (
+        campaigner.post("/staff/campaigns/new", {**fields, "action": "launch"}).status_code == 303
+    )
+    refused = campaigner.post(
+        "/staff/campaigns/new", {**form_data(test_share="a lot"), "action": "review"}
+    )
+    assert refused.status_code == 422
+    assert "Enter the test share as a whole percentage, like 20" in refused.text
+    result = _cli(
+        catalogue_ready,
+        "create",
+        "--topic=weekly-digest",
+        "--title=Sale",
+        "--body=Half price",
+        "--variant=Last chance|Ends tonight",
+        "--test-share=10",
+        "--winner-after=2",
+    )
+    assert result.exit_code == 0, result.output
+    with db.begin(catalogue_ready) as session:
+        kept = [
+            (c.test_share, c.winner_after)
+            for c in session.scalars(sa.select(Campaign).order_by(Campaign.created_at, Campaign.id))
+        ]
+    assert sorted(kept) == [(10, 7200), (25, 21600)]
+    alone = _cli(
+        catalogue_ready,
+        "create",
+        "--topic=weekly-digest",
+        "--title=T",
+        "--body=B",
+        "--test-share=10",
+        "--winner-after=2",
+    )
+    assert alone.exit_code == 1 and "error: test-share: A test share needs variants" in alone.stderr
