@@ -232,7 +232,7 @@ def test_how_often_is_chosen_with_the_keyboard_and_kept(known_page, server):
         == "one_a_day"
     )
     # The group says what it is to a screen reader: its legend and its hint.
-    group = page.get_by_role("group", name="Marketing notifications")
+    group = page.get_by_role("group", name="Marketing notifications", exact=True)
     assert group.get_attribute("aria-describedby") == "how-often-hint"
     assert page.get_by_role("radio", name="At most one a day").is_checked()
 
