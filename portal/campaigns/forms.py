@@ -127,7 +127,7 @@ class CampaignForm(CheckedForm):
     test_share = StringField(
         "Test on this share of the audience first (optional)", filters=[_strip]
     )
-    winner_after_hours = StringField("Send the winner to the rest after", filters=[_strip])
+    winner_after_hours = StringField("Send the winner to the rest after (hours)", filters=[_strip])
     urgency = StringField("Urgency", default="normal", filters=[_strip])
     ttl = StringField("Time to live, in seconds", default="86400", filters=[_strip])
     collapse_key = StringField("Collapse key (optional)", filters=[_strip])
