@@ -40,7 +40,8 @@ def shown(at: dt.time) -> str:
 
 
 @functools.lru_cache(maxsize=1024)
-def _zone(name: str) -> zoneinfo.ZoneInfo | None:
+def zone_info(name: str) -> zoneinfo.ZoneInfo | None:
+    """The zone of that name, or None when this process's time-zone database lacks it."""
     try:
         return zoneinfo.ZoneInfo(name)
     except (zoneinfo.ZoneInfoNotFoundError, ValueError):
@@ -50,7 +51,7 @@ def _zone(name: str) -> zoneinfo.ZoneInfo | None:
 def local_due(start: dt.datetime, at: dt.time, zone: str) -> dt.datetime | None:
     """The first moment at or after ``start`` (aware) when it is ``at`` in ``zone``, in
     UTC; None when this process's time-zone database has no ``zone``."""
-    tz = _zone(zone)
+    tz = zone_info(zone)
     if tz is None:
         return None
     day = start.astimezone(tz).date() - dt.timedelta(days=1)

@@ -263,30 +263,18 @@ def _sending_activity(facts: Facts) -> list[str]:
         if made:
             line += f", attempt {made + 1} of at most {facts.max_attempts}"
         lines.append(line + ".")
+    # Never tried and not due yet, each for its own reason (never counted as retries).
     if facts.later and facts.local_time is not None:
-        line = (
-            f"{_plural(facts.later, 'delivery', 'deliveries')} waiting for "
-            f"{facts.local_time:%H:%M} in the person's time zone"
-        )
-        if facts.next_later_at is not None:
-            line += f"; the next due {zoned_time(facts.next_later_at, facts.time_zone).text}"
-        lines.append(line + ".")
+        why = f"{facts.local_time:%H:%M} in the person's time zone"
+        lines.append(_waiting_for(facts, facts.later, why, facts.next_later_at))
     if facts.quiet:
-        line = (
-            f"{_plural(facts.quiet, 'delivery', 'deliveries')} waiting for quiet hours to end "
-            "where the person is"
-        )
-        if facts.next_quiet_at is not None:
-            line += f"; the next due {zoned_time(facts.next_quiet_at, facts.time_zone).text}"
-        lines.append(line + ".")
+        why = "quiet hours to end where the person is"
+        lines.append(_waiting_for(facts, facts.quiet, why, facts.next_quiet_at))
     if facts.awaiting_winner:
-        line = (
-            f"{_plural(facts.awaiting_winner, 'delivery', 'deliveries')} waiting for the A/B "
-            "test's winner"
+        why = "the A/B test's winner"
+        lines.append(
+            _waiting_for(facts, facts.awaiting_winner, why, facts.winner_at, then=", chosen")
         )
-        if facts.winner_at is not None:
-            line += f", chosen {zoned_time(facts.winner_at, facts.time_zone).text}"
-        lines.append(line + ".")
     fresh = (
         facts.count(DeliveryStatus.QUEUED)
         - facts.retrying
@@ -297,6 +285,16 @@ def _sending_activity(facts: Facts) -> list[str]:
     if fresh > 0 and not facts.recent and not in_flight:
         lines.append(f"{_plural(fresh, 'delivery', 'deliveries')} waiting for their first attempt.")
     return lines
+
+
+def _waiting_for(
+    facts: Facts, count: int, why: str, due: dt.datetime | None, then: str = "; the next due"
+) -> str:
+    """ "2 deliveries waiting for <why>; the next due <when>." """
+    line = f"{_plural(count, 'delivery', 'deliveries')} waiting for {why}"
+    if due is not None:
+        line += f"{then} {zoned_time(due, facts.time_zone).text}"
+    return line + "."
 
 
 def status_phrase(code: int | None) -> str:

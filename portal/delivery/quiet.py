@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-import zoneinfo
 from dataclasses import dataclass
 
-from portal.campaigns.local_time import local_due, parse_local_time
+from portal.campaigns.local_time import local_due, parse_local_time, zone_info
 
 QUIET_HOURS = "quiet_hours"  # the reason a delivery waiting for a window's end carries
 _WINDOW = re.compile(r"\s*([0-9:]+)\s*[-–]\s*([0-9:]+)\s*")
@@ -81,7 +80,4 @@ def quiet_until(now: dt.datetime, zone: str, windows: list[Window]) -> dt.dateti
 
 
 def _local(moment: dt.datetime, zone: str) -> dt.datetime:
-    try:
-        return moment.astimezone(zoneinfo.ZoneInfo(zone))
-    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
-        return moment.astimezone(dt.UTC)
+    return moment.astimezone(zone_info(zone) or dt.UTC)
