@@ -3,7 +3,8 @@ the campaigns role signed in to either app."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -11,8 +12,11 @@ import pytest
 import sqlalchemy as sa
 from flask import Flask
 
+from portal import create_app
 from portal.config import Settings
 from portal.db import db
+from portal.delivery.engine import Dispatcher
+from portal.delivery.jobs import dispatcher_for
 from portal.seams import current_portal
 from portal.staff import services as staff_services
 from portal.staff.models import Role
@@ -31,6 +35,34 @@ CAMPAIGNER = "campaigner@example.test"
 def settings(database_url: str, tmp_path: Path) -> Settings:
     # Several sign-ins per test from one test-client address.
     return make_settings(database_url, str(tmp_path / "instance"), staff=GENEROUS)
+
+
+@pytest.fixture
+def sending_app(
+    push_app: Flask, clock: Any, push_transport: Any
+) -> Iterator[Callable[..., tuple[Flask, Dispatcher]]]:
+    """``sending_app(**settings)``: an app like ``push_app`` with those settings changed
+    (``frequency_caps=…``, ``quiet_hours=…``), and its dispatcher, in batches of 50 and
+    without jitter."""
+    made: list[Flask] = []
+
+    def make(**overrides: Any) -> tuple[Flask, Dispatcher]:
+        portal = push_app.extensions["portal"]
+        app = create_app(
+            portal.settings.with_overrides(**overrides),
+            clock=clock,
+            transport_factory=lambda portal: push_transport,
+        )
+        app.config["TESTING"] = True
+        engine = dispatcher_for(app)
+        engine.settings = replace(engine.settings, batch_size=50)
+        engine.rand = lambda: 0.0
+        made.append(app)
+        return app, engine
+
+    yield make
+    for app in made:
+        app.extensions["portal.db"].engine.dispose()
 
 
 @pytest.fixture

@@ -10,19 +10,16 @@ import re
 import threading
 import time
 import uuid
-from dataclasses import replace
 
 import pytest
 import sqlalchemy as sa
 
-from portal import create_app
 from portal.campaigns import services as campaigns
 from portal.campaigns.services import CampaignDraft
 from portal.config import FrequencyCapSettings
 from portal.consent.models import ConsentEvent
 from portal.db import db
 from portal.delivery import caps
-from portal.delivery.jobs import dispatcher_for
 from portal.delivery.models import Delivery
 from portal.subscriptions.models import PushSubscription, Subscriber
 from tests.campaigns.conftest import form_data
@@ -33,30 +30,15 @@ DAY = dt.timedelta(days=1)
 
 
 @pytest.fixture
-def capped(push_app, clock, push_transport):
+def capped(sending_app):
     """An app like ``push_app`` with caps; ``capped(per_day=…, per_week=…)`` makes it,
     and its dispatcher, in batches of 50."""
-    made = []
 
     def make(per_day: int = 0, per_week: int = 0):
-        portal = push_app.extensions["portal"]
-        app = create_app(
-            portal.settings.with_overrides(
-                frequency_caps=FrequencyCapSettings(per_day=per_day, per_week=per_week)
-            ),
-            clock=clock,
-            transport_factory=lambda portal: push_transport,
-        )
-        app.config["TESTING"] = True
-        engine = dispatcher_for(app)
-        engine.settings = replace(engine.settings, batch_size=50)
-        engine.rand = lambda: 0.0
-        made.append(app)
-        return app, engine
+        caps = FrequencyCapSettings(per_day=per_day, per_week=per_week)
+        return sending_app(frequency_caps=caps)
 
-    yield make
-    for app in made:
-        app.extensions["portal.db"].engine.dispose()
+    return make
 
 
 def _person(app, fake_push, *, devices: int = 1, topics=("weekly-digest", "offers")):

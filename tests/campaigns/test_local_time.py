@@ -22,6 +22,8 @@ from portal.db import db
 from portal.delivery.models import Delivery
 from portal.errors import ValidationError
 from tests.campaigns.conftest import form_data
+from tests.campaigns.test_cli import run
+from tests.campaigns.test_form import field_error
 
 UTC = dt.UTC
 NINE = dt.time(9, 0)
@@ -305,14 +307,6 @@ def test_the_campaign_page_says_who_waits_for_their_hour(
 # -- the form and the command line ----------------------------------------------------------
 
 
-def _field_error(html: str, field: str) -> str:
-    match = re.search(
-        rf'<p class="field-error" id="{field}-error">.*?</span> ([^<]+)</p>', html, re.S
-    )
-    assert match, f"no error shown at {field}"
-    return htmllib.unescape(match.group(1).strip())
-
-
 def test_the_form_launches_a_local_time_campaign_after_showing_the_hours(
     push_app, sign_in, fake_push, clock
 ):
@@ -382,7 +376,7 @@ def test_the_form_refuses_a_bad_local_time_and_changes_nothing(
             "/staff/campaigns/new", {**form_data(**fields), "action": action}
         )
         assert response.status_code == 422
-        assert _field_error(response.text, field).startswith(message)
+        assert field_error(response.text, field).startswith(message)
     with db.begin(catalogue_ready) as session:
         assert session.scalars(sa.select(Campaign)).all() == []
 
@@ -397,12 +391,8 @@ def test_a_clone_keeps_the_local_time(push_app, clock, sign_in):
     assert 'value="Europe/London"' in page
 
 
-def _cli(app, *args):
-    return app.test_cli_runner().invoke(args=["portal", "campaign", *args])
-
-
 def test_the_command_line_takes_local_time_and_fallback_zone(catalogue_ready, clock):
-    result = _cli(
+    result = run(
         catalogue_ready,
         "create",
         "--topic=weekly-digest",
@@ -419,7 +409,7 @@ def test_the_command_line_takes_local_time_and_fallback_zone(catalogue_ready, cl
         (campaign,) = session.scalars(sa.select(Campaign)).all()
         assert (campaign.local_time, campaign.fallback_zone) == (NINE, "America/Sao_Paulo")
     # Without --fallback-zone: --zone, or UTC.
-    result = _cli(
+    result = run(
         catalogue_ready,
         "create",
         "--topic=weekly-digest",
@@ -429,7 +419,7 @@ def test_the_command_line_takes_local_time_and_fallback_zone(catalogue_ready, cl
         "--zone=Asia/Tokyo",
     )
     assert result.exit_code == 0, result.output
-    result = _cli(
+    result = run(
         catalogue_ready,
         "create",
         "--topic=weekly-digest",
@@ -457,9 +447,7 @@ def test_the_command_line_takes_local_time_and_fallback_zone(catalogue_ready, cl
     ],
 )
 def test_the_command_line_refuses_what_the_form_refuses(catalogue_ready, args, error):
-    result = _cli(
-        catalogue_ready, "create", "--topic=weekly-digest", "--title=T", "--body=B", *args
-    )
+    result = run(catalogue_ready, "create", "--topic=weekly-digest", "--title=T", "--body=B", *args)
     assert result.exit_code == 1
     assert error in result.stderr
     with db.begin(catalogue_ready) as session:

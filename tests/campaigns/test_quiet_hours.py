@@ -10,14 +10,12 @@ import html as htmllib
 import json
 import re
 import zoneinfo
-from dataclasses import replace
 
 import pytest
 import sqlalchemy as sa
 from hypothesis import given
 from hypothesis import strategies as st
 
-from portal import create_app
 from portal.campaigns import services as campaigns
 from portal.campaigns.models import Campaign
 from portal.campaigns.services import CampaignDraft
@@ -25,7 +23,6 @@ from portal.config import ConfigError, QuietHoursSettings, Settings
 from portal.consent.models import ConsentEvent
 from portal.db import db
 from portal.delivery import quiet
-from portal.delivery.jobs import dispatcher_for
 from portal.delivery.models import Delivery
 from portal.delivery.quiet import Window, parse_window, quiet_until
 from portal.subscriptions.models import Subscriber
@@ -130,29 +127,15 @@ def test_quiet_hours_are_off_unless_set_and_a_bad_value_stops_the_start(tmp_path
 
 
 @pytest.fixture
-def quiet_app(push_app, clock, push_transport):
+def quiet_app(sending_app, clock):
     """``quiet_app(window)``: an app like ``push_app`` with those quiet hours, and its
     dispatcher; the clock at 1 January 2026, 03:00 UTC."""
-    made = []
     clock.advance(hours=3)
 
     def make(window: Window | None = NIGHT):
-        portal = push_app.extensions["portal"]
-        app = create_app(
-            portal.settings.with_overrides(quiet_hours=QuietHoursSettings(window=window)),
-            clock=clock,
-            transport_factory=lambda portal: push_transport,
-        )
-        app.config["TESTING"] = True
-        engine = dispatcher_for(app)
-        engine.settings = replace(engine.settings, batch_size=50)
-        engine.rand = lambda: 0.0
-        made.append(app)
-        return app, engine
+        return sending_app(quiet_hours=QuietHoursSettings(window=window))
 
-    yield make
-    for app in made:
-        app.extensions["portal.db"].engine.dispose()
+    return make
 
 
 def _person(app, fake_push, zone: str | None, topics=("weekly-digest", "security-alerts")):

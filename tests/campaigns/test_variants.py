@@ -26,6 +26,8 @@ from portal.campaigns.variants import wilson
 from portal.db import db, uuid7
 from portal.delivery.models import Delivery, DeliveryReceipt
 from tests.campaigns.conftest import CAMPAIGNER, form_data
+from tests.campaigns.test_cli import run
+from tests.campaigns.test_form import field_error
 
 B = ("Last chance", "Ends tonight", None)
 C = ("Don't miss it", "Midnight deadline", "/static/c.png")
@@ -283,10 +285,7 @@ def test_the_form_refuses_an_incomplete_variant_and_makes_nothing(
     for action in ("review", "launch"):
         answer = campaigner.post("/staff/campaigns/new", {**form_data(**fields), "action": action})
         assert answer.status_code == 422
-        found = re.search(
-            rf'<p class="field-error" id="{field}-error">.*?</span> ([^<]+)</p>', answer.text, re.S
-        )
-        assert found and htmllib.unescape(found.group(1)).startswith(message), found
+        assert field_error(answer.text, field).startswith(message)
     with db.begin(catalogue_ready) as session:
         assert session.scalars(sa.select(Campaign)).all() == []
 
@@ -304,12 +303,8 @@ def test_a_clone_keeps_the_variants(push_app, clock, sign_in):
     assert 'value="Last chance"' in page
 
 
-def _cli(app, *args):
-    return app.test_cli_runner().invoke(args=["portal", "campaign", *args])
-
-
 def test_the_command_line_takes_variants(catalogue_ready):
-    result = _cli(
+    result = run(
         catalogue_ready,
         "create",
         "--topic=weekly-digest",
@@ -337,9 +332,7 @@ def test_the_command_line_takes_variants(catalogue_ready):
     ],
 )
 def test_the_command_line_refuses_what_the_form_refuses(catalogue_ready, args, error):
-    result = _cli(
-        catalogue_ready, "create", "--topic=weekly-digest", "--title=T", "--body=B", *args
-    )
+    result = run(catalogue_ready, "create", "--topic=weekly-digest", "--title=T", "--body=B", *args)
     assert result.exit_code == 1
     assert error in result.stderr
     with db.begin(catalogue_ready) as session:
@@ -509,7 +502,7 @@ def test_the_form_and_the_command_line_take_a_test_share(campaigner, catalogue_r
     )
     assert refused.status_code == 422
     assert "Enter the test share as a whole percentage, like 20" in refused.text
-    result = _cli(
+    result = run(
         catalogue_ready,
         "create",
         "--topic=weekly-digest",
@@ -526,7 +519,7 @@ def test_the_form_and_the_command_line_take_a_test_share(campaigner, catalogue_r
             for c in session.scalars(sa.select(Campaign).order_by(Campaign.created_at, Campaign.id))
         ]
     assert sorted(kept) == [(10, 7200), (25, 21600)]
-    alone = _cli(
+    alone = run(
         catalogue_ready,
         "create",
         "--topic=weekly-digest",
