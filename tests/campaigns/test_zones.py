@@ -61,7 +61,16 @@ def test_every_listed_zone_is_accepted(name):
     assert zones.check_zone(name) == name
 
 
-@given(st.sampled_from(ALIASES), instants)
+# Campaigns are sent from now on: the alias and the zone it names must agree since 2000.
+# (Before, some differ where a distribution builds the old zone itself: Debian's WET and
+# EET keep their own pre-1996 history though tzdata.zi lists them as links to Lisbon and
+# Athens.)
+since_2000 = st.datetimes(
+    min_value=dt.datetime(2000, 1, 1), max_value=dt.datetime(2037, 12, 31)
+).map(lambda naive: naive.replace(tzinfo=dt.UTC))
+
+
+@given(st.sampled_from(ALIASES), since_2000)
 def test_an_alias_is_refused_naming_a_listed_zone_with_the_same_clock(alias, at):
     with pytest.raises(ValidationError) as refused:
         zones.check_zone(alias)
