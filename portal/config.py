@@ -244,6 +244,9 @@ class RetentionSettings:
     feedback_marker_days: int = setting("FEEDBACK_MARKER_RETENTION_DAYS", _positive_whole, 30)
     staff_session_days: int = setting("STAFF_SESSION_RETENTION_DAYS", _whole, 1)
     receipt_months: int = setting("RECEIPT_RETENTION_MONTHS", _positive_whole, 13)
+    # Deliveries of campaigns finished this long ago are folded into per-campaign counters
+    # (portal/campaigns/tally.py); never before the audit window (Settings.from_env).
+    delivery_months: int = setting("DELIVERY_RETENTION_MONTHS", _positive_whole, 13)
     # Job runs: the sequencer alone records one a second (portal/retention/tables.py).
     job_run_days: int = setting("JOB_RUN_RETENTION_DAYS", _positive_whole, 7)
     # Uploaded pictures no campaign or draft uses (portal/retention/tables.py).
@@ -447,6 +450,14 @@ class Settings:
         values = _read(cls, reading, lambda name: name in _CHECKED)
         _check(values, production=production)
         values |= _read(cls, reading, lambda name: name not in _CHECKED)
+        retention = values["retention"]
+        if retention.delivery_months < retention.audit_window_months:
+            # A delivery row is the proof of consent for its send.
+            raise ConfigError(
+                "DELIVERY_RETENTION_MONTHS must be at least AUDIT_WINDOW_MONTHS "
+                f"({retention.audit_window_months}): a delivery is the proof of consent "
+                "for its send"
+            )
         return cls(**values, instance_path=instance_path)
 
 

@@ -32,10 +32,22 @@ from sqlalchemy.orm import Session
 
 from portal.campaigns.models import Campaign
 from portal.db import is_postgres, without_jit
-from portal.delivery.models import Delivery, DeliveryReceipt, DeliveryStatus, ReceiptEvent
+from portal.delivery.models import (
+    Delivery,
+    DeliveryReceipt,
+    DeliveryStatus,
+    FunnelTally,
+    ReceiptEvent,
+)
 
 _d = cast(sa.Table, Delivery.__table__)
 _r = cast(sa.Table, DeliveryReceipt.__table__)
+_f = cast(sa.Table, FunnelTally.__table__)
+
+# The stages counted per minute, and every count :func:`minute_rows` gives (its
+# ``minute`` and ``when``, in this order).
+STAGES = ("accepted", "shown", "clicked")
+KINDS = (*STAGES, "unreported", "unaccepted", "body", "button-1", "button-2")
 
 MINUTE, HOUR, DAY = 60, 3600, 86400
 # Period lengths, shortest first: the chart takes the shortest giving at most MAX_BUCKETS
@@ -186,10 +198,13 @@ def _at(seconds: int) -> dt.datetime:
     return dt.datetime.fromtimestamp(seconds, dt.UTC)
 
 
-def read(session: Session, campaign: Campaign, *, now: dt.datetime) -> Funnel:
-    """The campaign's funnel: the three counts, the receipts outside it and the counts
-    per period since its first acceptance."""
-    without_jit(session)
+def minute_rows(session: Session, deliveries: sa.ColumnElement[bool]) -> sa.CompoundSelect:
+    """The funnel of the deliveries ``deliveries`` selects, as rows (kind, at, n): each
+    stage's count per minute (``at`` in minutes since 1970), the counts that have no time
+    (``at`` NULL), and the first acceptance and latest event (``first``, ``last``: ``at``
+    in seconds, ``n`` 0). Rows of disjoint sets of deliveries add up (``first`` by the
+    least, ``last`` by the greatest): :func:`read` adds those of the folded deliveries
+    (``funnel_tally``) to those of the rows still here."""
     key = sa.cast(_d.c.id, sa.String)
     # Each delivery's answer and receipts, as seconds (NULL: none), in one row: one outer
     # join per receipt event, on the (delivery, event) unique index.
@@ -211,7 +226,7 @@ def read(session: Session, campaign: Campaign, *, now: dt.datetime) -> Funnel:
             *(_seconds(session, r.c.at).label(name) for name, r in receipts.items()),
         )
         .select_from(joined)
-        .where(_d.c.campaign_id == campaign.id)
+        .where(deliveries)
         .subquery("receipt_times")
     )
     t = times.c
@@ -270,18 +285,32 @@ def read(session: Session, campaign: Campaign, *, now: dt.datetime) -> Funnel:
             accepted
         )
     )
-    per_minute: dict[str, dict[int, int]] = {kind: {} for kind in minute}
-    totals = dict.fromkeys(when, 0)
+    return sa.union_all(*parts)
+
+
+def read(session: Session, campaign: Campaign, *, now: dt.datetime) -> Funnel:
+    """The campaign's funnel: the three counts, the receipts outside it and the counts
+    per period since its first acceptance (of the deliveries here and of those the
+    delivery retention folded away)."""
+    without_jit(session)
+    here = minute_rows(session, _d.c.campaign_id == campaign.id).subquery("here")
+    folded = sa.select(_f.c.kind, _f.c.at, _f.c.n).where(_f.c.campaign_id == campaign.id)
+    rows = session.execute(sa.union_all(sa.select(here.c.kind, here.c.at, here.c.n), folded)).all()
+    per_minute: dict[str, dict[int, int]] = {kind: {} for kind in STAGES}
+    totals = dict.fromkeys(KINDS, 0)
     first = last = None
-    for kind, at, n in session.execute(sa.union_all(*parts)).all():
+    for kind, at, n in rows:
         if kind == "first":
-            first = at
+            if at is not None:
+                first = int(at) if first is None else min(first, int(at))
         elif kind == "last":
-            last = at
+            if at is not None:
+                last = int(at) if last is None else max(last, int(at))
         else:
             totals[kind] += int(n)
             if kind in per_minute and at is not None:
-                per_minute[kind][int(at)] = int(n)
+                counted = per_minute[kind]
+                counted[int(at)] = counted.get(int(at), 0) + int(n)
     n_accepted = totals["accepted"]
     width: int | None = None
     buckets: list[Bucket] = []

@@ -22,6 +22,7 @@ from typing import cast
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from portal.campaigns import tally
 from portal.campaigns.models import Campaign, CampaignStatus, CircuitState
 from portal.campaigns.presentation import zoned_time
 from portal.campaigns.variants import AWAITING_WINNER, winner_due
@@ -421,7 +422,7 @@ def read(
         _d.c.reason.is_(None),
         _d.c.next_attempt_at > now,
     )
-    rows = session.execute(
+    here = (
         sa.select(
             _d.c.status,
             _d.c.reason,
@@ -437,7 +438,23 @@ def read(
         )
         .where(_d.c.campaign_id == campaign.id)
         .group_by(_d.c.status, _d.c.reason, _d.c.last_status_code, _d.c.push_service)
-    ).all()
+    )
+    # Deliveries the delivery retention folded away: answered long ago, none waiting.
+    t = tally.TALLY.c
+    gone = sa.select(
+        t.status,
+        t.reason,
+        t.last_status_code,
+        t.push_service,
+        t.deliveries,
+        t.most_attempts,
+        t.retried,
+        sa.literal(0),
+        sa.literal(0),
+        sa.null(),
+        sa.null(),
+    ).where(t.campaign_id == campaign.id)
+    rows = session.execute(sa.union_all(here, gone)).all()
     counts = {s.value: 0 for s in DeliveryStatus}
     reasons: dict[tuple[str, str | None, int | None], list[int]] = {}
     per_service: dict[str, list[int]] = defaultdict(lambda: [0, 0])

@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from portal.campaigns import local_time, media, variants
+from portal.campaigns import local_time, media, tally, variants
 from portal.campaigns.models import Campaign, CampaignStatus
 from portal.campaigns.presentation import zoned_time
 from portal.campaigns.zones import UTC_ZONE, check_zone
@@ -899,11 +899,25 @@ def outcome_by_service(session: Session, campaign_id: uuid.UUID) -> list[tuple[s
         (_d.c.reason.is_not(None), _d.c.status + ":" + _d.c.reason),
         else_=_d.c.status,
     )
-    rows = session.execute(
-        sa.select(_d.c.push_service, answer.label("answer"), sa.func.count())
+    here = (
+        sa.select(_d.c.push_service, answer.label("answer"), sa.func.count().label("n"))
         .where(_d.c.campaign_id == campaign_id)
         .group_by(_d.c.push_service, answer)
-        .order_by(_d.c.push_service, answer)
+    )
+    t = tally.TALLY.c
+    folded_answer = sa.case(
+        (t.last_status_code.is_not(None), sa.cast(t.last_status_code, sa.String)),
+        (t.reason.is_not(None), t.status + ":" + t.reason),
+        else_=t.status,
+    )
+    gone = sa.select(t.push_service, folded_answer, t.deliveries).where(
+        t.campaign_id == campaign_id
+    )
+    both = sa.union_all(here, gone).subquery("answers")
+    rows = session.execute(
+        sa.select(both.c.push_service, both.c.answer, sa.func.sum(both.c.n))
+        .group_by(both.c.push_service, both.c.answer)
+        .order_by(both.c.push_service, both.c.answer)
     ).all()
     return [(service, str(label), int(n)) for service, label, n in rows]
 
@@ -950,11 +964,14 @@ def list_campaigns(
     ids = [campaign.id for campaign, _ in page]
     counts: dict[uuid.UUID, dict[str, int]] = {i: {s.value: 0 for s in DeliveryStatus} for i in ids}
     if ids:
-        for campaign_id, status, n in session.execute(
+        here = (
             sa.select(_d.c.campaign_id, _d.c.status, sa.func.count())
             .where(_d.c.campaign_id.in_(ids))
             .group_by(_d.c.campaign_id, _d.c.status)
-        ):
-            counts[campaign_id][status] = int(n)
+        )
+        t = tally.TALLY.c
+        gone = sa.select(t.campaign_id, t.status, t.deliveries).where(t.campaign_id.in_(ids))
+        for campaign_id, status, n in session.execute(sa.union_all(here, gone)):
+            counts[campaign_id][status] += int(n)
     rows = [CampaignRow(campaign, topic, counts[campaign.id]) for campaign, topic in page]
     return CampaignPage(rows, page[-1][0].id if len(found) > limit else None)

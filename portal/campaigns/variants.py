@@ -35,6 +35,7 @@ from typing import Any, cast
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from portal.campaigns import tally
 from portal.campaigns.models import Campaign
 from portal.db import is_postgres, without_jit
 from portal.delivery.models import Delivery, DeliveryReceipt, DeliveryStatus, ReceiptEvent
@@ -220,30 +221,33 @@ def results(session: Session, campaign: Campaign) -> Results | None:
     if not campaign.variants or len(campaign.variants) < 2:
         return None
     without_jit(session)
-    key = sa.cast(_d.c.id, sa.String)
-
-    def reported(*events: ReceiptEvent) -> sa.ColumnElement[bool]:
-        return (
-            sa.select(_r.c.id)
-            .where(_r.c.delivery_id == key, _r.c.event.in_([e.value for e in events]))
-            .exists()
-        )
-
-    clicks = (ReceiptEvent.CLICKED, ReceiptEvent.ACTION_1, ReceiptEvent.ACTION_2)
     accepted = _d.c.status == DeliveryStatus.ACCEPTED.value
     # A click means the notification was on screen (the funnel's rule): shown includes it.
-    shown = sa.and_(accepted, reported(ReceiptEvent.SHOWN, *clicks))
-    clicked = sa.and_(accepted, reported(*clicks))
+    shown = sa.and_(accepted, tally.reported(ReceiptEvent.SHOWN, *tally.CLICKS))
+    clicked = sa.and_(accepted, tally.reported(*tally.CLICKS))
 
     def count(condition: sa.ColumnElement[bool]) -> sa.ColumnElement[Any]:
         return sa.func.sum(sa.case((condition, 1), else_=0))
 
-    rows = session.execute(
+    here = (
         sa.select(_d.c.variant, sa.func.count(), count(accepted), count(shown), count(clicked))
         .where(_d.c.campaign_id == campaign.id)
         .group_by(_d.c.variant)
-    ).all()
-    found = {row[0]: [int(n or 0) for n in row[1:]] for row in rows}
+    )
+    # Deliveries the delivery retention folded away, counted the same way.
+    t = tally.TALLY.c
+    gone = sa.select(
+        t.variant,
+        t.deliveries,
+        sa.case((t.status == DeliveryStatus.ACCEPTED.value, t.deliveries), else_=0),
+        t.shown,
+        t.clicked,
+    ).where(t.campaign_id == campaign.id)
+    found: dict[int | None, list[int]] = {}
+    for variant, *numbers in session.execute(sa.union_all(here, gone)).all():
+        into = found.setdefault(variant, [0, 0, 0, 0])
+        for i, n in enumerate(numbers):
+            into[i] += int(n or 0)
     return Results(
         [
             VariantResult(

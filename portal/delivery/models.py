@@ -146,3 +146,51 @@ class DeliveryReceipt(Base):
             "endpoint_hash IS NULL OR length(endpoint_hash) = 32", name="endpoint_hash_len"
         ),
     )
+
+
+class DeliveryTally(Base):
+    """Deliveries folded away by the delivery retention (portal/campaigns/tally.py): how
+    many of a campaign's deliveries ended each way, counted before their rows were
+    deleted, so its pages show the same figures afterwards. One row per folded batch and
+    group; a campaign folded to the end is compacted to one row per group."""
+
+    __tablename__ = "delivery_tally"
+
+    id: Mapped[int] = mapped_column(
+        sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True, autoincrement=True
+    )
+    campaign_id: Mapped[uuid.UUID] = mapped_column(
+        sa.Uuid, sa.ForeignKey("campaign.id"), nullable=False, index=True
+    )
+    # The group: what the campaign pages group deliveries by.
+    status: Mapped[str] = mapped_column(sa.String(10), nullable=False)
+    reason: Mapped[str | None] = mapped_column(sa.String(64))
+    last_status_code: Mapped[int | None] = mapped_column(sa.SmallInteger)
+    push_service: Mapped[str] = mapped_column(sa.String(16), nullable=False)
+    variant: Mapped[int | None] = mapped_column(sa.SmallInteger)
+    # The counts: deliveries, the most attempts any took, how many took more than one,
+    # and how many accepted ones the browser reported shown (or clicked) and clicked.
+    deliveries: Mapped[int] = mapped_column(sa.BigInteger, nullable=False)
+    most_attempts: Mapped[int] = mapped_column(sa.SmallInteger, nullable=False)
+    retried: Mapped[int] = mapped_column(sa.BigInteger, nullable=False)
+    shown: Mapped[int] = mapped_column(sa.BigInteger, nullable=False)
+    clicked: Mapped[int] = mapped_column(sa.BigInteger, nullable=False)
+
+
+class FunnelTally(Base):
+    """The delivery funnel of folded deliveries (portal/campaigns/funnel.py): each
+    stage's count per minute (``at``, minutes since 1970), the counts with no time
+    (``at`` NULL), and the first acceptance and the latest event (``kind`` ``first`` and
+    ``last``, ``at`` in seconds) — the rows :func:`portal.campaigns.funnel.read` adds up."""
+
+    __tablename__ = "funnel_tally"
+
+    id: Mapped[int] = mapped_column(
+        sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True, autoincrement=True
+    )
+    campaign_id: Mapped[uuid.UUID] = mapped_column(
+        sa.Uuid, sa.ForeignKey("campaign.id"), nullable=False, index=True
+    )
+    kind: Mapped[str] = mapped_column(sa.String(16), nullable=False)
+    at: Mapped[int | None] = mapped_column(sa.BigInteger)
+    n: Mapped[int] = mapped_column(sa.BigInteger, nullable=False)

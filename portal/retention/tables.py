@@ -12,11 +12,15 @@ sweep (``portal.batches``). None of them changes a figure a page shows:
   No page counts them.
 - **staff_session** rows that ended (past their lifetime or idle deadline) more than
   ``STAFF_SESSION_RETENTION_DAYS`` ago go: nobody can sign in with them any more.
-- **delivery_receipt** rows live as long as the delivery they report on: a receipt goes
-  once its delivery row is gone (the delivery table's own retention) and it is older than
-  ``RECEIPT_RETENTION_MONTHS`` (the consent log's audit window by default). The funnel
-  counts receipts only through their campaign's deliveries, so it shows the same figures;
-  a receipt is at most two rows per delivery, so the table is bounded by that one.
+- **delivery** rows of a campaign that finished more than ``DELIVERY_RETENTION_MONTHS``
+  ago (at least the consent log's audit window: a delivery is the proof of consent for
+  its send) are folded into the campaign's counters and deleted with their receipts, a
+  keyset batch per transaction (``portal.campaigns.tally``): every page counts the
+  counters with the rows, so it shows the same figures.
+- **delivery_receipt** rows live as long as the delivery they report on: they go with it
+  when it is folded; one whose delivery row is gone otherwise (a receipt for an id that
+  was never a delivery is refused when reported) goes once it is older than
+  ``RECEIPT_RETENTION_MONTHS`` (the consent log's audit window by default).
 - **job_run** rows started more than ``JOB_RUN_RETENTION_DAYS`` ago go (the consent log's
   sequencer alone records a run every second: 86,400 a day), but never each job's newest
   run and newest finished run (what the jobs page's table of jobs and the compliance
@@ -31,12 +35,16 @@ sweep (``portal.batches``). None of them changes a figure a page shows:
 from __future__ import annotations
 
 import datetime as dt
-from typing import cast
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 import sqlalchemy as sa
 from flask import Flask
+from sqlalchemy.orm import Session
 
-from portal.batches import delete_batches
+from portal.batches import delete_batches, keyset_batches
+from portal.campaigns import tally
 from portal.campaigns.media_models import Picture
 from portal.campaigns.models import Campaign, Draft
 from portal.config import Settings
@@ -141,10 +149,54 @@ def unused_pictures(now: dt.datetime, settings: Settings) -> sa.ColumnElement[bo
     return (_picture.c.uploaded_at < cutoff) & ~in_campaign & ~in_draft
 
 
+def _folding(campaign_id: uuid.UUID) -> Callable[[Session, Sequence[sa.Row[Any]]], int]:
+    def fold(session: Session, rows: Sequence[sa.Row[Any]]) -> int:
+        return tally.fold(session, campaign_id, [row.key for row in rows])
+
+    return fold
+
+
+def fold_deliveries(
+    app: Flask, now: dt.datetime, settings: Settings, progress: Progress, report: JobReport
+) -> None:
+    """Each campaign finished before the window: its deliveries folded a keyset batch at
+    a time (several processes share a campaign's batches), then its counters compacted.
+    The id range bounds each batch's walk of the primary key to the campaign's rows."""
+    stop = app.extensions.get("portal.stop")
+    cutoff = months_before(now, settings.retention.delivery_months)
+    with db.begin(app) as session:
+        campaigns = tally.campaigns_to_fold(session, cutoff)
+    for campaign_id in campaigns:
+        with db.begin(app) as session:
+            low, high = session.execute(
+                sa.select(sa.func.min(_delivery.c.id), sa.func.max(_delivery.c.id)).where(
+                    _delivery.c.campaign_id == campaign_id
+                )
+            ).one()
+        if low is None:
+            continue  # another process folded it meanwhile
+
+        keyset_batches(
+            app,
+            _delivery,
+            (_delivery.c.campaign_id == campaign_id) & _delivery.c.id.between(low, high),
+            batch_size=settings.retention.batch_size,
+            progress=progress,
+            handle=_folding(campaign_id),
+            stop=stop,
+            report=report,
+        )
+        if stop is not None and stop.is_set():
+            return
+        with db.begin(app) as session:
+            tally.compact(session, campaign_id)
+
+
 def table_retention_job(app: Flask, progress: Progress) -> JobReport:
     portal = current_portal(app)
     settings, now = portal.settings, portal.clock.now()
     report = JobReport("table-retention")
+    fold_deliveries(app, now, settings, progress, report)
     for table, candidates in (
         (_digest, old_digests(app, now, settings)),
         (_applied, old_markers(now, settings)),
