@@ -47,6 +47,7 @@ BENCHMARKS = (
     "dispatch",
     "claims",
     "waiting_claims",
+    "delivery_retention",
     "funnel",
     "consent_log",
     "receipt",
