@@ -124,9 +124,12 @@ def export_command(
 )
 @click.option(
     "--log-key",
+    "log_keys",
+    multiple=True,
     help="The consent log's public key (base64, or a file with GET /api/consent-log/key's "
-    "JSON): the tree head the bundle was cut at must carry its signature. Without it the "
-    "manifest's copy is used.",
+    "JSON): the tree head the bundle was cut at must carry its signature, and so must "
+    "--tree-head. Give it again for each earlier key if the log's key changed since the "
+    "export. Without it the manifest's copy is used.",
 )
 @click.option(
     "--tree-head",
@@ -145,7 +148,7 @@ def export_command(
 def verify_export_command(
     bundle: Path,
     public_key: str | None,
-    log_key: str | None,
+    log_keys: tuple[str, ...],
     later_head_file: Path | None,
     consistency_file: Path | None,
 ) -> None:
@@ -154,15 +157,17 @@ def verify_export_command(
         key = parse_public_key(public_key) if public_key else None
     except ValueError as error:
         raise click.BadParameter(str(error), param_hint="--public-key") from None
-    try:
-        if log_key is not None and not log_key.strip():
-            raise ValueError("the log key is empty")
-        tree_key = parse_log_key(log_key) if log_key is not None else None
-    except ValueError as error:
-        raise click.BadParameter(str(error), param_hint="--log-key") from None
+    tree_keys = []
+    for log_key in log_keys:
+        try:
+            if not log_key.strip():
+                raise ValueError("the log key is empty")
+            tree_keys.append(parse_log_key(log_key))
+        except ValueError as error:
+            raise click.BadParameter(str(error), param_hint="--log-key") from None
     later = _later_head(later_head_file, consistency_file)
     try:
-        report = verify_bundle(bundle, key, log_key=tree_key, later=later)
+        report = verify_bundle(bundle, key, log_keys=tree_keys, later=later)
     except BundleError as error:
         _fail(str(error))
     if not report.ok:

@@ -25,7 +25,7 @@ import itertools
 import json
 import uuid
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
@@ -188,11 +188,14 @@ def verify_bundle(
     path: Path,
     public_key: PublicKey | None = None,
     *,
-    log_key: ed25519.Ed25519PublicKey | None = None,
+    log_keys: Sequence[ed25519.Ed25519PublicKey] = (),
     later: LaterHead | None = None,
 ) -> Report:
+    """``log_keys``: the consent log's keys the checker trusts (its current key and, after
+    a change of key, the earlier ones): the export's head must be signed by one of them,
+    and so must a later head. None given: the manifest's own log key, for both."""
     bundle = _open_bundle(path)
-    report = Report(key_given=public_key is not None, log_key_given=log_key is not None)
+    report = Report(key_given=public_key is not None, log_key_given=bool(log_keys))
     handle = bundle.open(MANIFEST)
     if handle is None:
         raise BundleError(f"{path} has no {MANIFEST}")
@@ -234,8 +237,8 @@ def verify_bundle(
     policies = _check_policies(bundle, manifest, report)
     _check_data(bundle, manifest, data, policies, report)
     if manifest.get("format") == FORMAT:
-        _check_tree(bundle, manifest, data, log_key, later, report)
-    elif later is not None or log_key is not None:
+        _check_tree(bundle, manifest, data, log_keys, later, report)
+    elif later is not None or log_keys:
         report.add(
             MANIFEST,
             "tree proof",
@@ -249,7 +252,7 @@ def _check_tree(
     bundle: _Bundle,
     manifest: dict[str, Any],
     data: dict[str, Any],
-    log_key: ed25519.Ed25519PublicKey | None,
+    log_keys: Sequence[ed25519.Ed25519PublicKey],
     later: LaterHead | None,
     report: Report,
 ) -> None:
@@ -265,12 +268,19 @@ def _check_tree(
     except merkle.MerkleError:
         report.add(MANIFEST, "log key", "log_key is not a base64 Ed25519 public key")
         return
-    if log_key is not None and merkle.public_key_bytes(log_key) != merkle.public_key_bytes(own_key):
-        report.add(MANIFEST, "log key", "the manifest names another consent log key")
-    try:
-        merkle.verify_tree_head(log_key or own_key, head)
-    except merkle.InvalidTreeHead as error:
-        report.add(MANIFEST, "tree head", str(error))
+    trusted = {merkle.public_key_bytes(key) for key in log_keys}
+    if trusted and merkle.public_key_bytes(own_key) not in trusted:
+        report.add(
+            MANIFEST,
+            "log key",
+            "the manifest names another consent log key than "
+            + ("the one given" if len(trusted) == 1 else "those given")
+            + " (if the log's key changed since the export, pass the earlier key with "
+            "--log-key too)",
+        )
+    problem = _signed_by_one(list(log_keys) or [own_key], head)
+    if problem is not None:
+        report.add(MANIFEST, "tree head", problem)
         return
     proof = manifest.get("tree_proof")
     name = _safe_name(proof.get("file")) if isinstance(proof, dict) else None
@@ -297,7 +307,7 @@ def _check_tree(
         except (ValueError, KeyError, TypeError, UnicodeDecodeError, csv.Error, RecursionError):
             return  # the row checks have named the unreadable line already
     if report.proven_head is not None and later is not None:
-        _check_later(head, own_key if log_key is None else log_key, later, report)
+        _check_later(head, list(log_keys) or [own_key], later, report)
 
 
 def _proof_hashes(handle: IO[bytes]) -> Iterator[bytes]:
@@ -360,13 +370,33 @@ def _prove(
     report.proven_head = head
 
 
+def _signed_by_one(keys: Sequence[ed25519.Ed25519PublicKey], head: merkle.TreeHead) -> str | None:
+    """None when one of ``keys`` signed ``head``; otherwise what is wrong."""
+    problem = "no log key to check the tree head with"
+    for key in keys:
+        try:
+            merkle.verify_tree_head(key, head)
+            return None
+        except merkle.InvalidTreeHead as error:
+            problem = str(error)
+    if len(keys) > 1:
+        return "the tree head's signature verifies with none of the log keys given"
+    return problem
+
+
 def _check_later(
-    head: merkle.TreeHead, key: ed25519.Ed25519PublicKey, later: LaterHead, report: Report
+    head: merkle.TreeHead,
+    keys: Sequence[ed25519.Ed25519PublicKey],
+    later: LaterHead,
+    report: Report,
 ) -> None:
-    try:
-        merkle.verify_tree_head(key, later.head)
-    except merkle.InvalidTreeHead as error:
-        report.add("later tree head", "signature", str(error))
+    """The later head signed by one of ``keys`` (the log's key may have changed since the
+    export), and consistent with the export's."""
+    problem = _signed_by_one(keys, later.head)
+    if problem is not None:
+        if len(keys) == 1:
+            problem += "; if the log's key changed since the export, pass both keys with --log-key"
+        report.add("later tree head", "signature", problem)
         return
     try:
         merkle.verify_consistency(

@@ -238,6 +238,66 @@ def test_a_later_head_consistent_with_the_export_passes(app, one_person, subscri
     assert _verify(app, one_person, "--tree-head", str(head)).exit_code == 2
 
 
+def _b64(key: ed25519.Ed25519PrivateKey) -> str:
+    return base64.b64encode(merkle.public_key_bytes(key.public_key())).decode()
+
+
+def test_after_a_change_of_the_log_key_both_keys_check_the_export_and_a_later_head(
+    app, one_person, subscriptions, tmp_path
+):
+    """The export's head was signed by the first key, the later head by the one that
+    replaced it: each head is checked with the key that signed it, among those the
+    checker trusts; one key alone is refused, saying what to pass."""
+    new_key = generate_signing_key()
+    portal = app.extensions["portal"]
+    portal.settings = portal.settings.with_overrides(consent_log_signing_key=new_key)
+    subscribe(app, subscriptions)
+    with db.begin(app) as session:
+        tree.integrate(
+            session, tree.signing_key(new_key), now=portal.clock.now(), gap_grace_seconds=10
+        )
+    client = app.test_client()
+    assert client.get("/api/consent-log/key").get_json()["key"] == _b64(tree.signing_key(new_key))
+    head = tmp_path / "head.json"
+    head.write_text(client.get("/api/consent-log/tree-head").get_data(as_text=True))
+    size = _manifest(one_person)["tree_head"]["tree_size"]
+    later = json.loads(head.read_text())["tree_size"]
+    proof = tmp_path / "proof.json"
+    proof.write_text(
+        client.get(f"/api/consent-log/consistency?from={size}&to={later}").get_data(as_text=True)
+    )
+    old_b64, new_b64 = _log_key_b64(), _b64(tree.signing_key(new_key))
+    pair = ["--tree-head", str(head), "--consistency", str(proof)]
+
+    both = _verify(app, one_person, "--log-key", old_b64, "--log-key", new_b64, *pair)
+    assert both.exit_code == 0, both.output
+    assert f"the later signed tree head of size {later} is consistent with it" in both.output
+    assert "--log-key" not in both.output  # no note: the keys were given
+    either_order = _verify(app, one_person, "--log-key", new_b64, "--log-key", old_b64, *pair)
+    assert either_order.exit_code == 0, either_order.output
+
+    only_new = _verify(app, one_person, "--log-key", new_b64, *pair)
+    assert only_new.exit_code == 1
+    assert (
+        "log key: the manifest names another consent log key than the one given (if the "
+        "log's key changed since the export, pass the earlier key with --log-key too)"
+    ) in only_new.output
+    only_old = _verify(app, one_person, "--log-key", old_b64, *pair)
+    assert only_old.exit_code == 1
+    assert "later tree head: signature:" in only_old.output
+    assert "pass both keys with --log-key" in only_old.output
+    none_given = _verify(app, one_person, *pair)
+    assert none_given.exit_code == 1
+    assert "pass both keys with --log-key" in none_given.output
+    # A third key the checker trusts instead of the new one proves nothing.
+    stranger = _b64(tree.signing_key(generate_signing_key()))
+    wrong = _verify(app, one_person, "--log-key", old_b64, "--log-key", stranger, *pair)
+    assert wrong.exit_code == 1
+    assert "verifies with none of the log keys given" in wrong.output
+    # The export alone still checks with its own key.
+    assert _verify(app, one_person, "--log-key", old_b64).exit_code == 0
+
+
 def test_an_export_of_the_whole_log_needs_no_proof_hashes(app, tmp_path, person, crowd):
     out = tmp_path / "all"
     assert _export(app, out).exit_code == 0
