@@ -60,7 +60,11 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 if TYPE_CHECKING:  # not imported at run time: every millisecond of start-up is the person's
-    from typing import Any
+    from collections.abc import Sequence
+    from typing import Any, TypeAlias
+
+    # The log's key, or the keys the checker trusts (after a change of the log's key).
+    Keys: TypeAlias = ed25519.Ed25519PublicKey | Sequence[ed25519.Ed25519PublicKey] | None
 
 FORMAT = "push-consent-portal/consent-receipt/1"
 SIGNATURE_CONTEXT = b"push-consent-portal consent receipt v1\n"
@@ -225,12 +229,27 @@ def consistency_roots(m: int, n: int, first_root: bytes, proof: list[bytes]) -> 
     return fr, sr
 
 
-def check_later_head(
-    receipt: dict[str, Any], key: ed25519.Ed25519PublicKey, later: object, proof: object
-) -> int:
-    """The later signed head extends the receipt's; returns its size."""
+def check_later_head(receipt: dict[str, Any], keys: Keys, later: object, proof: object) -> int:
+    """The later signed head, signed by one of ``keys`` (the log's key may have changed
+    since the receipt), extends the receipt's; returns its size."""
     size, _, root, _ = _tree_head(receipt.get("tree_head"))  # verified by verify_receipt
-    later_size, later_root = _verified_tree_head(later, key, "the later tree head")
+    trusted = _keys(keys)
+    later_size, later_root = 0, b""
+    for n, key in enumerate(trusted):
+        try:
+            later_size, later_root = _verified_tree_head(later, key, "the later tree head")
+            break
+        except ReceiptError as error:
+            if n < len(trusted) - 1:
+                continue
+            if len(trusted) > 1:
+                raise ReceiptError(
+                    "the later tree head's signature verifies with none of the log keys given"
+                ) from None
+            raise ReceiptError(
+                f"{error}; if the log's key changed since the receipt, pass both keys with "
+                "--log-key"
+            ) from None
     hashes = [
         _b64(value, f"consistency[{i}]", 32)
         for i, value in enumerate(
@@ -400,10 +419,18 @@ def _check_choice(
         raise ReceiptError(f"{what}: notice {version} is not listed")
 
 
-def verify_receipt(
-    receipt: object, log_key: ed25519.Ed25519PublicKey | None = None
-) -> dict[str, Any]:
-    """Check a parsed receipt; return what was proven, or raise ``ReceiptError``."""
+def _keys(keys: Keys) -> list[ed25519.Ed25519PublicKey]:
+    if keys is None:
+        return []
+    if isinstance(keys, ed25519.Ed25519PublicKey):
+        return [keys]
+    return list(keys)
+
+
+def verify_receipt(receipt: object, log_key: Keys = None) -> dict[str, Any]:
+    """Check a parsed receipt; return what was proven, or raise ``ReceiptError``.
+    ``log_key``: the log's key, or the keys the checker trusts (today's and, after a change
+    of the log's key, earlier ones): the receipt must be signed by one of them."""
     try:
         return _verify_receipt(receipt, log_key)
     except ReceiptError:
@@ -412,16 +439,25 @@ def verify_receipt(
         raise ReceiptError(f"the receipt is malformed ({type(error).__name__})") from None
 
 
-def _verify_receipt(receipt: object, log_key: ed25519.Ed25519PublicKey | None) -> dict[str, Any]:
+def _verify_receipt(receipt: object, log_key: Keys) -> dict[str, Any]:
     document = _object(receipt, "the receipt")
     if document.get("format") != FORMAT:
         raise ReceiptError(f"format is {document.get('format')!r}, not {FORMAT!r}")
     if document.get("signature_algorithm") != ALGORITHM:
         raise ReceiptError(f"signature_algorithm is not {ALGORITHM}")
     own = _b64(document.get("log_key"), "log_key", 32)
-    key = log_key or ed25519.Ed25519PublicKey.from_public_bytes(own)
-    if log_key is not None and log_key.public_bytes_raw() != own:
-        raise ReceiptError("the receipt names another log key than the one given")
+    given = _keys(log_key)
+    key = next(
+        (k for k in given if k.public_bytes_raw() == own),
+        None if given else ed25519.Ed25519PublicKey.from_public_bytes(own),
+    )
+    if key is None:
+        raise ReceiptError(
+            "the receipt names another log key than "
+            + ("the one given" if len(given) == 1 else "those given")
+            + " (if the log's key changed since the receipt, pass the earlier key with "
+            "--log-key too)"
+        )
     signature = _b64(document.get("signature"), "signature", 64)
     _verify(key, signature, signed_bytes(document), "the receipt's signature")
     # The key that signed the tree head: the log key, or (after the log key changed) the
@@ -445,7 +481,7 @@ def _verify_receipt(receipt: object, log_key: ed25519.Ed25519PublicKey | None) -
         "tree_size": size,
         "root_hash": root.hex(),
         "key": base64.b64encode(key.public_bytes_raw()).decode(),
-        "key_given": log_key is not None,
+        "key_given": bool(given),
         "head_key": base64.b64encode(head_key_raw).decode() if head_key_raw != own else None,
         "choices": [
             (p.get("purpose_id"), p.get("topic_id"), p.get("state"), p.get("consent_timestamp"))
@@ -459,7 +495,7 @@ def _say(text: str, *, error: bool = False) -> None:
 
 
 USAGE = (
-    "usage: verify_receipt.py RECEIPT.json [--log-key KEY] "
+    "usage: verify_receipt.py RECEIPT.json [--log-key KEY]... "
     "[--tree-head LATER.json --consistency PROOF.json]"
 )
 _OPTIONS = ("--log-key", "--tree-head", "--consistency")
@@ -470,7 +506,7 @@ class _Arguments:
 
     def __init__(self, argv: list[str]) -> None:
         self.receipt = ""
-        self.log_key: str | None = None
+        self.log_key: list[str] = []
         self.tree_head: str | None = None
         self.consistency: str | None = None
         self.help = False
@@ -485,7 +521,10 @@ class _Arguments:
                     if not words:
                         raise ValueError(f"{name} needs a value")
                     value = words.pop(0)
-                setattr(self, name[2:].replace("-", "_"), value)
+                if name == "--log-key":
+                    self.log_key.append(value)  # once per key the checker trusts
+                else:
+                    setattr(self, name[2:].replace("-", "_"), value)
             elif word.startswith("-") or self.receipt:
                 raise ValueError(f"unexpected argument {word!r}")
             else:
@@ -513,9 +552,9 @@ def main(argv: list[str] | None = None) -> int:
         _say("error: --tree-head and --consistency go together", error=True)
         return 2
     try:
-        if args.log_key is not None and not args.log_key.strip():
+        if any(not value.strip() for value in args.log_key):
             raise ReceiptError("--log-key is empty")
-        key = parse_log_key(args.log_key) if args.log_key is not None else None
+        keys = [parse_log_key(value) for value in args.log_key]
         document = load(_read(args.receipt))
         later = (
             (load(_read(args.tree_head)), load(_read(args.consistency)))
@@ -526,12 +565,12 @@ def main(argv: list[str] | None = None) -> int:
         _say(f"error: {error}", error=True)
         return 2
     try:
-        proven = verify_receipt(document, key)
+        proven = verify_receipt(document, keys)
         if later is not None:
-            signer = key or ed25519.Ed25519PublicKey.from_public_bytes(
-                base64.b64decode(proven["key"])
-            )
-            later_size = check_later_head(document, signer, *later)
+            trusted = keys or [
+                ed25519.Ed25519PublicKey.from_public_bytes(base64.b64decode(proven["key"]))
+            ]
+            later_size = check_later_head(document, trusted, *later)
     except ReceiptError as error:
         _say(f"FAILED {args.receipt}: {error}", error=True)
         return 1

@@ -241,8 +241,11 @@ def verify_log(
 @click.argument("receipt", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option(
     "--log-key",
+    "log_keys",
+    multiple=True,
     help="The consent log's public key (base64, or a file with GET /api/consent-log/key's "
-    "JSON). Without it the receipt's own copy is used.",
+    "JSON); again for each earlier key if the log's key changed since the receipt. "
+    "Without it the receipt's own copy is used.",
 )
 @click.option(
     "--tree-head",
@@ -256,14 +259,15 @@ def verify_log(
     help="The consistency proof from the receipt's tree head to --tree-head.",
 )
 def verify_receipt(
-    receipt: Path, log_key: str | None, later_head: Path | None, consistency: Path | None
+    receipt: Path, log_keys: tuple[str, ...], later_head: Path | None, consistency: Path | None
 ) -> None:
     """Check a consent receipt offline: its signature, its tree head, each event's
     inclusion proof, and a later head's consistency with it; exit 1 naming what fails (the
     same check as tools/verify_receipt.py)."""
     args = [str(receipt)]
+    for log_key in log_keys:
+        args += ["--log-key", log_key]
     for flag, value in (
-        ("--log-key", log_key),
         ("--tree-head", later_head),
         ("--consistency", consistency),
     ):

@@ -360,6 +360,67 @@ def test_a_later_head_shows_the_receipts_choices_were_not_rewritten(app, client,
     assert app.test_cli_runner().invoke(args=args[:-2]).exit_code == 2
 
 
+def test_after_a_change_of_the_log_key_both_keys_check_a_receipt_and_a_later_head(
+    app, client, receipt, tmp_path, capsys
+):
+    """A receipt from before the log's key changed, a later head signed by the new key:
+    the checker trusts both keys (given once each) and checks each signature with the
+    key that made it; one key alone is refused, saying which to add."""
+    new_key = generate_signing_key()
+    portal = app.extensions["portal"]
+    portal.settings = portal.settings.with_overrides(consent_log_signing_key=new_key)
+    _save(client, ["offers"])  # the log grows
+    _receipt(client)  # (integrates it, under the new key)
+    api = app.test_client()
+    later = api.get("/api/consent-log/tree-head").json
+    size = receipt["tree_head"]["tree_size"]
+    proof = api.get(f"/api/consent-log/consistency?from={size}&to={later['tree_size']}").json
+    for name, document in {"receipt": receipt, "later": later, "proof": proof}.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(document))
+    new_b64 = base64.b64encode(
+        merkle.public_key_bytes(tree.signing_key(new_key).public_key())
+    ).decode()
+    assert api.get("/api/consent-log/key").json["key"] == new_b64
+    pair = [
+        "--tree-head",
+        str(tmp_path / "later.json"),
+        "--consistency",
+        str(tmp_path / "proof.json"),
+    ]
+
+    def check(*words: str) -> tuple[int, str]:
+        status = receipt_check.main([str(tmp_path / "receipt.json"), *words])
+        captured = capsys.readouterr()
+        return status, captured.out + captured.err
+
+    status, output = check("--log-key", LOG_KEY_B64, "--log-key", new_b64, *pair)
+    assert status == 0, output
+    assert f"the later signed tree head of size {later['tree_size']} is consistent" in output
+    assert check("--log-key", new_b64, "--log-key", LOG_KEY_B64, *pair)[0] == 0
+    status, output = check("--log-key", new_b64, *pair)
+    assert status == 1
+    assert (
+        "the receipt names another log key than the one given (if the log's key changed "
+        "since the receipt, pass the earlier key with --log-key too)"
+    ) in output
+    for words in (["--log-key", LOG_KEY_B64], []):
+        status, output = check(*words, *pair)
+        assert status == 1
+        assert "pass both keys with --log-key" in output
+    stranger = base64.b64encode(
+        merkle.public_key_bytes(tree.signing_key(generate_signing_key()).public_key())
+    ).decode()
+    status, output = check("--log-key", LOG_KEY_B64, "--log-key", stranger, *pair)
+    assert status == 1
+    assert "verifies with none of the log keys given" in output
+    # The portal's command passes every key on.
+    args = ["portal", "verify-receipt", str(tmp_path / "receipt.json")]
+    both = ["--log-key", LOG_KEY_B64, "--log-key", new_b64, *pair]
+    result = app.test_cli_runner().invoke(args=[*args, *both])
+    assert result.exit_code == 0, result.output
+    assert app.test_cli_runner().invoke(args=[*args, "--log-key", new_b64]).exit_code == 1
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.integers(1, 300), st.data())
 def test_the_checkers_consistency_rule_agrees_with_the_servers(n, data):
