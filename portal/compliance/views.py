@@ -166,6 +166,7 @@ def compliance_subscriber(subscriber_id: uuid.UUID) -> Any:
         reasons=REASON_LABELS,
         actors=services.actor_names(db.session, {e.actor for e in record.events}),
         errors=[],
+        delivery_months=current_portal().settings.retention.delivery_months,
     )
 
 
