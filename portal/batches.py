@@ -5,6 +5,7 @@ tables)."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -100,3 +101,43 @@ def delete_batches(
         stop=stop,
         report=report,
     )
+
+
+def replication_lag_seconds(session: Session) -> float:
+    """How far the slowest streaming replica is behind this primary (0 without replicas)."""
+    if not is_postgres(session):
+        return 0.0
+    lag = session.execute(
+        sa.text("SELECT EXTRACT(EPOCH FROM max(replay_lag)) FROM pg_stat_replication")
+    ).scalar_one()
+    return float(lag or 0.0)
+
+
+def replication_throttle(
+    app: Flask,
+    report: JobReport,
+    *,
+    pause_seconds: float,
+    max_lag_seconds: float | None,
+    lag: Callable[[Session], float] = replication_lag_seconds,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Callable[[], bool]:
+    """What a long batch job does between chunks (:func:`keyset_batches`' ``between``: the
+    backfills, the delivery fold): stop,
+    saying so in ``report``, when replication lag is over ``max_lag_seconds``; otherwise
+    sleep ``pause_seconds`` and go on."""
+
+    def between() -> bool:
+        if max_lag_seconds is not None:
+            with db.begin(app) as session:
+                behind = lag(session)
+            if behind > max_lag_seconds:
+                report.problems.append(
+                    f"stopped after {report.processed} rows: replication lag {behind:.1f} s "
+                    f"is over {max_lag_seconds:g} s; run the job again to go on"
+                )
+                return False
+        sleep(pause_seconds)
+        return True
+
+    return between

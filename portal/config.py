@@ -247,6 +247,9 @@ class RetentionSettings:
     # Deliveries of campaigns finished this long ago are folded into per-campaign counters
     # (portal/campaigns/tally.py); never before the audit window (Settings.from_env).
     delivery_months: int = setting("DELIVERY_RETENTION_MONTHS", _positive_whole, 13)
+    # The fold's pause between batches, so sending and pages beside it keep their share
+    # of the database (bench/delivery_retention.py); it also stops on replication lag.
+    fold_pause_seconds: float = setting("DELIVERY_FOLD_PAUSE_MS", _milliseconds, 0.1)
     # Job runs: the sequencer alone records one a second (portal/retention/tables.py).
     job_run_days: int = setting("JOB_RUN_RETENTION_DAYS", _positive_whole, 7)
     # Uploaded pictures no campaign or draft uses (portal/retention/tables.py).

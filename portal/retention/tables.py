@@ -43,7 +43,8 @@ import sqlalchemy as sa
 from flask import Flask
 from sqlalchemy.orm import Session
 
-from portal.batches import delete_batches, keyset_batches
+from portal import batches
+from portal.batches import delete_batches, keyset_batches, replication_throttle
 from portal.campaigns import tally
 from portal.campaigns.media_models import Picture
 from portal.campaigns.models import Campaign, Draft
@@ -161,9 +162,19 @@ def fold_deliveries(
 ) -> None:
     """Each campaign finished before the window: its deliveries folded a keyset batch at
     a time (several processes share a campaign's batches), then its counters compacted.
-    The id range bounds each batch's walk of the primary key to the campaign's rows."""
+    The id range bounds each batch's walk of the primary key to the campaign's rows.
+    Between batches it pauses ``DELIVERY_FOLD_PAUSE_MS``, and stops (a problem in the
+    report; the next run goes on) when a replica is further behind than
+    ``BACKFILL_MAX_REPLICATION_LAG_SECONDS``: a million rows write about 760 MiB of WAL."""
     stop = app.extensions.get("portal.stop")
     cutoff = months_before(now, settings.retention.delivery_months)
+    pause = replication_throttle(
+        app,
+        report,
+        pause_seconds=settings.retention.fold_pause_seconds,
+        max_lag_seconds=settings.backfill_max_replication_lag_seconds,
+        lag=batches.replication_lag_seconds,  # looked up now: tests replace it
+    )
     with db.begin(app) as session:
         campaigns = tally.campaigns_to_fold(session, cutoff)
     for campaign_id in campaigns:
@@ -185,9 +196,10 @@ def fold_deliveries(
             handle=_folding(campaign_id),
             stop=stop,
             report=report,
+            between=pause,
         )
-        if stop is not None and stop.is_set():
-            return
+        if (stop is not None and stop.is_set()) or report.problems:
+            return  # stopping, or a replica fell behind: the next run goes on
         with db.begin(app) as session:
             tally.compact(session, campaign_id)
 

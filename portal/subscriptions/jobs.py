@@ -22,6 +22,7 @@ from flask import Flask
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from portal.batches import replication_lag_seconds, replication_throttle
 from portal.consent import log
 from portal.consent.models import EventKind, Source
 from portal.db import affected_rows, db, is_postgres
@@ -92,45 +93,6 @@ def reseal(
         columns=(_t.c.auth_sealed, _t.c.auth_key_version),
     )
     return report
-
-
-def replication_lag_seconds(session: Session) -> float:
-    """How far the slowest streaming replica is behind this primary (0 without replicas)."""
-    if not is_postgres(session):
-        return 0.0
-    lag = session.execute(
-        sa.text("SELECT EXTRACT(EPOCH FROM max(replay_lag)) FROM pg_stat_replication")
-    ).scalar_one()
-    return float(lag or 0.0)
-
-
-def replication_throttle(
-    app: Flask,
-    report: JobReport,
-    *,
-    pause_seconds: float,
-    max_lag_seconds: float | None,
-    lag: Callable[[Session], float] = replication_lag_seconds,
-    sleep: Callable[[float], None] = time.sleep,
-) -> Callable[[], bool]:
-    """What a backfill does between chunks (``subscription_batches``' ``between``): stop,
-    saying so in ``report``, when replication lag is over ``max_lag_seconds``; otherwise
-    sleep ``pause_seconds`` and go on."""
-
-    def between() -> bool:
-        if max_lag_seconds is not None:
-            with db.begin(app) as session:
-                behind = lag(session)
-            if behind > max_lag_seconds:
-                report.problems.append(
-                    f"stopped after {report.processed} rows: replication lag {behind:.1f} s "
-                    f"is over {max_lag_seconds:g} s; run the job again to go on"
-                )
-                return False
-        sleep(pause_seconds)
-        return True
-
-    return between
 
 
 def backfill_endpoint_hash(

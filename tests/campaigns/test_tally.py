@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -18,7 +19,7 @@ import pytest
 import sqlalchemy as sa
 from flask import Flask
 
-from portal import create_app
+from portal import batches, create_app
 from portal.campaigns import funnel, outcome, tally, variants
 from portal.campaigns import services as campaigns
 from portal.campaigns.models import Campaign
@@ -39,7 +40,8 @@ MONTH = dt.timedelta(days=31)
 @pytest.fixture
 def app(settings, clock) -> Iterator[Flask]:
     application = create_app(
-        settings.with_overrides(retention=RetentionSettings(batch_size=2)), clock=clock
+        settings.with_overrides(retention=RetentionSettings(batch_size=2, fold_pause_seconds=0)),
+        clock=clock,
     )
     application.config["TESTING"] = True
     yield application
@@ -211,7 +213,7 @@ def test_only_campaigns_finished_before_the_window_are_folded(app, clock, catalo
 
 
 def test_a_longer_window_keeps_them_longer(settings, clock):
-    retention = RetentionSettings(batch_size=2, delivery_months=24)
+    retention = RetentionSettings(batch_size=2, delivery_months=24, fold_pause_seconds=0)
     app = create_app(settings.with_overrides(retention=retention), clock=clock)
     try:
         publish_test_catalogue(app, clock.now())
@@ -239,10 +241,48 @@ def test_a_window_shorter_than_the_audit_window_is_refused_at_start(tmp_path, en
         Settings.from_env(environ, str(tmp_path))
 
 
-def test_the_window_is_read_from_the_environment(tmp_path):
-    assert Settings.from_env({}, str(tmp_path)).retention.delivery_months == 13
-    environ = {"DELIVERY_RETENTION_MONTHS": "25"}
-    assert Settings.from_env(environ, str(tmp_path)).retention.delivery_months == 25
+def test_the_window_and_the_pause_are_read_from_the_environment(tmp_path):
+    defaults = Settings.from_env({}, str(tmp_path)).retention
+    assert (defaults.delivery_months, defaults.fold_pause_seconds) == (13, 0.1)
+    environ = {"DELIVERY_RETENTION_MONTHS": "25", "DELIVERY_FOLD_PAUSE_MS": "250"}
+    read = Settings.from_env(environ, str(tmp_path)).retention
+    assert (read.delivery_months, read.fold_pause_seconds) == (25, 0.25)
+    with pytest.raises(ConfigError, match="DELIVERY_FOLD_PAUSE_MS"):
+        Settings.from_env({"DELIVERY_FOLD_PAUSE_MS": "soon"}, str(tmp_path))
+
+
+def test_the_fold_pauses_between_batches(settings, clock):
+    retention = RetentionSettings(batch_size=2, fold_pause_seconds=0.05)
+    app = create_app(settings.with_overrides(retention=retention), clock=clock)
+    try:
+        publish_test_catalogue(app, clock.now())
+        campaign_id = _build(app, clock.now() - 14 * MONTH, ab=False)
+        started = time.perf_counter()
+        assert not run_job(app, "table-retention").problems
+        took = time.perf_counter() - started
+        assert _rows(app, Delivery, campaign_id) == 0
+        assert took >= 10 * 0.05  # ten full batches of two, a pause after each
+    finally:
+        app.extensions["portal.db"].engine.dispose()
+
+
+def test_a_replica_behind_stops_the_fold_and_the_next_run_goes_on(
+    app, clock, catalogue_ready, monkeypatch
+):
+    now = clock.now()
+    old = _build(app, now - 14 * MONTH)
+    before = _figures(app, old, now)
+    monkeypatch.setattr(batches, "replication_lag_seconds", lambda session: 60.0)
+    report = run_job(app, "table-retention")
+    assert report.problems == [
+        "stopped after 2 rows: replication lag 60.0 s is over 10 s; run the job again to go on"
+    ]
+    assert _rows(app, Delivery, old) == 18  # one batch folded, then it stopped
+    assert _figures(app, old, now) == before
+    monkeypatch.setattr(batches, "replication_lag_seconds", lambda session: 0.0)
+    assert not run_job(app, "table-retention").problems
+    assert _rows(app, Delivery, old) == 0
+    assert _figures(app, old, now) == before
 
 
 def test_processes_folding_the_same_campaign_at_once_count_each_delivery_once(

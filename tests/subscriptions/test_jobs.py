@@ -211,8 +211,8 @@ def test_backfill_pauses_between_chunks_and_stops_when_a_replica_falls_behind(
 
 
 def test_replication_lag_reads_zero_without_replicas(app):
+    from portal.batches import replication_lag_seconds
     from portal.db import db
-    from portal.subscriptions.jobs import replication_lag_seconds
 
     with db.begin(app) as session:
         assert replication_lag_seconds(session) == 0.0
