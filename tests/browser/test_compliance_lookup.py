@@ -35,6 +35,26 @@ WIDTHS = pytest.mark.parametrize("viewport", [DESKTOP, PHONE], ids=lambda v: f"{
 REFERENCE = re.compile(r"^[0-9A-HJKMNP-TV-Z]{4}-[0-9A-HJKMNP-TV-Z]{4}$")
 
 
+# The words of the page's table cells that are split across two lines (a hyphen is a
+# place a line may end, so the parts of a UUID are words of their own).
+BROKEN_WORDS = """() => {
+  const found = [];
+  for (const cell of document.querySelectorAll('main table td, main table th')) {
+    const walker = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+      for (const word of node.textContent.matchAll(/[^\\s-]+/g)) {
+        const range = document.createRange();
+        range.setStart(node, word.index);
+        range.setEnd(node, word.index + word[0].length);
+        const tops = new Set([...range.getClientRects()].map((r) => Math.round(r.top)));
+        if (tops.size > 1) found.push(word[0]);
+      }
+    }
+  }
+  return found;
+}"""
+
+
 def _sized(new_context: Callable[..., Any], viewport: dict[str, int]) -> Callable[..., Any]:
     def make(**options: Any) -> Any:
         options["viewport"] = viewport
@@ -107,6 +127,14 @@ def test_a_person_is_found_by_the_reference_on_their_preference_centre(
     row.locator("a").click()
     officer.wait_for_url("**/staff/compliance/subscribers/*")
     expect(officer.locator(".summary-list")).to_contain_text(f"Reference{shown}")
+    expect(officer.locator("#deliveries + .hint")).to_have_text(
+        "Each delivery is kept until 13 months after its campaign finished; after that it "
+        "is only counted with its campaign, not listed here."
+    )
+    _checked(officer, "person", viewport)
+    if viewport == DESKTOP:
+        # Tables of words at a desktop width: no word split across lines ("pendin/g").
+        assert officer.evaluate(BROKEN_WORDS) == []
 
 
 @WIDTHS

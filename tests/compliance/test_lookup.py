@@ -275,9 +275,10 @@ def test_the_history_page(app, engine, clock, officer, person):
     cells = re.findall(r"<td>(.*?)</td>", row.group(1), re.S)
     assert cells[1] == "pending"  # push service, state, client, created, last seen, ended
     assert cells[2] == "Firefox 128"
+    assert "No deliveries on record for this person." in html
     assert (
-        "No deliveries on record for this person (folded into their campaigns' counts 13 "
-        "months after each campaign finished, or none sent)."
+        "Each delivery is kept until 13 months after its campaign finished; after that it "
+        "is only counted with its campaign, not listed here."
     ) in html
     assert person.sub.endpoint not in html
     (viewed,) = _audit(engine, "consent.history_viewed")
