@@ -1501,6 +1501,30 @@ def styled(page: Page) -> Page:
     return page
 
 
+# The words of the page's table cells that are split across two lines ("Curren/t"): a
+# column is never narrower than its longest word. A hyphen is a place a line may end (the
+# parts of a UUID are words of their own); codes (hashes, ids) may break anywhere.
+BROKEN_WORDS = """() => {
+  const found = [];
+  for (const cell of document.querySelectorAll('main table td, main table th')) {
+    const walker = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT, {
+      acceptNode: (node) => node.parentElement.closest('code')
+        ? NodeFilter.FILTER_REJECT : NodeFilter.FILTER_ACCEPT,
+    });
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+      for (const word of node.textContent.matchAll(/[^\\s-]+/g)) {
+        const range = document.createRange();
+        range.setStart(node, word.index);
+        range.setEnd(node, word.index + word[0].length);
+        const tops = new Set([...range.getClientRects()].map((r) => Math.round(r.top)));
+        if (tops.size > 1) found.push(word[0]);
+      }
+    }
+  }
+  return found;
+}"""
+
+
 def page_overflow(page: Page) -> dict[str, Any]:
     """OVERFLOW measured on the styled page."""
     return styled(page).evaluate(OVERFLOW)
@@ -1564,6 +1588,8 @@ def test_every_page_state_passes_every_check(
     if state.error_summary:
         found["error summary"] = error_summary_problems(page, state)
     found["focus visible"] = focus_problems(page)
+    if own_size["width"] >= DESKTOP["width"]:
+        found["words split at desktop width"] = page.evaluate(BROKEN_WORDS)
     failed = {check: problems for check, problems in found.items() if problems}
     assert not failed, "\n".join(
         f"{state} fails {check}:\n  " + "\n  ".join(problems) for check, problems in failed.items()

@@ -19,6 +19,7 @@ from portal.db import db
 from portal.seams import current_portal
 from tests.browser.conftest import DESKTOP, PHONE, LiveServer, subscribe_through_api
 from tests.browser.test_accessibility import (
+    BROKEN_WORDS,
     TARGETS,
     PageState,
     _staff,
@@ -33,26 +34,6 @@ pytestmark = pytest.mark.browser
 SHOTS = Path("/work/notes/shots/h-lookup")
 WIDTHS = pytest.mark.parametrize("viewport", [DESKTOP, PHONE], ids=lambda v: f"{v['width']}px")
 REFERENCE = re.compile(r"^[0-9A-HJKMNP-TV-Z]{4}-[0-9A-HJKMNP-TV-Z]{4}$")
-
-
-# The words of the page's table cells that are split across two lines (a hyphen is a
-# place a line may end, so the parts of a UUID are words of their own).
-BROKEN_WORDS = """() => {
-  const found = [];
-  for (const cell of document.querySelectorAll('main table td, main table th')) {
-    const walker = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
-    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
-      for (const word of node.textContent.matchAll(/[^\\s-]+/g)) {
-        const range = document.createRange();
-        range.setStart(node, word.index);
-        range.setEnd(node, word.index + word[0].length);
-        const tops = new Set([...range.getClientRects()].map((r) => Math.round(r.top)));
-        if (tops.size > 1) found.push(word[0]);
-      }
-    }
-  }
-  return found;
-}"""
 
 
 def _sized(new_context: Callable[..., Any], viewport: dict[str, int]) -> Callable[..., Any]:
