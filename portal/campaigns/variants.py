@@ -38,12 +38,11 @@ from sqlalchemy.orm import Session
 from portal.campaigns import tally
 from portal.campaigns.models import Campaign
 from portal.db import is_postgres, without_jit
-from portal.delivery.models import Delivery, DeliveryReceipt, DeliveryStatus, ReceiptEvent
+from portal.delivery.models import Delivery, DeliveryStatus, ReceiptEvent
 
 MAX_VARIANTS = 3
 NAMES = ("A", "B", "C")
 _d = cast(sa.Table, Delivery.__table__)
-_r = cast(sa.Table, DeliveryReceipt.__table__)
 _FIRST_RANDOM_BYTE = 9  # of a UUIDv7: bytes 9-15 are random
 _HEX = "0123456789abcdef"
 Z_95 = 1.959963984540054
