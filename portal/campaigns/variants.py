@@ -38,7 +38,7 @@ from sqlalchemy.orm import Session
 from portal.campaigns import tally
 from portal.campaigns.models import Campaign
 from portal.db import is_postgres, without_jit
-from portal.delivery.models import Delivery, DeliveryStatus, ReceiptEvent
+from portal.delivery.models import Delivery, DeliveryStatus
 
 MAX_VARIANTS = 3
 NAMES = ("A", "B", "C")
@@ -46,6 +46,8 @@ _d = cast(sa.Table, Delivery.__table__)
 _FIRST_RANDOM_BYTE = 9  # of a UUIDv7: bytes 9-15 are random
 _HEX = "0123456789abcdef"
 Z_95 = 1.959963984540054
+# What the results add up per variant, from the counters' groups (portal/campaigns/tally.py).
+_COUNTED = ("variant", "status", "deliveries", "shown", "clicked")
 AWAITING_WINNER = "awaiting_winner"  # the reason a delivery held for the winner carries
 # When a held delivery is due: never, until the winner is chosen and makes it due now.
 WINNER_PENDING = dt.datetime(9999, 12, 31, tzinfo=dt.UTC)
@@ -80,6 +82,11 @@ def _split_byte(
     return digit(2 * position + 1) * 16 + digit(2 * position + 2)
 
 
+def _tested(byte: sa.ColumnElement[Any], share: int) -> sa.ColumnElement[bool]:
+    """:func:`in_test` in SQL, on the split byte."""
+    return byte * 100 < share * 256
+
+
 def held_back(
     session: Session, subscription_id: sa.ColumnElement[Any], campaign: Campaign
 ) -> sa.ColumnElement[bool] | None:
@@ -87,7 +94,7 @@ def held_back(
     chosen yet); None when the campaign holds nobody back."""
     if campaign.test_share is None or campaign.winner is not None or not campaign.variants:
         return None
-    return _split_byte(session, subscription_id, campaign) * 100 >= campaign.test_share * 256
+    return sa.not_(_tested(_split_byte(session, subscription_id, campaign), campaign.test_share))
 
 
 def variant_column(
@@ -105,7 +112,7 @@ def variant_column(
         return split
     rest = sa.literal(campaign.winner) if campaign.winner is not None else sa.null()
     return sa.case(
-        (byte * 100 < campaign.test_share * 256, split), else_=sa.cast(rest, sa.SmallInteger)
+        (_tested(byte, campaign.test_share), split), else_=sa.cast(rest, sa.SmallInteger)
     )
 
 
@@ -220,33 +227,23 @@ def results(session: Session, campaign: Campaign) -> Results | None:
     if not campaign.variants or len(campaign.variants) < 2:
         return None
     without_jit(session)
-    accepted = _d.c.status == DeliveryStatus.ACCEPTED.value
-    # A click means the notification was on screen (the funnel's rule): shown includes it.
-    shown = sa.and_(accepted, tally.reported(ReceiptEvent.SHOWN, *tally.CLICKS))
-    clicked = sa.and_(accepted, tally.reported(*tally.CLICKS))
-
-    def count(condition: sa.ColumnElement[bool]) -> sa.ColumnElement[Any]:
-        return sa.func.sum(sa.case((condition, 1), else_=0))
-
-    here = (
-        sa.select(_d.c.variant, sa.func.count(), count(accepted), count(shown), count(clicked))
-        .where(_d.c.campaign_id == campaign.id)
-        .group_by(_d.c.variant)
-    )
-    # Deliveries the delivery retention folded away, counted the same way.
+    # The counters' groups (the one place "shown" and "clicked" are defined), of the
+    # deliveries here and of those the delivery retention folded away, added per variant.
+    here = tally.groups(_d.c.campaign_id == campaign.id).subquery("here")
     t = tally.TALLY.c
-    gone = sa.select(
-        t.variant,
-        t.deliveries,
-        sa.case((t.status == DeliveryStatus.ACCEPTED.value, t.deliveries), else_=0),
-        t.shown,
-        t.clicked,
-    ).where(t.campaign_id == campaign.id)
+    rows = session.execute(
+        sa.union_all(
+            sa.select(*(here.c[name] for name in _COUNTED)),
+            sa.select(*(t[name] for name in _COUNTED)).where(t.campaign_id == campaign.id),
+        )
+    ).all()
     found: dict[int | None, list[int]] = {}
-    for variant, *numbers in session.execute(sa.union_all(here, gone)).all():
+    for variant, status, deliveries, shown, clicked in rows:
         into = found.setdefault(variant, [0, 0, 0, 0])
-        for i, n in enumerate(numbers):
-            into[i] += int(n or 0)
+        into[0] += int(deliveries)
+        into[1] += int(deliveries) if status == DeliveryStatus.ACCEPTED.value else 0
+        into[2] += int(shown)
+        into[3] += int(clicked)
     return Results(
         [
             VariantResult(
