@@ -161,7 +161,7 @@ def _instant(
 )
 @click.option(
     "--winner-after",
-    type=click.IntRange(1, 168),
+    type=click.IntRange(1, services.MAX_WINNER_HOURS),
     metavar="HOURS",
     help="With --test-share: send the variant with the best click-through rate to the rest "
     "this many hours after the send time.",
