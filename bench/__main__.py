@@ -44,6 +44,7 @@ BENCHMARKS = (
     "export",
     "sweeps",
     "pages",
+    "beside_campaign",
     "dispatch",
     "claims",
     "waiting_claims",
@@ -78,7 +79,7 @@ def run(name: str, args: argparse.Namespace, folder: Path) -> Outcome:
         command.append("--quick")
     if args.admin_url and name not in ("dispatch", "receipt"):  # no PostgreSQL there
         command += ["--admin-url", args.admin_url]
-    if name == "pages":
+    if name in ("pages", "beside_campaign"):
         for item in args.pages_env:
             command += ["--env", item]
     outcome.command = command

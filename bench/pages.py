@@ -108,8 +108,11 @@ EXPECTED = {
     "idle": 200,
     "idle-after-campaign": 200,
 }
+
 MARKETING = [slug for slug, _, tx, _, retired, *_ in TOPICS if not tx and not retired]
 TOGGLED = MARKETING[1:3]  # two marketing topics flipped by every save
+# Where the subscribe scenario's new endpoints point (never sent to by bench/pages.py).
+FCM = "https://fcm.googleapis.com/fcm/send/"
 _CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
 _CHECKBOX = re.compile(r'name="topics" value="([^"]+)"\s*(checked)?')
 _VISIBLE = re.compile(r'name="visible" value="([^"]+)"')
@@ -133,6 +136,11 @@ class Result:
     # Unlike req/s, neither depends on what else the machine is running.
     cpu_ms_per_request: float | None = None
     quiet_cpu_ms_per_s: float | None = None
+    # bench/beside_campaign.py: "idle" or "sending", and while sending the campaign's
+    # answers per second over the measured window.
+    phase: str = ""
+    msg_per_s: float | None = None
+    sender: str = ""  # bench/beside_campaign.py: the web workers' sender share
 
     @property
     def rps(self) -> float:
@@ -346,36 +354,58 @@ def retarget(pg_url: str, endpoint_base: str, auth_key: str) -> None:
         )
 
 
-def run_campaign(pg_url: str, topic: str, timeout: float = 1800) -> str:
-    """Launch a campaign to ``topic`` now and wait for the workers to complete it."""
+def launch_campaign(pg_url: str, topic: str, body: str) -> uuid.UUID:
+    """A campaign to ``topic``, due now, as the form's launch leaves it."""
     campaign_id = uuid.uuid4()
-    started = time.monotonic()
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute(
             "INSERT INTO campaign (id, topic_id, title, body, urgency, ttl, send_at, status, "
             "created_by, created_at, launched_at, is_test) SELECT %s, id, 'Bench', "
-            "'Idle after a campaign', 'normal', 86400, now(), 'scheduled', 'bench', now(), "
+            "%s, 'normal', 86400, now(), 'scheduled', 'bench', now(), "
             "now(), false FROM topic WHERE slug = %s",
-            (campaign_id, topic),
+            (campaign_id, body, topic),
         )
-        while True:
-            status = conn.execute(
-                "SELECT status FROM campaign WHERE id = %s", (campaign_id,)
-            ).fetchone()[0]
-            if status not in ("scheduled", "sending"):
-                break
-            if time.monotonic() - started > timeout:
-                raise SystemExit(f"the campaign was still {status} after {timeout:.0f} s")
-            time.sleep(1.0)
+    return campaign_id
+
+
+def campaign_counts(pg_url: str, campaign_id: uuid.UUID) -> tuple[str, dict[str, int]]:
+    """The campaign's status and its deliveries per status."""
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        status = conn.execute(
+            "SELECT status FROM campaign WHERE id = %s", (campaign_id,)
+        ).fetchone()[0]
         counts = dict(
             conn.execute(
                 "SELECT status, count(*) FROM delivery WHERE campaign_id = %s GROUP BY status",
                 (campaign_id,),
             ).fetchall()
         )
+    return status, counts
+
+
+def answered(counts: dict[str, int]) -> int:
+    return sum(n for state, n in counts.items() if state != "queued")
+
+
+def wait_finished(pg_url: str, campaign_id: uuid.UUID, started: float, timeout: float) -> str:
+    """Wait for the workers to finish the campaign; what it came to."""
+    while True:
+        status, counts = campaign_counts(pg_url, campaign_id)
+        if status not in ("scheduled", "sending"):
+            break
+        if time.monotonic() - started > timeout:
+            raise SystemExit(f"the campaign was still {status} after {timeout:.0f} s")
+        time.sleep(1.0)
     seconds = time.monotonic() - started
     sent = ", ".join(f"{n:,} {state}" for state, n in sorted(counts.items()))
     return f"{sum(counts.values()):,} recipients ({sent}) in {seconds:.0f} s, {status}"
+
+
+def run_campaign(pg_url: str, topic: str, timeout: float = 1800) -> str:
+    """Launch a campaign to ``topic`` now and wait for the workers to complete it."""
+    started = time.monotonic()
+    campaign_id = launch_campaign(pg_url, topic, "Idle after a campaign")
+    return wait_finished(pg_url, campaign_id, started, timeout)
 
 
 def wait_for_jobs(pg_url: str, timeout: float = 600) -> str:
@@ -550,7 +580,15 @@ def _lua(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def script(scenario: str, threads: int, credentials: list[Credential], keys, phase: str) -> str:
+def script(
+    scenario: str,
+    threads: int,
+    credentials: list[Credential],
+    keys,
+    phase: str,
+    endpoint_base: str = FCM,
+    spread_addresses: bool = False,
+) -> str:
     head = f"EXPECTED = {EXPECTED[scenario]}\nNTHREADS = {threads}\n" + LUA_COMMON
     if scenario in CAMPAIGN_PAIR:
         scenario = "preferences-get"
@@ -593,9 +631,11 @@ end
     items = ",\n".join(f"{{p = {_lua(p)}, a = {_lua(a)}}}" for p, a in keys)
     # An FCM-sized endpoint, unique per run, phase, thread and request.
     padding = secrets.token_urlsafe(96)
+    prefix = f"{endpoint_base}{phase}-{padding}"
     return (
         head
-        + f"ALL = {{\n{items}\n}}\nPREFIX = {_lua(f'https://fcm.googleapis.com/fcm/send/{phase}-{padding}')}\n"
+        + f"ALL = {{\n{items}\n}}\nPREFIX = {_lua(prefix)}\n"
+        + f"SPREAD = {'true' if spread_addresses else 'false'}\n"
         + LUA_PER_THREAD
         + r"""
 request = function()
@@ -604,7 +644,13 @@ request = function()
   local body = string.format(
     '{"subscription": {"endpoint": "%s-%d-%d", "expirationTime": null, '
     .. '"keys": {"p256dh": "%s", "auth": "%s"}}}', PREFIX, id, counter, k.p, k.a)
-  return wrk.format("POST", "/api/push/subscribe", {["Content-Type"] = "application/json"}, body)
+  local headers = {["Content-Type"] = "application/json"}
+  if SPREAD then
+    -- Each request from a client address of its own, as a proxy in front would say.
+    headers["X-Forwarded-For"] = string.format(
+      "10.%d.%d.%d", id % 256, math.floor(counter / 256) % 256, counter % 256)
+  end
+  return wrk.format("POST", "/api/push/subscribe", headers, body)
 end
 """
     )
@@ -900,13 +946,21 @@ def main() -> int:
 
 
 def warm_up(
-    base: str, scenario: str, args: argparse.Namespace, creds: list[Credential], keys
+    base: str,
+    scenario: str,
+    args: argparse.Namespace,
+    creds: list[Credential],
+    keys,
+    endpoint_base: str = FCM,
+    spread_addresses: bool = False,
 ) -> None:
     """``--warmup`` seconds of the scenario's requests, not counted."""
     if args.warmup:
         run_wrk(
             base,
-            script(scenario, args.wrk_threads, creds, keys, "warm"),
+            script(
+                scenario, args.wrk_threads, creds, keys, "warm", endpoint_base, spread_addresses
+            ),
             scenario=scenario,
             connections=args.connections,
             seconds=args.warmup,
@@ -922,12 +976,16 @@ def measure(
     keys,
     *,
     warm: bool = True,
+    endpoint_base: str = FCM,
+    spread_addresses: bool = False,
 ) -> Result:
     if warm:
-        warm_up(base, scenario, args, creds, keys)
+        warm_up(base, scenario, args, creds, keys, endpoint_base, spread_addresses)
     result = run_wrk(
         base,
-        script(scenario, args.wrk_threads, creds, keys, "measured"),
+        script(
+            scenario, args.wrk_threads, creds, keys, "measured", endpoint_base, spread_addresses
+        ),
         scenario=scenario,
         connections=args.connections,
         seconds=args.duration,
