@@ -148,6 +148,13 @@ def _lease(reading: _Reading, name: str, default: float) -> float:
     return seconds
 
 
+def _share(reading: _Reading, name: str, default: float) -> float:
+    share = _float(reading.environ, name, default)
+    if not 0 < share <= 1:
+        raise ConfigError(f"{name} must be more than 0 and at most 1")
+    return share
+
+
 def _on_off(reading: _Reading, name: str, default: bool) -> bool:
     return _flag(reading.environ, name, default=default)
 
@@ -398,6 +405,9 @@ class Settings:
     # How long a claimed delivery belongs to its process unless renewed (the sender
     # renews it while sending); past it (the process died) another may send it again.
     dispatch_lease_seconds: float = setting("DISPATCH_LEASE_SECONDS", _lease, 60.0)
+    # The share of one CPU a web worker's sender may use (the embedded scheduler beside
+    # the pages); `portal scheduler` processes send at full speed.
+    dispatch_web_cpu_share: float = setting("DISPATCH_WEB_CPU_SHARE", _share, 0.1)
     reseal_batch_size: int = setting("RESEAL_BATCH_SIZE", _whole, 500)
     # The hash backfill rewrites a live table: it pauses between chunks and stops when a
     # replica falls behind (seed 000 §9), so it can run during the day.

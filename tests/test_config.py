@@ -176,6 +176,15 @@ def test_the_dispatch_lease_comes_from_the_environment_and_is_never_zero(tmp_pat
             Settings.from_env({"DISPATCH_LEASE_SECONDS": value}, str(tmp_path))
 
 
+def test_the_web_workers_dispatch_share_is_a_share_of_one_cpu(tmp_path):
+    assert Settings.from_env({}, str(tmp_path)).dispatch_web_cpu_share == 0.1
+    settings = Settings.from_env({"DISPATCH_WEB_CPU_SHARE": "1"}, str(tmp_path))
+    assert settings.dispatch_web_cpu_share == 1.0
+    for value in ("0", "-0.5", "1.5", "half"):
+        with pytest.raises(ConfigError, match="DISPATCH_WEB_CPU_SHARE must"):
+            Settings.from_env({"DISPATCH_WEB_CPU_SHARE": value}, str(tmp_path))
+
+
 def test_production_start_fails_with_one_line_naming_the_variable(tmp_path):
     result = _start(tmp_path, {k: v for k, v in GOOD_PRODUCTION.items() if k != "SECRET_KEY"})
     assert result.returncode != 0

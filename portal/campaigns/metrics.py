@@ -42,6 +42,10 @@ deliveries_queued = Gauge(
     "push_deliveries_queued", "Deliveries waiting to be sent", multiprocess_mode="mostrecent"
 )
 vapid_cache = Counter("push_vapid_cache_total", "VAPID token lookups, by hit or miss", ["result"])
+sender_rested = Counter(
+    "push_sender_rested_seconds_total",
+    "Seconds web workers' senders rested to keep to DISPATCH_WEB_CPU_SHARE",
+)
 
 _FAILURE_REASONS = frozenset(
     {"not_found", "rejected", "max_retries_exceeded", "4xx_non_retryable"}

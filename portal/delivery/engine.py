@@ -96,6 +96,42 @@ class EngineSettings:
 
 
 @dataclass
+class Pace:
+    """Holds a sender to a share of one CPU: after each batch it rests until the CPU its
+    batch cost (the sending thread's, and the recorder thread's for the batch written
+    meanwhile) is at most ``share`` of the time since the batch began. Beside the pages
+    (the embedded scheduler in a web worker) this leaves the worker's request threads
+    the rest of the process's time and of the interpreter's lock (SPEC §7)."""
+
+    share: float
+    cpu_clock: Callable[[], float] = time.thread_time  # this thread's CPU seconds
+    wall_clock: Callable[[], float] = time.monotonic
+    began: float = 0.0  # wall_clock() at the batch's start
+    cpu: float = 0.0  # cpu_clock() at the batch's start
+
+    def start(self) -> None:
+        self.began, self.cpu = self.wall_clock(), self.cpu_clock()
+
+    def due_rest(self, written_cpu: float) -> float:
+        """Seconds to rest after the batch, ``written_cpu`` being the CPU another thread
+        spent writing answers meanwhile."""
+        if self.share >= 1.0:
+            return 0.0
+        used = self.cpu_clock() - self.cpu + written_cpu
+        return max(0.0, used / self.share - (self.wall_clock() - self.began))
+
+    def rest(self, written_cpu: float, stop: threading.Event | None) -> float:
+        """Rest as long as the batch's CPU asks (less if ``stop`` is set); the seconds."""
+        wait = self.due_rest(written_cpu)
+        if wait > 0:
+            if stop is not None:
+                stop.wait(wait)
+            else:
+                time.sleep(wait)
+        return wait
+
+
+@dataclass
 class _Claimed:
     delivery_id: int
     campaign_id: uuid.UUID
@@ -115,6 +151,7 @@ class TickReport:
     retried: int = 0
     deferred: int = 0  # back in the queue until quiet hours end (portal/delivery/quiet.py)
     materialised: int = 0
+    rested: float = 0.0  # seconds paused to keep to the CPU share (Pace)
     by_service: dict[str, dict[str, int]] = field(
         default_factory=lambda: defaultdict(lambda: defaultdict(int))
     )
@@ -345,7 +382,11 @@ class Dispatcher:
     # -- sending ----------------------------------------------------------------------
 
     def tick(
-        self, *, stop: threading.Event | None = None, max_batches: int | None = None
+        self,
+        *,
+        stop: threading.Event | None = None,
+        max_batches: int | None = None,
+        cpu_share: float = 1.0,
     ) -> TickReport:
         """Advance campaigns and send until nothing is due (or ``max_batches``).
 
@@ -355,6 +396,8 @@ class Dispatcher:
         with what the previous batch's answers decided (circuits opened, subscriptions
         revoked or gone stale), so it behaves as if those answers were already written.
         SQLite has one writer at a time, so there the answers are written in turn.
+
+        ``cpu_share`` (at most 1) holds the sending to that share of one CPU (``Pace``).
         """
         report = TickReport()
         if not self._anything_to_do():
@@ -366,8 +409,10 @@ class Dispatcher:
         overlap = self._overlap()
         recorder = ThreadPoolExecutor(1, thread_name_prefix="dispatch-record") if overlap else None
         recording: _Recording | None = None  # the previous batch's answers, being written
+        pace = Pace(cpu_share)
         try:
             while stop is None or not stop.is_set():
+                pace.start()
                 claimed = self.claim(also_blocked=recording.plan.circuits if recording else {})
                 if not claimed:
                     # Everything written before materialising more or closing campaigns.
@@ -379,17 +424,16 @@ class Dispatcher:
                         break
                     continue
                 report.claimed += len(claimed)
-                lease = _LeaseKeeper(self, [c.delivery_id for c in claimed]).start()
-                try:
-                    plan = self._send(claimed, report, recording.plan if recording else None)
-                except BaseException:
-                    lease.stop()
-                    raise
+                plan, lease = self._send_leased(claimed, report, recording)
                 previous, recording = recording, _Recording(plan, lease)
                 try:
                     _finish(previous)
                 finally:
                     recording.start(recorder, self._write)
+                rested = pace.rest(previous.cpu if previous else 0.0, stop)
+                if rested:
+                    report.rested += rested
+                    metrics.sender_rested.inc(rested)
                 batches += 1
                 if max_batches is not None and batches >= max_batches:
                     break
@@ -407,6 +451,19 @@ class Dispatcher:
         self.advance_campaigns()
         self._update_gauges()
         return report
+
+    def _send_leased(
+        self, claimed: list[_Claimed], report: TickReport, recording: _Recording | None
+    ) -> tuple[_Plan, _LeaseKeeper]:
+        """Send a claimed batch under a lease kept while it is out; planned with what the
+        batch being written (``recording``) decided."""
+        lease = _LeaseKeeper(self, [c.delivery_id for c in claimed]).start()
+        try:
+            plan = self._send(claimed, report, recording.plan if recording else None)
+        except BaseException:
+            lease.stop()
+            raise
+        return plan, lease
 
     def _anything_to_do(self) -> bool:
         """Whether a campaign is sending, due to start, or paused past its end: only then
@@ -1043,12 +1100,15 @@ class _Recording:
         self.plan = plan
         self.lease = lease
         self.future: Future[None] = Future()
+        self.cpu = 0.0  # the writing thread's CPU seconds, when written in another thread
 
     def _run(self, write: Callable[[_Plan], None]) -> None:
+        started = time.thread_time()
         try:
             write(self.plan)
         finally:
             self.lease.stop()
+            self.cpu = time.thread_time() - started
 
     def start(self, executor: ThreadPoolExecutor | None, write: Callable[[_Plan], None]) -> None:
         """Write in ``executor``'s thread, or now when there is none."""
@@ -1065,6 +1125,8 @@ class _Recording:
             self.future.set_exception(error)
         else:
             self.future.set_result(None)
+        finally:
+            self.cpu = 0.0  # written by the sending thread itself: its pace counted it
 
 
 def _finish(recording: _Recording | None) -> None:

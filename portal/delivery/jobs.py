@@ -63,7 +63,11 @@ def close_dispatcher(app: Flask) -> None:
 
 
 def dispatch_job(app: Flask, progress: Progress) -> JobReport:
-    tick = dispatcher_for(app).tick(stop=app.extensions.get("portal.stop"))
+    tick = dispatcher_for(app).tick(
+        stop=app.extensions.get("portal.stop"),
+        # Set by the scheduler that runs this job: a web worker's share, or all of it.
+        cpu_share=app.extensions.get("portal.dispatch_cpu_share", 1.0),
+    )
     progress.start(tick.claimed)
     progress.advance(tick.claimed)
     return JobReport(

@@ -18,6 +18,7 @@ import fcntl
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 import traceback
@@ -39,6 +40,8 @@ from portal.operations.models import JobRun, JobState
 from portal.seams import current_portal
 
 log = logging.getLogger("portal.scheduler")
+# The interpreter's switch interval in a web worker whose sender runs beside the pages.
+SWITCH_INTERVAL_SECONDS = 0.001
 _JOB_LOCK_SPACE = 0x6A6F62  # "job": the first key of the two-key advisory lock
 _state = cast(sa.Table, JobState.__table__)
 _run = cast(sa.Table, JobRun.__table__)
@@ -194,8 +197,11 @@ SINGLETON_JOBS = jobs.singleton_jobs()
 class PortalScheduler:
     """APScheduler in the background of this process, ticking every job's check."""
 
-    def __init__(self, app: Flask) -> None:
+    def __init__(self, app: Flask, *, beside_pages: bool = False) -> None:
         self.app = app
+        # In a web worker (``install``) the sender keeps to DISPATCH_WEB_CPU_SHARE of a
+        # CPU so the pages keep theirs; a ``portal scheduler`` process sends at full speed.
+        self.beside_pages = beside_pages
         self.stop = threading.Event()
         app.extensions["portal.stop"] = self.stop
         self.scheduler = BackgroundScheduler(timezone=dt.UTC, daemon=True)
@@ -229,10 +235,20 @@ class PortalScheduler:
             if self.started:
                 return
             jobs.check_table()
+            settings = current_portal(self.app).settings
+            # What the dispatch job's ticks keep to (portal/delivery/jobs.py).
+            self.app.extensions["portal.dispatch_cpu_share"] = (
+                settings.dispatch_web_cpu_share if self.beside_pages else 1.0
+            )
+            if self.beside_pages:
+                # A request thread that wants the interpreter's lock back (after each
+                # database round trip) waits for the sender to yield it: at most 1 ms
+                # here, not Python's 5.
+                sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_SECONDS))
             for entry in jobs.scheduled_jobs():
                 name = entry.name
                 # Tick often; the shared next_run_at decides whether anything runs.
-                every = entry.tick_seconds(current_portal(self.app).settings)
+                every = entry.tick_seconds(settings)
                 self.scheduler.add_job(
                     self._tick,
                     IntervalTrigger(seconds=every),
@@ -258,7 +274,7 @@ class PortalScheduler:
 def install(app: Flask) -> PortalScheduler:
     """Start the scheduler with this process's first request: web workers run it; a
     command-line invocation of the app (migrations, run-job) never does."""
-    scheduler = PortalScheduler(app)
+    scheduler = PortalScheduler(app, beside_pages=True)
     app.extensions["portal.scheduler"] = scheduler
 
     @app.before_request
