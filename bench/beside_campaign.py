@@ -43,16 +43,17 @@ sys.path.insert(0, str(ROOT))
 from bench.audience import TOPICS, create_database, database_urls, drop_database, populate  # noqa: E402
 from bench.contract import Figure, add_arguments, write  # noqa: E402
 from bench.pages import (  # noqa: E402
-    ADMIN_URL,
     Result,
     answered,
     browser_keys,
     campaign_counts,
     credential,
+    extra_environment,
     gunicorn,
     launch_campaign,
     measure,
     retarget,
+    server_arguments,
     subscriber_ids,
     wait_finished,
     wait_for_jobs,
@@ -220,24 +221,11 @@ def beside_figures(results: list[Result], *, contrast: bool = False) -> list[Fig
 def main() -> int:
     cpus = os.cpu_count() or 1
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--admin-url", default=ADMIN_URL)
-    parser.add_argument("--connections", type=int, default=50)
-    parser.add_argument("--duration", type=int, default=30, help="seconds per window")
-    parser.add_argument("--warmup", type=int, default=5, help="uncounted seconds first")
-    parser.add_argument("--workers", type=int, default=2 * cpus, help="gunicorn workers")
-    parser.add_argument("--threads", type=int, default=4, help="threads per gunicorn worker")
-    parser.add_argument("--wrk-threads", type=int, default=min(2, cpus))
+    server_arguments(parser, duration=30)
     # security-alerts reaches 87 % of bench/audience.py's subscribers: 116,000 give a
     # campaign of just over 100,000.
     parser.add_argument("--subscribers", type=int, default=116_000)
     parser.add_argument("--campaign-topic", default="security-alerts")
-    parser.add_argument(
-        "--env",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="extra environment for the portal's gunicorn (repeatable)",
-    )
     parser.add_argument(
         "--contrast-share",
         default="1",
@@ -261,12 +249,7 @@ def main() -> int:
         raise SystemExit(f"--kinds takes some of {','.join(BESIDE)}")
     if shutil.which("wrk") is None:
         raise SystemExit("bench/beside_campaign.py needs wrk: apt-get install wrk (Debian/Ubuntu)")
-    extra = {}
-    for item in args.env:
-        name, sep, value = item.partition("=")
-        if not sep or not name:
-            raise SystemExit(f"--env takes NAME=VALUE, not {item!r}")
-        extra[name] = value
+    extra = extra_environment(args)
 
     load_before = os.getloadavg()
     name = f"bench_beside_{uuid.uuid4().hex[:10]}"

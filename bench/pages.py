@@ -792,18 +792,17 @@ def figures(results: list[Result], hello: Result | None) -> list[Figure]:
 # ---------------------------------------------------------------------------- main
 
 
-def main() -> int:
+def server_arguments(parser: argparse.ArgumentParser, *, duration: int) -> None:
+    """The arguments of a gunicorn under wrk's load (this script's and
+    bench/beside_campaign.py's)."""
     cpus = os.cpu_count() or 1
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--admin-url", default=ADMIN_URL)
     parser.add_argument("--connections", type=int, default=50)
-    parser.add_argument("--duration", type=int, default=60, help="seconds per scenario")
+    parser.add_argument("--duration", type=int, default=duration, help="seconds per window")
     parser.add_argument("--warmup", type=int, default=5, help="uncounted seconds first")
     parser.add_argument("--workers", type=int, default=2 * cpus, help="gunicorn workers")
     parser.add_argument("--threads", type=int, default=4, help="threads per gunicorn worker")
     parser.add_argument("--wrk-threads", type=int, default=min(2, cpus))
-    parser.add_argument("--subscribers", type=int, default=100_000)
-    parser.add_argument("--scenarios", default=",".join(SCENARIOS))
     parser.add_argument(
         "--env",
         action="append",
@@ -811,6 +810,25 @@ def main() -> int:
         metavar="NAME=VALUE",
         help="extra environment for the portal's gunicorn (repeatable), e.g. rate limits",
     )
+
+
+def extra_environment(args: argparse.Namespace) -> dict[str, str]:
+    """``--env``'s NAME=VALUE pairs."""
+    extra = {}
+    for item in args.env:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise SystemExit(f"--env takes NAME=VALUE, not {item!r}")
+        extra[name] = value
+    return extra
+
+
+def main() -> int:
+    cpus = os.cpu_count() or 1
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    server_arguments(parser, duration=60)
+    parser.add_argument("--subscribers", type=int, default=100_000)
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS))
     parser.add_argument(
         "--pairs",
         type=int,
@@ -829,12 +847,7 @@ def main() -> int:
         args.subscribers = min(args.subscribers, 5_000)
     if shutil.which("wrk") is None:
         raise SystemExit("bench/pages.py needs wrk: apt-get install wrk (Debian/Ubuntu)")
-    extra = {}
-    for item in args.env:
-        name, sep, value = item.partition("=")
-        if not sep or not name:
-            raise SystemExit(f"--env takes NAME=VALUE, not {item!r}")
-        extra[name] = value
+    extra = extra_environment(args)
     scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
     if set(CAMPAIGN_PAIR) & set(scenarios):
         scenarios = [s for s in scenarios if s not in CAMPAIGN_PAIR] + list(CAMPAIGN_PAIR)
@@ -945,6 +958,30 @@ def main() -> int:
     return 0
 
 
+def _drive(
+    base: str,
+    scenario: str,
+    args: argparse.Namespace,
+    creds: list[Credential],
+    keys,
+    *,
+    phase: str,
+    seconds: int,
+    endpoint_base: str,
+    spread_addresses: bool,
+) -> Result:
+    """wrk running the scenario's requests for ``seconds``."""
+    lua = script(scenario, args.wrk_threads, creds, keys, phase, endpoint_base, spread_addresses)
+    return run_wrk(
+        base,
+        lua,
+        scenario=scenario,
+        connections=args.connections,
+        seconds=seconds,
+        threads=args.wrk_threads,
+    )
+
+
 def warm_up(
     base: str,
     scenario: str,
@@ -956,15 +993,16 @@ def warm_up(
 ) -> None:
     """``--warmup`` seconds of the scenario's requests, not counted."""
     if args.warmup:
-        run_wrk(
+        _drive(
             base,
-            script(
-                scenario, args.wrk_threads, creds, keys, "warm", endpoint_base, spread_addresses
-            ),
-            scenario=scenario,
-            connections=args.connections,
+            scenario,
+            args,
+            creds,
+            keys,
+            phase="warm",
             seconds=args.warmup,
-            threads=args.wrk_threads,
+            endpoint_base=endpoint_base,
+            spread_addresses=spread_addresses,
         )
 
 
@@ -981,15 +1019,16 @@ def measure(
 ) -> Result:
     if warm:
         warm_up(base, scenario, args, creds, keys, endpoint_base, spread_addresses)
-    result = run_wrk(
+    result = _drive(
         base,
-        script(
-            scenario, args.wrk_threads, creds, keys, "measured", endpoint_base, spread_addresses
-        ),
-        scenario=scenario,
-        connections=args.connections,
+        scenario,
+        args,
+        creds,
+        keys,
+        phase="measured",
         seconds=args.duration,
-        threads=args.wrk_threads,
+        endpoint_base=endpoint_base,
+        spread_addresses=spread_addresses,
     )
     print(
         f"  {scenario:<17} {result.rps:9,.1f} req/s  p50 {result.p50_ms:7.1f} ms  "
