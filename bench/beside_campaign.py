@@ -17,7 +17,9 @@ next kind starts. All of it runs twice, each time on a new gunicorn: with the we
 workers' sender at its share of a CPU (``DISPATCH_WEB_CPU_SHARE``, the default unless
 ``--env`` sets it), then at ``--contrast-share`` (1: unpaced) for contrast. The data are
 ``bench/pages.py``'s (``bench/audience.py``), with ``--subscribers`` chosen so the
-campaign reaches more than 100,000 people.
+campaign reaches more than 100,000 people. ``--dedicated N`` adds a third pass: the web
+workers' scheduler off and N ``portal scheduler`` processes (at ``--nice``) sending
+beside them, as production may hand sending over.
 
     .venv/bin/python bench/beside_campaign.py           # the default share, then unpaced
     .venv/bin/python bench/beside_campaign.py --env DISPATCH_WEB_CPU_SHARE=0.3 --contrast-share ""
@@ -26,12 +28,16 @@ campaign reaches more than 100,000 people.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
+import signal
+import subprocess
 import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -70,14 +76,61 @@ BESIDE_P99_TARGET = 2.0
 BESIDE_MSG_TARGET = 1000.0
 
 
+@contextlib.contextmanager
+def dedicated_senders(
+    environ: dict[str, str], count: int, niceness: int, log: Path
+) -> Iterator[None]:
+    """``count`` ``flask portal scheduler`` processes beside the web workers (whose own
+    scheduler is off), each at ``niceness``: the kernel then gives the pages' workers
+    the CPU first and the senders what is left."""
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PORTAL_", "DATABASE_URL", "SECRET_KEY", "PROMETHEUS_", "VAPID_"))
+    }
+    flask = str(Path(sys.executable).parent / "flask")
+    processes = []
+    with log.open("ab") as errors:
+        for _ in range(count):
+            processes.append(
+                subprocess.Popen(
+                    ["nice", "-n", str(niceness), flask, "--app", "app", "portal", "scheduler"],
+                    cwd=ROOT,
+                    env=clean | environ,
+                    stdout=subprocess.DEVNULL,
+                    stderr=errors,
+                    start_new_session=True,
+                )
+            )
+    try:
+        yield
+    finally:
+        for process in processes:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+        for process in processes:
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+
 def beside_campaign(
-    args: argparse.Namespace, environ: dict[str, str], pg_url: str, folder: Path, signer: Flask
+    args: argparse.Namespace,
+    environ: dict[str, str],
+    pg_url: str,
+    folder: Path,
+    signer: Flask,
+    *,
+    dedicated: int = 0,
 ) -> tuple[list[Result], list[str]]:
     """On one gunicorn whose workers run the scheduler (as production's web processes
-    may): each of ``BESIDE`` idle, then while a campaign to ``--campaign-topic`` sends
-    through the same workers, with the campaign's answers per second over the window.
-    Each request kind has a campaign of its own, sending before its window opens and
-    left to finish after it."""
+    may), or with ``dedicated`` ``portal scheduler`` processes sending beside workers
+    that do not: each of ``BESIDE`` idle, then while a campaign to ``--campaign-topic``
+    sends, with the campaign's answers per second over the window. Each request kind
+    has a campaign of its own, sending before its window opens and left to finish
+    after it."""
     from tests.fakepush import FakePushProcess
 
     results: list[Result] = []
@@ -88,7 +141,7 @@ def beside_campaign(
         # next kind's campaign, and are sent to like the rest.
         fake = push.endpoint_base
         sending = environ | {
-            "PORTAL_SCHEDULER": "on",
+            "PORTAL_SCHEDULER": "off" if dedicated else "on",
             # Each subscribe from an address of its own (X-Forwarded-For), as from real
             # browsers: from one address every request updates one rate-limit counter
             # row, and the requests queue on its lock.
@@ -96,14 +149,22 @@ def beside_campaign(
             "PUSH_ALLOWED_HOSTS": push.origin.removeprefix("https://"),
             "PUSH_CA_BUNDLE": push.ca_bundle,
         }
-        with gunicorn(
-            "app:app",
-            sending,
-            workers=args.workers,
-            threads=args.threads,
-            health="/healthz",
-            log=folder / "gunicorn.log",
-        ) as base:
+        senders = (
+            dedicated_senders(sending, dedicated, args.nice, folder / "gunicorn.log")
+            if dedicated
+            else contextlib.nullcontext()
+        )
+        with (
+            senders,
+            gunicorn(
+                "app:app",
+                sending,
+                workers=args.workers,
+                threads=args.threads,
+                health="/healthz",
+                log=folder / "gunicorn.log",
+            ) as base,
+        ):
             creds = [
                 credential(base, preference_link_token(s, signer))
                 for s in subscriber_ids(pg_url, max(2 * args.connections, 2))
@@ -238,6 +299,15 @@ def main() -> int:
         type=lambda v: [k for k in v.split(",") if k],
         help=f"which request kinds, of {','.join(BESIDE)}",
     )
+    parser.add_argument(
+        "--dedicated",
+        type=int,
+        default=0,
+        metavar="N",
+        help="then all again with the web workers' scheduler off and N `portal scheduler` "
+        "processes sending beside them, at --nice",
+    )
+    parser.add_argument("--nice", type=int, default=10, help="the dedicated senders' niceness")
     parser.add_argument("--keep", action="store_true", help="leave the database in place")
     add_arguments(parser)
     args = parser.parse_args()
@@ -278,6 +348,15 @@ def main() -> int:
                 for r in contrast:
                     r.sender = f"share {args.contrast_share}"
                 notes += [f"share {args.contrast_share}: {n}" for n in more]
+            if args.dedicated:
+                label = f"{args.dedicated} portal scheduler at nice {args.nice}"
+                apart, more = beside_campaign(
+                    args, environ, pg_url, Path(folder), signer, dedicated=args.dedicated
+                )
+                for r in apart:
+                    r.sender = label
+                contrast += apart
+                notes += [f"{label}: {n}" for n in more]
             log = Path(folder) / "gunicorn.log"
             problems = log.read_text(errors="replace") if log.exists() else ""
     finally:
@@ -289,7 +368,9 @@ def main() -> int:
     print(beside_table(results + contrast))
     setup = (
         f"gunicorn `-c gunicorn.conf.py` (gthread), {args.workers} workers × {args.threads} "
-        f"threads, production mode, the embedded scheduler on in every worker; wrk "
+        f"threads, production mode, the embedded scheduler on in every worker (or, for the "
+        f"rows marked `portal scheduler`, off, with {args.dedicated or 'N'} `flask portal "
+        f"scheduler` processes at nice {args.nice} sending beside them); wrk "
         f"{args.wrk_threads} threads, {args.connections} keep-alive connections, "
         f"{args.duration} s per window after {args.warmup} s of warm-up; PostgreSQL "
         f"{version}, {args.subscribers:,} subscribers ({len(TOPICS)} topics, "
