@@ -58,6 +58,7 @@ from bench.pages import (  # noqa: E402
     gunicorn,
     launch_campaign,
     measure,
+    outside_environ,
     retarget,
     server_arguments,
     subscriber_ids,
@@ -83,11 +84,6 @@ def dedicated_senders(
     """``count`` ``flask portal scheduler`` processes beside the web workers (whose own
     scheduler is off), each at ``niceness``: the kernel then gives the pages' workers
     the CPU first and the senders what is left."""
-    clean = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("PORTAL_", "DATABASE_URL", "SECRET_KEY", "PROMETHEUS_", "VAPID_"))
-    }
     flask = str(Path(sys.executable).parent / "flask")
     processes = []
     with log.open("ab") as errors:
@@ -96,7 +92,7 @@ def dedicated_senders(
                 subprocess.Popen(
                     ["nice", "-n", str(niceness), flask, "--app", "app", "portal", "scheduler"],
                     cwd=ROOT,
-                    env=clean | environ,
+                    env=outside_environ() | environ,
                     stdout=subprocess.DEVNULL,
                     stderr=errors,
                     start_new_session=True,

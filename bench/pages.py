@@ -193,6 +193,16 @@ def portal_environ(url: str, instance: Path) -> dict[str, str]:
     }
 
 
+def outside_environ() -> dict[str, str]:
+    """This shell's environment without any portal setting of its own: a portal process
+    started by a benchmark gets only the benchmark's."""
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PORTAL_", "DATABASE_URL", "SECRET_KEY", "PROMETHEUS_", "VAPID_"))
+    }
+
+
 _masters: dict[str, int] = {}  # base URL → gunicorn master's pid
 
 
@@ -201,11 +211,7 @@ def gunicorn(
     app_spec: str, environ: dict[str, str], *, workers: int, threads: int, health: str, log: Path
 ) -> Iterator[str]:
     port = free_port()
-    clean = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("PORTAL_", "DATABASE_URL", "SECRET_KEY", "PROMETHEUS_", "VAPID_"))
-    }
+    clean = outside_environ()
     metrics = tempfile.mkdtemp(prefix="bench-pages-metrics-")
     clean.update(environ)
     clean.update(
