@@ -1100,21 +1100,28 @@ class _Recording:
         self.plan = plan
         self.lease = lease
         self.future: Future[None] = Future()
-        self.cpu = 0.0  # the writing thread's CPU seconds, when written in another thread
+        # The writing thread's CPU seconds when written in the recorder's thread (written
+        # inline, the sending thread's own pace counts it).
+        self.cpu = 0.0
 
     def _run(self, write: Callable[[_Plan], None]) -> None:
-        started = time.thread_time()
         try:
             write(self.plan)
         finally:
             self.lease.stop()
+
+    def _run_timed(self, write: Callable[[_Plan], None]) -> None:
+        started = time.thread_time()
+        try:
+            self._run(write)
+        finally:
             self.cpu = time.thread_time() - started
 
     def start(self, executor: ThreadPoolExecutor | None, write: Callable[[_Plan], None]) -> None:
         """Write in ``executor``'s thread, or now when there is none."""
         if executor is not None:
             try:
-                self.future = executor.submit(self._run, write)
+                self.future = executor.submit(self._run_timed, write)
             except BaseException:
                 self.lease.stop()
                 raise
@@ -1125,8 +1132,6 @@ class _Recording:
             self.future.set_exception(error)
         else:
             self.future.set_result(None)
-        finally:
-            self.cpu = 0.0  # written by the sending thread itself: its pace counted it
 
 
 def _finish(recording: _Recording | None) -> None:
