@@ -50,6 +50,7 @@ from bench.audience import TOPICS, create_database, database_urls, drop_database
 from bench.contract import Figure, add_arguments, write  # noqa: E402
 from bench.pages import (  # noqa: E402
     Result,
+    Subscribes,
     answered,
     browser_keys,
     campaign_counts,
@@ -59,6 +60,7 @@ from bench.pages import (  # noqa: E402
     launch_campaign,
     measure,
     outside_environ,
+    portal_environ,
     retarget,
     server_arguments,
     subscriber_ids,
@@ -133,9 +135,6 @@ def beside_campaign(
     notes: list[str] = []
     with FakePushProcess(decrypt=False, record=False) as push:
         retarget(pg_url, push.endpoint_base, environ["SUBSCRIPTION_AUTH_KEY_V1"])
-        # The subscribe API's new endpoints on the fake push service too: they join the
-        # next kind's campaign, and are sent to like the rest.
-        fake = push.endpoint_base
         sending = environ | {
             "PORTAL_SCHEDULER": "off" if dedicated else "on",
             # Each subscribe from an address of its own (X-Forwarded-For), as from real
@@ -165,13 +164,14 @@ def beside_campaign(
                 credential(base, preference_link_token(s, signer))
                 for s in subscriber_ids(pg_url, max(2 * args.connections, 2))
             ]
-            keys = browser_keys(64)
+            # The subscribe API's new endpoints on the fake push service too (they join the
+            # next kind's campaign and are sent to like the rest), each request from an
+            # address of its own.
+            subscribes = Subscribes(browser_keys(64), push.endpoint_base, spread_addresses=True)
             notes.append(wait_for_jobs(pg_url))
             time.sleep(2 * 5)  # and two dispatch ticks
             for kind in args.kinds:
-                idle = measure(
-                    base, kind, args, creds, keys, endpoint_base=fake, spread_addresses=True
-                )
+                idle = measure(base, kind, args, creds, subscribes)
                 idle.phase = "idle"
                 started = time.monotonic()
                 campaign_id = launch_campaign(pg_url, args.campaign_topic, f"Beside {kind}")
@@ -182,19 +182,10 @@ def beside_campaign(
                     if answered(counts) >= 5_000 or status not in ("scheduled", "sending"):
                         break
                     time.sleep(0.5)
-                warm_up(base, kind, args, creds, keys, fake, True)
+                warm_up(base, kind, args, creds, subscribes)
                 _, before = campaign_counts(pg_url, campaign_id)
                 opened = time.monotonic()
-                during = measure(
-                    base,
-                    kind,
-                    args,
-                    creds,
-                    keys,
-                    warm=False,
-                    endpoint_base=fake,
-                    spread_addresses=True,
-                )
+                during = measure(base, kind, args, creds, subscribes, warm=False)
                 status, after = campaign_counts(pg_url, campaign_id)
                 window = time.monotonic() - opened
                 during.phase = "sending"
@@ -326,8 +317,6 @@ def main() -> int:
         with psycopg.connect(pg_url) as conn:
             version = conn.execute("SHOW server_version").fetchone()[0].split()[0]
         with tempfile.TemporaryDirectory(prefix="bench-beside-") as folder:
-            from bench.pages import portal_environ
-
             environ = portal_environ(sa_url, Path(folder) / "instance") | extra
             signer = Flask("bench")
             signer.config["SECRET_KEY"] = environ["SECRET_KEY"]

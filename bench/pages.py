@@ -108,7 +108,6 @@ EXPECTED = {
     "idle": 200,
     "idle-after-campaign": 200,
 }
-
 MARKETING = [slug for slug, _, tx, _, retired, *_ in TOPICS if not tx and not retired]
 TOGGLED = MARKETING[1:3]  # two marketing topics flipped by every save
 # Where the subscribe scenario's new endpoints point (never sent to by bench/pages.py).
@@ -149,6 +148,16 @@ class Result:
     @property
     def errors(self) -> int:
         return self.socket_errors + self.unexpected
+
+
+@dataclass
+class Subscribes:
+    """What the subscribe scenario sends: browsers' key pairs, where the new endpoints
+    point, and whether each request comes from a client address of its own."""
+
+    keys: list[tuple[str, str]]
+    endpoint_base: str = FCM
+    spread_addresses: bool = False
 
 
 @dataclass
@@ -463,9 +472,9 @@ def measure_workers(
     cpu, started = worker_cpu(master), time.monotonic()
     time.sleep(quiet)
     quiet_cpu = (worker_cpu(master) - cpu) / (time.monotonic() - started)
-    warm_up(base, scenario, args, creds, [])  # first, so the CPU read after it is the window's
+    warm_up(base, scenario, args, creds, None)  # first, so the CPU read after it is the window's
     cpu = worker_cpu(master)
-    result = measure(base, scenario, args, creds, [], warm=False)
+    result = measure(base, scenario, args, creds, None, warm=False)
     result.cpu_ms_per_request = 1000 * (worker_cpu(master) - cpu) / max(result.requests, 1)
     result.quiet_cpu_ms_per_s = 1000 * quiet_cpu
     print(
@@ -590,10 +599,8 @@ def script(
     scenario: str,
     threads: int,
     credentials: list[Credential],
-    keys,
+    subscribes: Subscribes | None,
     phase: str,
-    endpoint_base: str = FCM,
-    spread_addresses: bool = False,
 ) -> str:
     head = f"EXPECTED = {EXPECTED[scenario]}\nNTHREADS = {threads}\n" + LUA_COMMON
     if scenario in CAMPAIGN_PAIR:
@@ -634,14 +641,16 @@ request = function()
 end
 """
         )
-    items = ",\n".join(f"{{p = {_lua(p)}, a = {_lua(a)}}}" for p, a in keys)
+    if subscribes is None:
+        raise SystemExit(f"the {scenario} scenario needs browsers' keys")
+    items = ",\n".join(f"{{p = {_lua(p)}, a = {_lua(a)}}}" for p, a in subscribes.keys)
     # An FCM-sized endpoint, unique per run, phase, thread and request.
     padding = secrets.token_urlsafe(96)
-    prefix = f"{endpoint_base}{phase}-{padding}"
+    prefix = f"{subscribes.endpoint_base}{phase}-{padding}"
     return (
         head
         + f"ALL = {{\n{items}\n}}\nPREFIX = {_lua(prefix)}\n"
-        + f"SPREAD = {'true' if spread_addresses else 'false'}\n"
+        + f"SPREAD = {'true' if subscribes.spread_addresses else 'false'}\n"
         + LUA_PER_THREAD
         + r"""
 request = function()
@@ -891,9 +900,9 @@ def main() -> int:
                         credential(base, preference_link_token(s, signer))
                         for s in subscriber_ids(pg_url, pool)
                     ]
-                    keys = browser_keys(64)
+                    subscribes = Subscribes(browser_keys(64))
                     for scenario in portal_scenarios:
-                        results.append(measure(base, scenario, args, creds, keys))
+                        results.append(measure(base, scenario, args, creds, subscribes))
             if "hello" in scenarios:
                 with gunicorn(
                     "bench.hello:app",
@@ -903,7 +912,7 @@ def main() -> int:
                     health="/",
                     log=log,
                 ) as base:
-                    results.insert(0, measure(base, "hello", args, [], []))
+                    results.insert(0, measure(base, "hello", args, [], None))
             pair_notes: list[str] = []
             if CAMPAIGN_PAIR[0] in scenarios:
                 paired, pair_notes = campaign_pairs(args, environ, pg_url, Path(folder), signer)
@@ -964,51 +973,22 @@ def main() -> int:
     return 0
 
 
-def _drive(
-    base: str,
-    scenario: str,
-    args: argparse.Namespace,
-    creds: list[Credential],
-    keys,
-    *,
-    phase: str,
-    seconds: int,
-    endpoint_base: str,
-    spread_addresses: bool,
-) -> Result:
-    """wrk running the scenario's requests for ``seconds``."""
-    lua = script(scenario, args.wrk_threads, creds, keys, phase, endpoint_base, spread_addresses)
-    return run_wrk(
-        base,
-        lua,
-        scenario=scenario,
-        connections=args.connections,
-        seconds=seconds,
-        threads=args.wrk_threads,
-    )
-
-
 def warm_up(
     base: str,
     scenario: str,
     args: argparse.Namespace,
     creds: list[Credential],
-    keys,
-    endpoint_base: str = FCM,
-    spread_addresses: bool = False,
+    subscribes: Subscribes | None,
 ) -> None:
     """``--warmup`` seconds of the scenario's requests, not counted."""
     if args.warmup:
-        _drive(
+        run_wrk(
             base,
-            scenario,
-            args,
-            creds,
-            keys,
-            phase="warm",
+            script(scenario, args.wrk_threads, creds, subscribes, "warm"),
+            scenario=scenario,
+            connections=args.connections,
             seconds=args.warmup,
-            endpoint_base=endpoint_base,
-            spread_addresses=spread_addresses,
+            threads=args.wrk_threads,
         )
 
 
@@ -1017,24 +997,19 @@ def measure(
     scenario: str,
     args: argparse.Namespace,
     creds: list[Credential],
-    keys,
+    subscribes: Subscribes | None,
     *,
     warm: bool = True,
-    endpoint_base: str = FCM,
-    spread_addresses: bool = False,
 ) -> Result:
     if warm:
-        warm_up(base, scenario, args, creds, keys, endpoint_base, spread_addresses)
-    result = _drive(
+        warm_up(base, scenario, args, creds, subscribes)
+    result = run_wrk(
         base,
-        scenario,
-        args,
-        creds,
-        keys,
-        phase="measured",
+        script(scenario, args.wrk_threads, creds, subscribes, "measured"),
+        scenario=scenario,
+        connections=args.connections,
         seconds=args.duration,
-        endpoint_base=endpoint_base,
-        spread_addresses=spread_addresses,
+        threads=args.wrk_threads,
     )
     print(
         f"  {scenario:<17} {result.rps:9,.1f} req/s  p50 {result.p50_ms:7.1f} ms  "
