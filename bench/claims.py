@@ -31,6 +31,7 @@ Never run by the test suite: it takes minutes and needs a PostgreSQL server.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import os
 import statistics
 import sys
@@ -48,10 +49,12 @@ sys.path.insert(0, str(ROOT))
 
 import psycopg  # noqa: E402
 import sqlalchemy as sa  # noqa: E402
+from sqlalchemy.orm import Session  # noqa: E402
 
 from bench.contract import Figure, add_arguments, write  # noqa: E402
 from portal.config import normalise_database_url  # noqa: E402
-from portal.db import create_engine  # noqa: E402
+from portal.db import create_engine, uuid7  # noqa: E402
+from portal.delivery import partitions  # noqa: E402
 from portal.migrate import upgrade  # noqa: E402
 
 ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/test"
@@ -167,12 +170,28 @@ def populate(
             conn.execute(sa.text(f'DROP INDEX "{name}"'))
         for name, _ in unique:
             conn.execute(sa.text(f'ALTER TABLE delivery DROP CONSTRAINT "{name}"'))
+    # Campaign ids are UUIDv7 of their creation, as the app makes them: on PostgreSQL
+    # each campaign's deliveries are in its month's partition (made here if missing).
+    now = dt.datetime.now(dt.UTC)
     campaigns: list[tuple[uuid.UUID, bool, int, str]] = [
-        (uuid.uuid4(), True, finished_size, f"{(finished - n) * 7 + 7} days")
+        (
+            uuid7(at=now - dt.timedelta(days=(finished - n) * 7 + 7)),
+            True,
+            finished_size,
+            f"{(finished - n) * 7 + 7} days",
+        )
         for n in range(finished)
     ]
-    sending = uuid.uuid4()
+    sending = uuid7(at=now - dt.timedelta(hours=1))
     campaigns.append((sending, False, sending_size, "1 hour"))
+    with Session(engine) as session, session.begin():
+        have = set(partitions.months(session))
+        made = {
+            partitions.Month.of(now - dt.timedelta(days=(finished - n) * 7 + 7))
+            for n in range(finished)
+        }
+        for month in sorted((made | {partitions.Month.of(now)}) - have):
+            partitions.create(session, month, lock_timeout_ms=60_000)
     for number, (campaign, done, size, age) in enumerate(campaigns):
         with engine.begin() as conn:
             finished_at = (

@@ -257,6 +257,11 @@ class RetentionSettings:
     # The fold's pause between batches, so sending and pages beside it keep their share
     # of the database (bench/delivery_retention.py); it also stops on replication lag.
     fold_pause_seconds: float = setting("DELIVERY_FOLD_PAUSE_MS", _milliseconds, 0.1)
+    # How long making or dropping a month partition of delivery (PostgreSQL) waits for
+    # its exclusive lock before giving up until the next run (portal/delivery/partitions.py).
+    partition_lock_timeout_ms: int = setting(
+        "DELIVERY_PARTITION_LOCK_TIMEOUT_MS", _positive_whole, 5000
+    )
     # Job runs: the sequencer alone records one a second (portal/retention/tables.py).
     job_run_days: int = setting("JOB_RUN_RETENTION_DAYS", _positive_whole, 7)
     # Uploaded pictures no campaign or draft uses (portal/retention/tables.py).

@@ -81,9 +81,11 @@ class UTCDateTime(sa.types.TypeDecorator[dt.datetime]):
         return value.astimezone(dt.UTC)
 
 
-def uuid7() -> uuid.UUID:
-    """A time-ordered UUID (RFC 9562 version 7): new rows land at the end of the index."""
-    millis = int(dt.datetime.now(dt.UTC).timestamp() * 1000)
+def uuid7(at: dt.datetime | None = None) -> uuid.UUID:
+    """A time-ordered UUID (RFC 9562 version 7): new rows land at the end of the index.
+    Its time is now, or ``at`` (a campaign's id places its deliveries in that month's
+    partition on PostgreSQL: portal/delivery/partitions.py)."""
+    millis = int((at or dt.datetime.now(dt.UTC)).timestamp() * 1000)
     rand = int.from_bytes(uuid.uuid4().bytes[6:], "big") & ((1 << 74) - 1)
     value = (millis & ((1 << 48) - 1)) << 80
     value |= 0x7 << 76

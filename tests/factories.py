@@ -86,11 +86,15 @@ class FunnelFactory:
 
         from portal.campaigns.models import Campaign
         from portal.consent.models import Topic
+        from portal.db import uuid7
 
         self.session = session
         self.sent_at = sent_at
         topic_id = session.execute(sa.select(Topic.id).where(Topic.slug == topic)).scalar_one()
         self.campaign = Campaign(
+            # Made when it was sent: on PostgreSQL its deliveries are in that month's
+            # partition, or the default one (portal/delivery/partitions.py).
+            id=uuid7(at=sent_at),
             topic_id=topic_id,
             title="New sign-in",
             body="A new device signed in.",

@@ -17,6 +17,7 @@ from sqlalchemy.exc import IntegrityError
 
 import portal.models  # noqa: F401
 from portal.db import Base, create_engine
+from portal.delivery import partitions
 from portal.migrate import alembic_config, downgrade, upgrade
 
 
@@ -49,9 +50,16 @@ def test_upgrade_downgrade_upgrade(empty_engine, backend):
     assert "push_subscription" in _tables(empty_engine)
 
 
+def _not_a_partition(obj, name, type_, reflected, compare_to) -> bool:
+    # delivery's partitions (PostgreSQL, migration 0031) are made at run time, not models.
+    table = obj if type_ == "table" else getattr(obj, "table", None)
+    return not (reflected and table is not None and partitions.is_partition(table.name))
+
+
 def test_models_match_the_migrations(engine):
     with engine.connect() as conn:
-        diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
+        context = MigrationContext.configure(conn, opts={"include_object": _not_a_partition})
+        diff = compare_metadata(context, Base.metadata)
     assert diff == []
 
 

@@ -106,16 +106,19 @@ def folded(campaign_ids: Sequence[uuid.UUID] | uuid.UUID) -> sa.Select[Any]:
     ).where(TALLY.c.campaign_id.in_(ids))
 
 
-def campaigns_to_fold(session: Session, cutoff: dt.datetime) -> list[uuid.UUID]:
-    """Campaigns that finished before ``cutoff`` and still have deliveries, oldest first."""
+def campaigns_to_fold(
+    session: Session,
+    cutoff: dt.datetime,
+    spared: Sequence[tuple[uuid.UUID, uuid.UUID]] = (),
+) -> list[uuid.UUID]:
+    """Campaigns that finished before ``cutoff`` and still have deliveries, oldest first;
+    none whose id is in one of the ``spared`` ranges [low, high) (a partition that will
+    be dropped whole: portal/delivery/partitions.py)."""
     left = sa.exists().where(_d.c.campaign_id == _c.c.id)
-    return list(
-        session.execute(
-            sa.select(_c.c.id)
-            .where(_c.c.status.in_(FINISHED), _c.c.finished_at < cutoff, left)
-            .order_by(_c.c.finished_at, _c.c.id)
-        ).scalars()
-    )
+    query = sa.select(_c.c.id).where(_c.c.status.in_(FINISHED), _c.c.finished_at < cutoff, left)
+    for low, high in spared:
+        query = query.where(sa.not_(sa.and_(_c.c.id >= low, _c.c.id < high)))
+    return list(session.execute(query.order_by(_c.c.finished_at, _c.c.id)).scalars())
 
 
 def fold(session: Session, campaign_id: uuid.UUID, ids: Sequence[int]) -> int:
@@ -123,6 +126,31 @@ def fold(session: Session, campaign_id: uuid.UUID, ids: Sequence[int]) -> int:
     receipts; how many deliveries were deleted. One transaction (the caller's), so a
     delivery is counted exactly when it is gone."""
     chosen = sa.and_(_d.c.campaign_id == campaign_id, _d.c.id.in_(list(ids)))
+    _count_into_tallies(session, campaign_id, chosen)
+    session.execute(sa.delete(_r).where(_r.c.delivery_id.in_([str(i) for i in ids])))
+    return affected_rows(session, sa.delete(_d).where(chosen))
+
+
+def fold_campaign(session: Session, campaign_id: uuid.UUID) -> int:
+    """Fold all of the campaign's deliveries into its counters and delete their receipts,
+    set-wise; how many deliveries it has. The rows stay: their partition is dropped in the
+    same transaction (portal/delivery/partitions.py), so they are counted exactly when
+    they are gone."""
+    chosen = _d.c.campaign_id == campaign_id
+    _count_into_tallies(session, campaign_id, chosen)
+    session.execute(
+        sa.delete(_r).where(
+            _r.c.delivery_id.in_(sa.select(sa.cast(_d.c.id, sa.String)).where(chosen))
+        )
+    )
+    return int(
+        session.execute(sa.select(sa.func.count()).select_from(_d).where(chosen)).scalar_one()
+    )
+
+
+def _count_into_tallies(
+    session: Session, campaign_id: uuid.UUID, chosen: sa.ColumnElement[bool]
+) -> None:
     tally = [
         {"campaign_id": campaign_id, **row._mapping}
         for row in session.execute(groups(chosen)).all()
@@ -137,8 +165,6 @@ def fold(session: Session, campaign_id: uuid.UUID, ids: Sequence[int]) -> int:
     ]
     if funnel:
         session.execute(sa.insert(FUNNEL), funnel)
-    session.execute(sa.delete(_r).where(_r.c.delivery_id.in_([str(i) for i in ids])))
-    return affected_rows(session, sa.delete(_d).where(chosen))
 
 
 def compact(session: Session, campaign_id: uuid.UUID) -> bool:

@@ -141,6 +141,12 @@ class _Claimed:
     variant: int | None = None  # the A/B variant (portal/campaigns/variants.py)
 
 
+def _one(item: _Claimed) -> sa.ColumnElement[bool]:
+    """The claimed delivery's row. With its campaign, which partitions ``delivery`` on
+    PostgreSQL (migration 0031), so the write reads one partition's primary key."""
+    return sa.and_(_d.c.id == item.delivery_id, _d.c.campaign_id == item.campaign_id)
+
+
 @dataclass
 class TickReport:
     claimed: int = 0
@@ -355,13 +361,28 @@ class Dispatcher:
                 )
                 if not sending:
                     return []
-                candidates = candidates.where(
-                    among(session, _d.c.campaign_id, sending)
-                ).with_for_update(of=_d, skip_locked=True)
+                # delivery is partitioned by campaign (migration 0031). The candidates
+                # are chosen once (a materialised CTE: as a subquery of an update of a
+                # partitioned table their LIMIT would hold per partition scanned), and the
+                # update names the sending campaigns again to touch only their partitions.
+                picked = (
+                    candidates.add_columns(_d.c.campaign_id.label("campaign"))
+                    .where(among(session, _d.c.campaign_id, sending))
+                    .with_for_update(of=_d, skip_locked=True)
+                    .cte("picked")
+                    .prefix_with("MATERIALIZED")
+                )
+                chosen = sa.and_(
+                    _d.c.id == picked.c.id,
+                    _d.c.campaign_id == picked.c.campaign,
+                    among(session, _d.c.campaign_id, sending),
+                )
+            else:
+                chosen = _d.c.id.in_(candidates.scalar_subquery())
             # One statement: the candidates are chosen, locked and leased in one round trip.
             rows = session.execute(
                 sa.update(_d)
-                .where(_d.c.id.in_(candidates.scalar_subquery()))
+                .where(chosen)
                 .values(
                     status=DeliveryStatus.SENDING.value,
                     lease_expires_at=lease,
@@ -457,7 +478,7 @@ class Dispatcher:
     ) -> tuple[_Plan, _LeaseKeeper]:
         """Send a claimed batch under a lease kept while it is out; planned with what the
         batch being written (``recording``) decided."""
-        lease = _LeaseKeeper(self, [c.delivery_id for c in claimed]).start()
+        lease = _LeaseKeeper(self, claimed).start()
         try:
             plan = self._send(claimed, report, recording.plan if recording else None)
         except BaseException:
@@ -534,7 +555,7 @@ class Dispatcher:
     def _encrypt_and_send(
         self, claimed: list[_Claimed], carried: dict[uuid.UUID, Lifecycle]
     ) -> tuple[
-        list[tuple[int, str]],
+        list[tuple[_Claimed, str]],
         list[tuple[_Claimed, Unsendable]],
         list[tuple[_Claimed, PushResponse]],
         dict[uuid.UUID, Any],
@@ -584,7 +605,7 @@ class Dispatcher:
             claimed, deferred, over_cap = self._hold_back(
                 session, claimed, allowed, subs, campaigns
             )
-        skipped: list[tuple[int, str]] = []
+        skipped: list[tuple[_Claimed, str]] = []
         unsent: list[tuple[_Claimed, Unsendable]] = []  # could not be built or sent
         sent: list[_Claimed] = []
         # Per campaign and variant, read once: the message template and the request options.
@@ -605,15 +626,15 @@ class Dispatcher:
             for item in claimed:
                 sub = subs.get(item.subscription_id)
                 if item.subscription_id not in allowed or sub is None:
-                    skipped.append((item.delivery_id, _skip_reason(sub)))
+                    skipped.append((item, _skip_reason(sub)))
                     continue
                 if item.delivery_id in over_cap:
-                    skipped.append((item.delivery_id, caps.FREQUENCY_CAP))
+                    skipped.append((item, caps.FREQUENCY_CAP))
                     continue
                 known = carried.get(item.subscription_id)
                 if known is not None and known.state not in LIVE_STATES:
                     # Revoked or gone stale by the previous batch's answers, not yet written.
-                    skipped.append((item.delivery_id, f"subscription_{known.state.value}"))
+                    skipped.append((item, f"subscription_{known.state.value}"))
                     continue
                 template, ttl, urgency, topic = messages[item.campaign_id, item.variant]
                 try:
@@ -638,7 +659,7 @@ class Dispatcher:
                         _describe(error, reason),
                     )
                     if reason is Unsendable.UNREADABLE_KEYS:
-                        skipped.append((item.delivery_id, reason))
+                        skipped.append((item, reason))
                     else:
                         unsent.append((item, reason))
                     continue
@@ -748,7 +769,7 @@ class Dispatcher:
 
     def _plan(
         self,
-        skipped: list[tuple[int, str]],
+        skipped: list[tuple[_Claimed, str]],
         unsent: list[tuple[_Claimed, Unsendable]],
         answered: list[tuple[_Claimed, PushResponse]],
         subs: dict[uuid.UUID, Any],
@@ -758,7 +779,7 @@ class Dispatcher:
     ) -> _Plan:
         """Decide what every answer does (no database work): the writes, in the answers'
         order, the circuits to open and the lifecycles the next batch must see."""
-        plan = _Plan(now, skipped, [(item.delivery_id, reason) for item, reason in unsent])
+        plan = _Plan(now, skipped, [(item, str(reason)) for item, reason in unsent])
         report.skipped += len(skipped)
         report.failed += len(unsent)
         for item, why in unsent:
@@ -828,7 +849,7 @@ class Dispatcher:
                     )
                     session.execute(
                         sa.update(_d)
-                        .where(_d.c.id == item.delivery_id)
+                        .where(_one(item))
                         .values(lease_expires_at=None, updated_at=plan.now, **values)
                     )
                 for item, until in plan.deferred:
@@ -846,17 +867,17 @@ class Dispatcher:
                     )
                     session.execute(
                         sa.update(_d)
-                        .where(_d.c.id == item.delivery_id)
+                        .where(_one(item))
                         .values(lease_expires_at=None, updated_at=plan.now, **values)
                     )
                 for status, ended in (
                     (DeliveryStatus.SKIPPED, plan.skipped),
                     (DeliveryStatus.FAILED, plan.unsent),
                 ):
-                    for delivery_id, reason in ended:
+                    for item, reason in ended:
                         session.execute(
                             sa.update(_d)
-                            .where(_d.c.id == delivery_id)
+                            .where(_one(item))
                             .values(
                                 status=status.value,
                                 reason=reason,
@@ -943,7 +964,7 @@ class Dispatcher:
             }
         else:
             delivery |= {"status": DeliveryStatus.FAILED.value, "reason": "max_attempts"}
-        session.execute(sa.update(_d).where(_d.c.id == item.delivery_id).values(**delivery))
+        session.execute(sa.update(_d).where(_one(item)).values(**delivery))
 
     def _revoke(
         self,
@@ -1019,8 +1040,8 @@ class _Plan:
     """A sent batch's answers, decided and waiting to be written."""
 
     now: dt.datetime
-    skipped: list[tuple[int, str]]
-    unsent: list[tuple[int, str]]  # failed before an answer: could not be built or sent
+    skipped: list[tuple[_Claimed, str]]
+    unsent: list[tuple[_Claimed, str]]  # failed before an answer: could not be built or sent
     answers: list[_Answer] = field(default_factory=list)
     circuits: dict[str, dt.datetime] = field(default_factory=dict)
     circuit_reasons: dict[str, str] = field(default_factory=dict)
@@ -1051,9 +1072,10 @@ class _LeaseKeeper:
     dies stops renewing, so its batch is claimable again one lease later.
     """
 
-    def __init__(self, dispatcher: Dispatcher, delivery_ids: list[int]) -> None:
+    def __init__(self, dispatcher: Dispatcher, claimed: list[_Claimed]) -> None:
         self.dispatcher = dispatcher
-        self.delivery_ids = delivery_ids
+        self.delivery_ids = [c.delivery_id for c in claimed]
+        self.campaign_ids = sorted({c.campaign_id for c in claimed})
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._renew, name="dispatch-lease", daemon=True)
 
@@ -1071,9 +1093,13 @@ class _LeaseKeeper:
         while not self._done.wait(seconds / 3):
             try:
                 with db.begin(dispatcher.app) as session:
-                    mine = sa.select(_d.c.id).where(
+                    # With the campaigns: one partition each (migration 0031).
+                    batch = sa.and_(
                         among(session, _d.c.id, self.delivery_ids),
-                        _d.c.status == DeliveryStatus.SENDING.value,
+                        among(session, _d.c.campaign_id, self.campaign_ids),
+                    )
+                    mine = sa.select(_d.c.id).where(
+                        batch, _d.c.status == DeliveryStatus.SENDING.value
                     )
                     if is_postgres(session):
                         # Rows the answers are being written to are passed over, never
@@ -1081,7 +1107,11 @@ class _LeaseKeeper:
                         mine = mine.with_for_update(skip_locked=True)
                     session.execute(
                         sa.update(_d)
-                        .where(_d.c.id.in_(mine), _d.c.status == DeliveryStatus.SENDING.value)
+                        .where(
+                            _d.c.id.in_(mine),
+                            among(session, _d.c.campaign_id, self.campaign_ids),
+                            _d.c.status == DeliveryStatus.SENDING.value,
+                        )
                         .values(
                             lease_expires_at=dispatcher.clock.now() + dt.timedelta(seconds=seconds)
                         )
@@ -1148,6 +1178,7 @@ class _AcceptedRun:
     now: dt.datetime
     status: int | None = None
     deliveries: list[int] = field(default_factory=list)
+    campaigns: set[uuid.UUID] = field(default_factory=set)
     subscriptions: list[uuid.UUID] = field(default_factory=list)
 
     def add(self, session: Session, item: _Claimed, status: int | None) -> None:
@@ -1155,6 +1186,7 @@ class _AcceptedRun:
             self.flush(session)
         self.status = status
         self.deliveries.append(item.delivery_id)
+        self.campaigns.add(item.campaign_id)
         self.subscriptions.append(item.subscription_id)
 
     def flush(self, session: Session) -> None:
@@ -1179,7 +1211,11 @@ class _AcceptedRun:
         )
         session.execute(
             sa.update(_d)
-            .where(among(session, _d.c.id, self.deliveries))
+            .where(
+                among(session, _d.c.id, self.deliveries),
+                # Their partitions only (migration 0031).
+                among(session, _d.c.campaign_id, sorted(self.campaigns)),
+            )
             .values(
                 status=DeliveryStatus.ACCEPTED.value,
                 reason=None,
@@ -1189,6 +1225,7 @@ class _AcceptedRun:
             )
         )
         self.deliveries.clear()
+        self.campaigns.clear()
         self.subscriptions.clear()
 
 

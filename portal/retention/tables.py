@@ -35,6 +35,7 @@ sweep (``portal.batches``). None of them changes a figure a page shows:
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, cast
@@ -50,6 +51,7 @@ from portal.campaigns.media_models import Picture
 from portal.campaigns.models import Campaign, Draft
 from portal.config import Settings
 from portal.db import db
+from portal.delivery import partitions
 from portal.delivery.models import Delivery, DeliveryReceipt
 from portal.feedback.models import FeedbackApplied, FeedbackDigest
 from portal.jobreport import JobReport, Progress
@@ -57,6 +59,8 @@ from portal.operations.models import RECENT_RUNS_LISTED, JobRun
 from portal.retention.services import months_before
 from portal.seams import current_portal
 from portal.staff.models import StaffSession
+
+log = logging.getLogger(__name__)
 
 # The delivery-feedback page lists this many of the newest digests (portal/feedback/ops.py).
 RECENT_DIGESTS_KEPT = 50
@@ -176,7 +180,11 @@ def fold_deliveries(
         lag=batches.replication_lag_seconds,  # looked up now: tests replace it
     )
     with db.begin(app) as session:
-        campaigns = tally.campaigns_to_fold(session, cutoff)
+        spared = [
+            (partitions.bound(m.start), partitions.bound(m.end))
+            for m in partitions.spared(session, now, cutoff)
+        ]
+        campaigns = tally.campaigns_to_fold(session, cutoff, spared)
     for campaign_id in campaigns:
         with db.begin(app) as session:
             low, high = session.execute(
@@ -204,10 +212,43 @@ def fold_deliveries(
             tally.compact(session, campaign_id)
 
 
+def delivery_partitions(
+    app: Flask, now: dt.datetime, settings: Settings, report: JobReport
+) -> None:
+    """On PostgreSQL: the coming months' partitions of ``delivery`` made, then each past
+    month whose every campaign finished before the window folded into its campaigns'
+    counters and dropped, a month per transaction (portal/delivery/partitions.py). A
+    month whose lock could not be had in ``DELIVERY_PARTITION_LOCK_TIMEOUT_MS`` is a
+    problem of the run; the next run tries again."""
+    cutoff = months_before(now, settings.retention.delivery_months)
+    wait = settings.retention.partition_lock_timeout_ms
+    try:
+        with db.begin(app) as session:
+            made = partitions.create_ahead(session, now, lock_timeout_ms=wait)
+        for month in made:
+            log.info("made the delivery partition %s", month.name)
+        with db.begin(app) as session:
+            months = partitions.droppable(session, now, cutoff)
+    except sa.exc.OperationalError as error:
+        report.problems.append(f"delivery partitions: {type(error.orig).__name__}")
+        return
+    for month in months:
+        try:
+            with db.begin(app) as session:
+                dropped = partitions.drop(session, month, lock_timeout_ms=wait)
+        except sa.exc.OperationalError as error:
+            report.problems.append(f"{month.name} not dropped: {type(error.orig).__name__}")
+            return
+        log.info("dropped the delivery partition %s (%d deliveries)", month.name, dropped)
+        report.processed += dropped
+        report.changed += dropped
+
+
 def table_retention_job(app: Flask, progress: Progress) -> JobReport:
     portal = current_portal(app)
     settings, now = portal.settings, portal.clock.now()
     report = JobReport("table-retention")
+    delivery_partitions(app, now, settings, report)
     fold_deliveries(app, now, settings, progress, report)
     for table, candidates in (
         (_digest, old_digests(app, now, settings)),

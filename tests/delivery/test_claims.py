@@ -10,6 +10,7 @@ due, batches whose lease ran out).
 from __future__ import annotations
 
 import datetime as dt
+import re
 import uuid
 from typing import Any
 
@@ -19,6 +20,7 @@ import sqlalchemy as sa
 from portal.campaigns import services as campaigns
 from portal.campaigns.services import CampaignDraft
 from portal.db import db
+from portal.delivery import partitions
 from portal.delivery.engine import Dispatcher
 from portal.delivery.models import Delivery
 
@@ -59,7 +61,8 @@ def _captured_claim(app, dispatcher: Dispatcher) -> tuple[str, Any, list[int]]:
     seen: list[tuple[str, Any]] = []
 
     def capture(_conn, _cursor, statement, parameters, *_):
-        if statement.lstrip().upper().startswith("UPDATE DELIVERY"):
+        # PostgreSQL: WITH picked AS MATERIALIZED (...) UPDATE delivery ...
+        if re.match(r"\s*(WITH\b.*\))?\s*UPDATE DELIVERY", statement, re.I | re.S):
             seen.append((statement, parameters))
 
     sa.event.listen(engine, "before_cursor_execute", capture)
@@ -102,9 +105,14 @@ def _rows_read(app, statement: str, parameters: Any) -> int:
 
     def walk(node: dict) -> None:
         nonlocal read
-        if node.get("Index Name") != "pk_delivery" and (
-            node.get("Relation Name") == "delivery"
-            or str(node.get("Index Name", "")).startswith("ix_delivery")
+        # delivery or one of its partitions (migration 0031), by the table or the due
+        # rows' index, whose partitions' copies are named after the partition.
+        index = str(node.get("Index Name", ""))
+        table = str(node.get("Relation Name", ""))
+        if not (index == "pk_delivery" or index.endswith("_pkey")) and (
+            table == "delivery"
+            or partitions.is_partition(table)
+            or index.startswith(("ix_delivery", "delivery_"))
         ):
             loops = node.get("Actual Loops", 1)
             read += (node.get("Actual Rows", 0) + node.get("Rows Removed by Filter", 0)) * loops
