@@ -129,6 +129,20 @@ FROM generate_series(CAST(:lo AS bigint), CAST(:hi AS bigint)) AS i
 """
 
 
+def every_partition(definition: str) -> str:
+    """An index definition as ``pg_indexes`` gives it, to build it again. On a partitioned
+    table (``delivery``, migration 0031) it reads ``ON ONLY delivery``, which would make
+    the parent's index alone and leave every partition without one."""
+    return definition.replace(" ON ONLY ", " ON ", 1)
+
+
+def index_definition(conn: sa.Connection, name: str) -> str:
+    definition = conn.execute(
+        sa.text("SELECT indexdef FROM pg_indexes WHERE indexname = :n"), {"n": name}
+    ).scalar_one()
+    return every_partition(definition)
+
+
 @dataclass
 class Population:
     sending: uuid.UUID
@@ -238,7 +252,7 @@ def populate(
             conn.execute(sa.text(f'ALTER TABLE delivery ADD CONSTRAINT "{name}" {definition}'))
         for name, definition in indexes:
             print(f"  building {name}", flush=True)
-            conn.execute(sa.text(definition))
+            conn.execute(sa.text(every_partition(definition)))
         conn.execute(sa.text("VACUUM (ANALYZE) delivery"))
         conn.execute(sa.text("ANALYZE campaign"))
         first_id = conn.execute(
@@ -292,7 +306,8 @@ class Claimer:
 
         @sa.event.listens_for(self.engine, "before_cursor_execute")
         def _capture(_conn: Any, _cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
-            if statement.lstrip().upper().startswith("UPDATE DELIVERY"):
+            # On PostgreSQL: WITH picked AS MATERIALIZED (...) UPDATE delivery ...
+            if "UPDATE DELIVERY" in statement.upper():
                 self.statement = (statement, parameters)
 
     def claim(self) -> tuple[float, list[int]]:
@@ -312,11 +327,21 @@ class Claimer:
         finally:
             raw.close()
         text = "\n".join(lines)
+        # On a partition (migration 0031) an index of the parent's is named after the
+        # partition and its columns: delivery_2026_12_next_attempt_at_id_idx.
+        copies = {
+            DUE_INDEX: "_next_attempt_at_id_idx",
+            "ix_delivery_claim": "_campaign_id_status_next_attempt_at_idx",
+            "pk_delivery": "_pkey",
+        }
         index = next(
             (
                 name
-                for name in (DUE_INDEX, "ix_delivery_claim", "pk_delivery")
-                if f" {name} " in text or f" {name}\n" in text or text.endswith(name)
+                for name, copy in copies.items()
+                if f" {name} " in text
+                or f" {name}\n" in text
+                or text.endswith(name)
+                or f"{copy} " in text
             ),
             "none (sequential scan)" if "Seq Scan on delivery" in text else "?",
         )
@@ -588,9 +613,7 @@ def main() -> int:
                     conn.execute(f'DROP DATABASE IF EXISTS "{pristine}" WITH (FORCE)')
                     conn.execute(f'CREATE DATABASE "{pristine}" TEMPLATE "{args.database}"')
         with engine.connect() as conn:
-            definition = conn.execute(
-                sa.text("SELECT indexdef FROM pg_indexes WHERE indexname = :n"), {"n": DUE_INDEX}
-            ).scalar_one()
+            definition = index_definition(conn, DUE_INDEX)
             postgres = conn.execute(sa.text("SHOW server_version")).scalar_one()
 
         points: list[Point] = []

@@ -53,6 +53,7 @@ from bench.claims import (  # noqa: E402
     _psycopg,
     _url_for,
     answer,
+    index_definition,
     populate,
 )
 from bench.contract import Figure, add_arguments, write  # noqa: E402
@@ -274,9 +275,7 @@ def main() -> int:
         )
         print(f"  populated in {population.seconds:.0f} s")
         with engine.connect() as conn:
-            definition = conn.execute(
-                sa.text("SELECT indexdef FROM pg_indexes WHERE indexname = :n"), {"n": DUE_INDEX}
-            ).scalar_one()
+            definition = index_definition(conn, DUE_INDEX)
             postgres = conn.execute(sa.text("SHOW server_version")).scalar_one()
             waiting_rows = conn.execute(
                 sa.text(
