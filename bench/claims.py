@@ -153,10 +153,19 @@ class Population:
 
 
 def populate(
-    engine: sa.Engine, sending_size: int, finished: int, finished_size: int, waiting: int = 0
+    engine: sa.Engine,
+    sending_size: int,
+    finished: int,
+    finished_size: int,
+    waiting: int = 0,
+    *,
+    month_ids: bool = True,
 ) -> Population:
     """``waiting``: the percentage of the sending campaign's deliveries due 12 hours from
-    now (spread evenly over its ids), as a local-time campaign's other zones are."""
+    now (spread evenly over its ids), as a local-time campaign's other zones are.
+    ``month_ids``: campaign ids are UUIDv7 of their creation, as the app makes them (each
+    campaign's deliveries in its month's partition on PostgreSQL); otherwise random ids,
+    whose deliveries the default partition holds."""
     started = time.perf_counter()
     with engine.begin() as conn:
         topic = conn.execute(
@@ -187,16 +196,20 @@ def populate(
     # Campaign ids are UUIDv7 of their creation, as the app makes them: on PostgreSQL
     # each campaign's deliveries are in its month's partition (made here if missing).
     now = dt.datetime.now(dt.UTC)
+
+    def made(at: dt.datetime) -> uuid.UUID:
+        return uuid7(at=at) if month_ids else uuid.uuid4()
+
     campaigns: list[tuple[uuid.UUID, bool, int, str]] = [
         (
-            uuid7(at=now - dt.timedelta(days=(finished - n) * 7 + 7)),
+            made(now - dt.timedelta(days=(finished - n) * 7 + 7)),
             True,
             finished_size,
             f"{(finished - n) * 7 + 7} days",
         )
         for n in range(finished)
     ]
-    sending = uuid7(at=now - dt.timedelta(hours=1))
+    sending = made(now - dt.timedelta(hours=1))
     campaigns.append((sending, False, sending_size, "1 hour"))
     with Session(engine) as session, session.begin():
         have = set(partitions.months(session))
@@ -653,7 +666,10 @@ def main() -> int:
     details = [
         f"PostgreSQL {postgres}. {population.rows:,} deliveries: {args.finished} finished "
         f"campaigns of {args.finished_size:,} (answered), then one sending campaign of "
-        f"{population.size:,} (queued), made by SQL (generate_series). At each point the "
+        f"{population.size:,} (queued), made by SQL (generate_series). Campaign ids are "
+        "UUIDv7 of their creation (7 to 35 days ago, and an hour ago for the sending one), "
+        "so their deliveries are in their months' partitions of `delivery` (migration "
+        "0031), as the app's would be. At each point the "
         "sending campaign's lowest ids are marked accepted and the table vacuumed "
         f"(VACUUM ANALYZE); then `Dispatcher.claim()` ({BATCH} rows) is timed "
         f"{args.claims} times after one untimed claim, its batches left in flight under "

@@ -7,8 +7,11 @@ folded into counters and deleted, batch by batch, beside a campaign being sent.
 
 Creates its own database, migrates it and fills it as bench/claims.py does (set-based SQL,
 never the engine): two finished campaigns of ``--finished-size`` deliveries each, finished
-14 months ago, with display receipts (30 % of the accepted shown, 5 % clicked, some on a
-button) also made by SQL; and one sending campaign of ``--sending`` queued deliveries.
+14 months ago, with random ids (their deliveries in the default partition: what the
+row-by-row fold takes); a third of the same size made and finished 14 months ago with a
+UUIDv7 id, in its month's partition; display receipts for the three (30 % of the accepted
+shown, 5 % clicked, some on a button) also made by SQL; and one sending campaign of
+``--sending`` queued deliveries.
 
 1. **Idle**: the sending campaign's claim (``Dispatcher.claim()``, 500 rows) timed.
 2. **The fold**: campaign 1 folded by the project's own job step
@@ -16,12 +19,13 @@ button) also made by SQL; and one sending campaign of ``--sending`` queued deliv
    batch timed from the job's own progress calls — first tenth against last tenth — while
    a thread claims from the sending campaign every 200 ms (the claims during). The WAL it
    wrote, and the campaign's figures (``outcome.read``, ``funnel.read``) before and after,
-   which must be equal.
-3. **What a partition drop would save**: for campaign 2 (same size), the one statement
-   any layout needs to fold it (its counters and its funnel rows, read without deleting:
-   a partitioned table must count the rows before dropping them too), then a table
-   holding exactly campaign 2's rows with ``delivery``'s indexes, and the time to drop it
-   (what dropping a month's partition costs).
+   which must be equal. Then campaign 2 with the default pause.
+3. **The partition drop**: the job's partition step
+   (``portal.retention.tables.delivery_partitions``) counts campaign 3 into its counters,
+   deletes its receipts and drops its month's partition, while the claims run beside it:
+   its time, its WAL, the claims during, and campaign 3's figures before and after. Also
+   the one statement any layout needs to fold a campaign (its counters and funnel rows,
+   read without deleting), timed on campaign 2 before its fold.
 
 Never run by the test suite: it takes minutes and needs a PostgreSQL server.
 """
@@ -29,6 +33,7 @@ Never run by the test suite: it takes minutes and needs a PostgreSQL server.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import os
 import statistics
 import sys
@@ -46,7 +51,16 @@ sys.path.insert(0, str(ROOT))
 import psycopg  # noqa: E402
 import sqlalchemy as sa  # noqa: E402
 
-from bench.claims import Claimer, _psycopg, _url_for, answer, populate  # noqa: E402
+from bench.claims import (  # noqa: E402
+    CAMPAIGN_SQL,
+    CHUNK,
+    DELIVERY_SQL,
+    Claimer,
+    _psycopg,
+    _url_for,
+    answer,
+    populate,
+)
 from bench.contract import Figure, add_arguments, write  # noqa: E402
 from portal.config import normalise_database_url  # noqa: E402
 from portal.db import create_engine  # noqa: E402
@@ -138,6 +152,104 @@ def add_receipts(engine: sa.Engine, campaigns: list[uuid.UUID]) -> int:
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(sa.text("VACUUM (ANALYZE) delivery_receipt"))
     return int(count)
+
+
+def old_month_campaign(engine: sa.Engine, size: int) -> tuple[uuid.UUID, str]:
+    """A campaign made, sent and finished 14 months ago with ``size`` answered deliveries,
+    its id a UUIDv7 of then: its deliveries in that month's partition (made here)."""
+    from sqlalchemy.orm import Session
+
+    from portal.db import uuid7
+    from portal.delivery import partitions
+
+    age = "434 days"  # 14 months of 31 days
+    made = dt.datetime.now(dt.UTC) - dt.timedelta(days=434)
+    campaign = uuid7(at=made)
+    with Session(engine) as session, session.begin():
+        month = partitions.Month.of(made)
+        if month not in partitions.months(session):
+            partitions.create(session, month, lock_timeout_ms=60_000)
+    with engine.begin() as conn:
+        topic = conn.execute(sa.text("SELECT id FROM topic ORDER BY id LIMIT 1")).scalar_one()
+        conn.execute(
+            sa.text(CAMPAIGN_SQL),
+            {
+                "id": str(campaign),
+                "topic": topic,
+                "title": "Campaign of a month long gone",
+                "age": age,
+                "status": "completed",
+                "finished_at": made + dt.timedelta(hours=1),
+            },
+        )
+    for lo in range(0, size, CHUNK):
+        hi = min(lo + CHUNK, size) - 1
+        with engine.begin() as conn:
+            conn.execute(sa.text("SET LOCAL session_replication_role = replica"))
+            conn.execute(
+                sa.text(DELIVERY_SQL),
+                {
+                    "campaign": str(campaign),
+                    "finished": True,
+                    "age": age,
+                    "lo": lo,
+                    "hi": hi,
+                    "waiting": 0,
+                },
+            )
+        print(f"  campaign 3 ({month.name}): {hi + 1:,} of {size:,} rows", flush=True)
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(sa.text("VACUUM (ANALYZE) delivery"))
+    return campaign, month.name
+
+
+@dataclass
+class DropRun:
+    """A month's partition counted and dropped by the job's step, claims beside it."""
+
+    dropped: int = 0
+    seconds: float = 0.0
+    wal_bytes: int = 0
+    during: list[float] = field(default_factory=list)
+
+
+def drop_beside(app: Any, settings: Any, claimer: Claimer) -> DropRun:
+    """The job's partition step (``delivery_partitions``) while a thread claims from the
+    sending campaign; the WAL it wrote."""
+    from portal.jobreport import JobReport
+    from portal.retention.tables import delivery_partitions
+    from portal.seams import current_portal
+
+    run = DropRun()
+    engine = claimer.engine
+    with engine.connect() as conn:
+        wal_start = conn.execute(sa.text("SELECT pg_current_wal_lsn()")).scalar()
+    stop = threading.Event()
+    beside = threading.Thread(target=claims_beside, args=(claimer, stop, run.during))
+    beside.start()
+    started = time.perf_counter()
+    try:
+        report = JobReport("table-retention")
+        delivery_partitions(app, current_portal(app).clock.now(), settings, report)
+    finally:
+        run.seconds = time.perf_counter() - started
+        stop.set()
+        beside.join()
+    if report.problems:
+        raise SystemExit(f"the drop did not happen: {report.problems}")
+    run.dropped = report.changed
+    with engine.connect() as conn:
+        run.wal_bytes = int(
+            conn.execute(
+                sa.text("SELECT pg_current_wal_lsn() - CAST(:s AS pg_lsn)"), {"s": str(wal_start)}
+            ).scalar_one()
+        )
+    print(
+        f"  partition drop: {run.dropped:,} deliveries in {run.seconds:.1f} s; claims beside "
+        f"p50 {_ms(run.during, 0.5):.1f} ms, p99 {_ms(run.during, 0.99):.1f} ms",
+        flush=True,
+    )
+    return run
 
 
 def claims_beside(claimer: Claimer, stop: threading.Event, times: list[float]) -> None:
@@ -247,25 +359,30 @@ def main() -> int:
     try:
         upgrade(engine)
         print(f"populating {args.database}", flush=True)
-        population = populate(engine, args.sending, 2, args.finished_size)
+        population = populate(engine, args.sending, 2, args.finished_size, month_ids=False)
+        third, third_month = old_month_campaign(engine, args.finished_size)
         with engine.begin() as conn:
             first, second = conn.execute(
                 sa.text(
-                    "SELECT id FROM campaign WHERE status = 'completed' ORDER BY finished_at, id"
-                )
+                    "SELECT id FROM campaign WHERE status = 'completed' AND id <> :third "
+                    "ORDER BY finished_at, id"
+                ),
+                {"third": third},
             ).scalars()
             conn.execute(
                 sa.text(
                     "UPDATE campaign SET finished_at = now() - interval '14 months', "
-                    "send_at = now() - interval '14 months' WHERE status = 'completed'"
-                )
+                    "send_at = now() - interval '14 months' "
+                    "WHERE status = 'completed' AND id <> :third"
+                ),
+                {"third": third},
             )
             # Only campaign 1 is due for the first fold; campaign 2 for the second.
             conn.execute(
                 sa.text("UPDATE campaign SET finished_at = now() WHERE id = :c"), {"c": second}
             )
             postgres = conn.execute(sa.text("SHOW server_version")).scalar_one()
-        receipts = add_receipts(engine, [first, second])
+        receipts = add_receipts(engine, [first, second, third])
         print(f"  {population.rows:,} deliveries, {receipts:,} receipts", flush=True)
 
         with tempfile.TemporaryDirectory() as instance:
@@ -326,24 +443,6 @@ def main() -> int:
                 with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
                     conn.execute(
                         sa.text(
-                            "CREATE TABLE drop_probe AS SELECT * FROM delivery "
-                            "WHERE campaign_id = :c"
-                        ),
-                        {"c": second},
-                    )
-                    for column in (
-                        "campaign_id, status, next_attempt_at",
-                        "subscription_id, updated_at",
-                        "campaign_id, subscription_id",
-                        "id",
-                    ):
-                        conn.execute(sa.text(f"CREATE INDEX ON drop_probe ({column})"))
-                    probe_rows = conn.execute(sa.text("SELECT count(*) FROM drop_probe")).scalar()
-                    drop_started = time.perf_counter()
-                    conn.execute(sa.text("DROP TABLE drop_probe"))
-                    drop_seconds = time.perf_counter() - drop_started
-                    conn.execute(
-                        sa.text(
                             "UPDATE campaign SET finished_at = now() - interval '14 months' "
                             "WHERE id = :c"
                         ),
@@ -363,14 +462,20 @@ def main() -> int:
                 )
                 if figures_of(second) != before:
                     raise SystemExit("the folded campaign's figures changed")
+
+                before = figures_of(third)
+                drop = drop_beside(app, with_pause(default_pause), claimer)
+                if figures_of(third) != before:
+                    raise SystemExit("the dropped month's campaign's figures changed")
                 with engine.connect() as conn:
                     left, tally_rows, funnel_rows = conn.execute(
                         sa.text(
                             "SELECT (SELECT count(*) FROM delivery WHERE status <> 'queued' "
-                            "AND campaign_id <> :s), (SELECT count(*) FROM delivery_tally), "
+                            "AND campaign_id <> :s) + (SELECT count(*) FROM pg_class "
+                            "WHERE relname = :month), (SELECT count(*) FROM delivery_tally), "
                             "(SELECT count(*) FROM funnel_tally)"
                         ),
-                        {"s": population.sending},
+                        {"s": population.sending, "month": third_month},
                     ).one()
                 if left:
                     raise SystemExit(f"{left} deliveries of the finished campaigns are left")
@@ -411,8 +516,8 @@ def main() -> int:
     unpaused = runs[0]
     found += [
         Figure(
-            f"reading a campaign's counters in one statement ({probe_rows:,} rows, what any "
-            "layout must read to fold it) vs the whole fold (no pause)",
+            f"reading a campaign's counters in one statement ({args.finished_size:,} rows, "
+            "what any layout must read to fold it) vs the whole fold (no pause)",
             round(read_seconds, 2),
             "s",
             round(unpaused.seconds, 2),
@@ -420,10 +525,30 @@ def main() -> int:
             round(read_seconds / unpaused.seconds, 3),
         ),
         Figure(
-            f"DROP of a table of {probe_rows:,} deliveries with the same indexes "
-            "(a month's partition)",
-            round(drop_seconds * 1000, 1),
+            f"partition drop of a month with a finished campaign of {drop.dropped:,} "
+            "deliveries (counted into its counters, receipts deleted, dropped) vs the "
+            "whole row-by-row fold of as many (no pause)",
+            round(drop.seconds, 2),
+            "s",
+            round(unpaused.seconds, 2),
+            "the row-by-row fold, same run",
+            round(drop.seconds / unpaused.seconds, 3),
+        ),
+        Figure(
+            "WAL written by the partition drop vs by the row-by-row fold (no pause)",
+            round(drop.wal_bytes / 2**20, 1),
+            "MiB",
+            round(unpaused.wal_bytes / 2**20, 1),
+            "the row-by-row fold, same run",
+            round(drop.wal_bytes / unpaused.wal_bytes, 3),
+        ),
+        Figure(
+            "claim (500 rows) p99 while the partition drop runs vs idle",
+            round(_ms(drop.during, 0.99), 1),
             "ms",
+            round(_ms(idle, 0.99), 1),
+            "idle, same run",
+            round(_ms(drop.during, 0.99) / _ms(idle, 0.99), 2),
         ),
     ]
     header = "| | " + " | ".join(run.label for run in runs) + " |"
@@ -466,8 +591,10 @@ def main() -> int:
             f"| counter rows after both folds, compacted (delivery_tally, funnel_tally) | "
             f"{tally_rows:,}, {funnel_rows:,} |",
             f"| campaign 2: its counters read in one statement | {read_seconds:.2f} s |",
-            f"| campaign 2: DROP of a table of its {probe_rows:,} rows and 4 indexes | "
-            f"{drop_seconds * 1000:.1f} ms |",
+            f"| campaign 3: its month's partition counted and dropped ({drop.dropped:,} "
+            f"deliveries) | {drop.seconds:.1f} s, {drop.wal_bytes / 2**20:,.1f} MiB of WAL |",
+            f"| claims beside the drop: p50 / p99 (n) | {_ms(drop.during, 0.5):.1f} / "
+            f"{_ms(drop.during, 0.99):.1f} ms ({len(drop.during)}) |",
         ]
     )
     whole_batch = sum(statistics.median(v) for v in steps.values())
@@ -487,16 +614,20 @@ def main() -> int:
         print()
         print(text)
     details = [
-        f"PostgreSQL {postgres}. {population.rows:,} deliveries: two campaigns of "
-        f"{args.finished_size:,} finished 14 months ago (answered: 97 % accepted, the rest "
-        f"failed, revoked or skipped) with {receipts:,} display receipts, and one sending "
-        f"campaign of {args.sending:,}, made by SQL. Each finished campaign folded by "
-        "`fold_deliveries` (the `table-retention` job's step, batches of "
+        f"PostgreSQL {postgres}. {population.rows + args.finished_size:,} deliveries: two "
+        f"campaigns of {args.finished_size:,} finished 14 months ago with random ids (in "
+        "`delivery_default`: the row-by-row fold's case), one of as many made and finished "
+        f"14 months ago with a UUIDv7 id (alone in `{third_month}`), all answered (97 % "
+        f"accepted, the rest failed, revoked or skipped), with {receipts:,} display receipts, "
+        f"and one sending campaign of {args.sending:,}, made by SQL. Campaigns 1 and 2 "
+        "folded by `fold_deliveries` (the `table-retention` job's step, batches of "
         f"{args.batch:,}) while a thread claimed 500 rows from the sending campaign every "
         f"{CLAIM_EVERY * 1000:.0f} ms: campaign 1 with no pause between batches, campaign 2 "
-        f"with the default `DELIVERY_FOLD_PAUSE_MS` ({default_pause * 1000:.0f}). Each "
-        "campaign's outcome counts and funnel buckets were compared before and after its "
-        "fold (equal). Load average "
+        f"with the default `DELIVERY_FOLD_PAUSE_MS` ({default_pause * 1000:.0f}); then "
+        "campaign 3's month by `delivery_partitions` (the job's partition step: counted into "
+        "the counters set-wise, receipts deleted, partition dropped, one transaction) with "
+        "the same claims beside it. Each campaign's outcome counts and funnel buckets were "
+        "compared before and after (equal). Load average "
         f"{' / '.join(f'{v:.2f}' for v in load_before)} before, "
         f"{' / '.join(f'{v:.2f}' for v in load_after)} after ({seconds:.0f} s).",
         table,
