@@ -46,6 +46,9 @@ _c = cast(sa.Table, Campaign.__table__)
 # This month and the next two always have their partition, so a campaign created before
 # the next run of the job lands in its month, not in the default partition.
 AHEAD_MONTHS = 2
+# The advisory lock (portal.db.held_transaction_lock) of the process making and dropping
+# partitions: one at a time ("dpart").
+MAINTENANCE_LOCK = 0x6470617274
 _NAME = re.compile(r"delivery_(\d{4})_(\d{2})")
 
 
@@ -146,6 +149,8 @@ def create(session: Session, month: Month, *, lock_timeout_ms: int) -> int:
     exclusively until it commits, so no statement sees a moved row twice or not at all."""
     _lock_timeout(session, lock_timeout_ms)
     session.execute(sa.text("LOCK TABLE delivery IN ACCESS EXCLUSIVE MODE"))
+    if month in months(session):
+        return 0  # made meanwhile (by a migration)
     low, high = bound(month.start), bound(month.end)
     values = {"low": low, "high": high}
     moved = session.execute(_IN_DEFAULT, values).scalar_one()
@@ -208,6 +213,8 @@ def drop(session: Session, month: Month, *, lock_timeout_ms: int) -> int:
     and drop the partition; how many deliveries it held. One transaction (the caller's),
     so a delivery is counted exactly when its partition is gone: if the drop cannot have
     its lock in ``lock_timeout_ms``, nothing of it is kept."""
+    if month not in months(session):
+        return 0  # dropped meanwhile
     campaigns = list(
         session.execute(sa.select(_d.c.campaign_id).where(month.deliveries()).distinct()).scalars()
     )

@@ -50,7 +50,7 @@ from portal.campaigns import tally
 from portal.campaigns.media_models import Picture
 from portal.campaigns.models import Campaign, Draft
 from portal.config import Settings
-from portal.db import db
+from portal.db import db, held_transaction_lock, is_postgres
 from portal.delivery import partitions
 from portal.delivery.models import Delivery, DeliveryReceipt
 from portal.feedback.models import FeedbackApplied, FeedbackDigest
@@ -220,6 +220,18 @@ def delivery_partitions(
     counters and dropped, a month per transaction (portal/delivery/partitions.py). A
     month whose lock could not be had in ``DELIVERY_PARTITION_LOCK_TIMEOUT_MS`` is a
     problem of the run; the next run tries again."""
+    engine: sa.Engine = app.extensions["portal.db"].engine
+    if not is_postgres(engine):
+        return
+    # Every process runs this job; one at a time does this step, the rest pass it by.
+    with held_transaction_lock(engine, partitions.MAINTENANCE_LOCK, wait=False) as mine:
+        if mine:
+            _maintain_partitions(app, now, settings, report)
+
+
+def _maintain_partitions(
+    app: Flask, now: dt.datetime, settings: Settings, report: JobReport
+) -> None:
     cutoff = months_before(now, settings.retention.delivery_months)
     wait = settings.retention.partition_lock_timeout_ms
     try:

@@ -17,7 +17,7 @@ from flask import Flask
 from portal import create_app
 from portal.campaigns.models import Campaign
 from portal.config import RetentionSettings
-from portal.db import db, uuid7
+from portal.db import db, held_transaction_lock, uuid7
 from portal.delivery import partitions
 from portal.delivery.models import Delivery, DeliveryTally
 from portal.delivery.partitions import Month
@@ -253,3 +253,35 @@ def test_nothing_of_it_on_sqlite(settings, clock, backend):
             assert partitions.droppable(session, clock.now(), clock.now()) == []
     finally:
         app.extensions["portal.db"].engine.dispose()
+
+
+def test_one_process_at_a_time_makes_and_drops_partitions(app, clock, catalogue_ready):
+    """Every process runs table-retention: while one holds the partitions' step, another
+    passes it by (no problem, nothing made, nothing counted twice), then does it."""
+    now = clock.now()
+    sent = now - 14 * MONTH
+    month = Month.of(sent)
+    _make(app, month)
+    old = _build(app, sent, ab=False)
+    before = _figures(app, old, now)
+    if Month.of(now) in _months(app):  # made by an earlier test's run of the job
+        with db.begin(app) as session:
+            session.execute(sa.text(f"DROP TABLE {Month.of(now).name}"))
+    engine = app.extensions["portal.db"].engine
+    with held_transaction_lock(engine, partitions.MAINTENANCE_LOCK, wait=False) as held:
+        assert held
+        report = run_job(app, "table-retention")
+        assert not report.problems
+        assert month in _months(app)
+        assert _rows(app, Delivery, old) == 20  # nor folded row by row meanwhile
+        assert Month.of(now) not in _months(app)  # the coming months not made either
+    report = run_job(app, "table-retention")
+    assert not report.problems
+    assert month not in _months(app)
+    assert Month.of(now) in _months(app)
+    assert _figures(app, old, now) == before
+    # Told to make or drop a month another process made or dropped: nothing happens.
+    with db.begin(app) as session:
+        assert partitions.drop(session, month, lock_timeout_ms=300) == 0
+        assert partitions.create(session, Month.of(now), lock_timeout_ms=300) == 0
+    assert Month.of(now) in _months(app)
