@@ -141,11 +141,7 @@ def over_cap(
         # held back, not as out.
         session.execute(
             sa.update(_d)
-            .where(
-                among(session, _d.c.id, held),
-                # Their partitions only (migration 0031).
-                among(session, _d.c.campaign_id, sorted({c.campaign_id for c in capped})),
-            )
+            .where(among(session, _d.c.id, held))
             .values(status=DeliveryStatus.SKIPPED.value, reason=FREQUENCY_CAP, updated_at=now)
         )
     return held
