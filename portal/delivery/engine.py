@@ -336,11 +336,15 @@ class Dispatcher:
                 due = sa.and_(_DUE, due)
             candidates = (
                 sa.select(_d.c.id)
-                .join(_c, _c.c.id == _d.c.campaign_id)
-                .where(_c.c.status == CampaignStatus.SENDING.value, due)
+                .where(due)
                 .order_by(_d.c.next_attempt_at, _d.c.id)
                 .limit(self.settings.batch_size)
             )
+            if not is_postgres(session):
+                # On PostgreSQL the sending campaigns are read first (below) and named.
+                candidates = candidates.join(_c, _c.c.id == _d.c.campaign_id).where(
+                    _c.c.status == CampaignStatus.SENDING.value
+                )
             if blocked:
                 candidates = candidates.where(_d.c.push_service.not_in(blocked))
             if is_postgres(session):
