@@ -216,40 +216,56 @@ class DropRun:
 def drop_beside(app: Any, settings: Any, claimer: Claimer) -> DropRun:
     """The job's partition step (``delivery_partitions``) while a thread claims from the
     sending campaign; the WAL it wrote."""
-    from portal.jobreport import JobReport
     from portal.retention.tables import delivery_partitions
-    from portal.seams import current_portal
 
     run = DropRun()
-    engine = claimer.engine
-    with engine.connect() as conn:
-        wal_start = conn.execute(sa.text("SELECT pg_current_wal_lsn()")).scalar()
-    stop = threading.Event()
-    beside = threading.Thread(target=claims_beside, args=(claimer, stop, run.during))
-    beside.start()
-    started = time.perf_counter()
-    try:
-        report = JobReport("table-retention")
-        delivery_partitions(app, current_portal(app).clock.now(), settings, report)
-    finally:
-        run.seconds = time.perf_counter() - started
-        stop.set()
-        beside.join()
-    if report.problems:
-        raise SystemExit(f"the drop did not happen: {report.problems}")
+    report, run.seconds, run.wal_bytes = beside_claims(
+        claimer,
+        run.during,
+        lambda now, report: delivery_partitions(app, now, settings, report),
+        "the drop did not happen",
+    )
     run.dropped = report.changed
-    with engine.connect() as conn:
-        run.wal_bytes = int(
-            conn.execute(
-                sa.text("SELECT pg_current_wal_lsn() - CAST(:s AS pg_lsn)"), {"s": str(wal_start)}
-            ).scalar_one()
-        )
     print(
         f"  partition drop: {run.dropped:,} deliveries in {run.seconds:.1f} s; claims beside "
         f"p50 {_ms(run.during, 0.5):.1f} ms, p99 {_ms(run.during, 0.99):.1f} ms",
         flush=True,
     )
     return run
+
+
+def beside_claims(
+    claimer: Claimer, during: list[float], step: Any, failure: str
+) -> tuple[Any, float, int]:
+    """Run ``step(now, report)`` (a step of the ``table-retention`` job) while a thread
+    claims from the sending campaign (each claim's time into ``during``); its report, its
+    seconds and the WAL it wrote. A problem in the report ends the benchmark."""
+    from portal.jobreport import JobReport
+    from portal.seams import current_portal
+
+    engine = claimer.engine
+    with engine.connect() as conn:
+        wal_start = conn.execute(sa.text("SELECT pg_current_wal_lsn()")).scalar()
+    stop = threading.Event()
+    beside = threading.Thread(target=claims_beside, args=(claimer, stop, during))
+    beside.start()
+    started = time.perf_counter()
+    try:
+        report = JobReport("table-retention")
+        step(current_portal(claimer.app).clock.now(), report)
+    finally:
+        seconds = time.perf_counter() - started
+        stop.set()
+        beside.join()
+    if report.problems:
+        raise SystemExit(f"{failure}: {report.problems}")
+    with engine.connect() as conn:
+        wal_bytes = int(
+            conn.execute(
+                sa.text("SELECT pg_current_wal_lsn() - CAST(:s AS pg_lsn)"), {"s": str(wal_start)}
+            ).scalar_one()
+        )
+    return report, seconds, wal_bytes
 
 
 def claims_beside(claimer: Claimer, stop: threading.Event, times: list[float]) -> None:
@@ -290,33 +306,15 @@ class FoldRun:
 def fold_beside(app: Any, settings: Any, claimer: Claimer, run: FoldRun) -> FoldRun:
     """Fold every campaign due (the job's own step, ``fold_deliveries``) while a thread
     claims from the sending campaign; the WAL it wrote."""
-    from portal.jobreport import JobReport
     from portal.retention.tables import fold_deliveries
-    from portal.seams import current_portal
 
-    engine = claimer.engine
-    with engine.connect() as conn:
-        wal_start = conn.execute(sa.text("SELECT pg_current_wal_lsn()")).scalar()
-    stop = threading.Event()
-    beside = threading.Thread(target=claims_beside, args=(claimer, stop, run.during))
-    beside.start()
-    started = time.perf_counter()
-    try:
-        report = JobReport("table-retention")
-        fold_deliveries(app, current_portal(app).clock.now(), settings, run.batches, report)
-    finally:
-        run.seconds = time.perf_counter() - started
-        stop.set()
-        beside.join()
-    if report.problems:
-        raise SystemExit(f"the fold stopped: {report.problems}")
+    report, run.seconds, run.wal_bytes = beside_claims(
+        claimer,
+        run.during,
+        lambda now, report: fold_deliveries(app, now, settings, run.batches, report),
+        "the fold stopped",
+    )
     run.folded = report.changed
-    with engine.connect() as conn:
-        run.wal_bytes = int(
-            conn.execute(
-                sa.text("SELECT pg_current_wal_lsn() - CAST(:s AS pg_lsn)"), {"s": str(wal_start)}
-            ).scalar_one()
-        )
     print(
         f"  fold ({run.label}): {run.folded:,} deliveries in {run.seconds:.1f} s "
         f"({run.folded / run.seconds:,.0f} /s), {len(run.batches.seconds)} batches; claims "
