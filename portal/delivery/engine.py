@@ -482,7 +482,7 @@ class Dispatcher:
     ) -> tuple[_Plan, _LeaseKeeper]:
         """Send a claimed batch under a lease kept while it is out; planned with what the
         batch being written (``recording``) decided."""
-        lease = _LeaseKeeper(self, claimed).start()
+        lease = _LeaseKeeper(self, [c.delivery_id for c in claimed]).start()
         try:
             plan = self._send(claimed, report, recording.plan if recording else None)
         except BaseException:
@@ -1076,9 +1076,9 @@ class _LeaseKeeper:
     dies stops renewing, so its batch is claimable again one lease later.
     """
 
-    def __init__(self, dispatcher: Dispatcher, claimed: list[_Claimed]) -> None:
+    def __init__(self, dispatcher: Dispatcher, delivery_ids: list[int]) -> None:
         self.dispatcher = dispatcher
-        self.delivery_ids = [c.delivery_id for c in claimed]
+        self.delivery_ids = delivery_ids
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._renew, name="dispatch-lease", daemon=True)
 
