@@ -52,8 +52,8 @@ message of the engine's encryption alone (portal.push.encryption.encrypt over
 --encryption-sample recipients' keys, in the same run); (c)'s engine processes read their
 peak memory (VmHWM) every few seconds: the peak at the end < 300 MB and within 16 MiB of
 the peak when a tenth was sent. Where the CPU goes besides encryption: a third campaign,
-sent by this process for --profile-seconds with its sending thread under cProfile,
-divided by part (profile_parts()).
+sent by this process for --profile-seconds while py-spy samples it from outside, its
+samples divided by part (profile_parts()).
 
 requests, and so pywebpush, takes its CA from REQUESTS_CA_BUNDLE before anything else
 (a Session's verify= included), and webpush() has no other way in: this script sets
@@ -73,11 +73,10 @@ Both databases are created on the server behind --admin-url and dropped at the e
 from __future__ import annotations
 
 import argparse
-import cProfile
 import datetime as dt
 import json
 import os
-import pstats
+import re
 import signal
 import subprocess
 import sys
@@ -741,70 +740,88 @@ def encryption_cpu(subs: list[BrowserSubscription], text: str, count: int) -> tu
     return len(keys), time.thread_time() - cpu0
 
 
-# Where a sending process's CPU goes: functions of the sending thread whose cumulative
-# time is a part of the profile. (label, file, function); nested parts are subtracted.
-PROFILE_FUNCTIONS = {
-    "encrypt": ("portal/push/encryption.py", "encrypt"),
-    "open": ("portal/subscriptions/sealing.py", "open"),
-    "render": ("portal/campaigns/services.py", "render"),
-    "requests": ("portal/delivery/engine.py", "requests"),
-    "send_all": ("portal/delivery/engine.py", "_send_all"),
-    "encrypt_and_send": ("portal/delivery/engine.py", "_encrypt_and_send"),
-    "claim": ("portal/delivery/engine.py", "claim"),
-    "advance": ("portal/delivery/engine.py", "advance_campaigns"),
+# Where a sending process's CPU goes, from py-spy's samples of it: a sample of the sending
+# (main) thread belongs to the innermost of these functions on its stack, in this order of
+# precedence from the innermost frame out; (key, file, function).
+PROFILE_FUNCTIONS = (
+    ("encrypt", "portal/push/encryption.py", "encrypt"),
+    ("open", "portal/subscriptions/sealing.py", "open"),
+    ("render", "portal/campaigns/services.py", "render"),
+    ("requests", "portal/delivery/engine.py", "requests"),
+    ("send_all", "portal/delivery/engine.py", "_send_all"),
+    ("encrypt_and_send", "portal/delivery/engine.py", "_encrypt_and_send"),
+    ("claim", "portal/delivery/engine.py", "claim"),
+    ("advance", "portal/delivery/engine.py", "advance_campaigns"),
+)
+PROFILE_LABELS = {
+    "encrypt": "encryption (RFC 8291: ECDH, HKDF, AES-GCM; `encrypt`)",
+    "open": "opening the sealed auth secret (AES-GCM; `KeyRing.open`)",
+    "render": "the payload (`PayloadTemplate.render`)",
+    "requests": "the rest of each request: the endpoint's check, the request object "
+    "(the `requests` generator)",
+    "send_all": "HTTP through libcurl: transfers, TLS, headers, VAPID, answers (`_send_all`)",
+    "encrypt_and_send": "re-checking consent, reading the subscriptions, caps and quiet "
+    "hours (`_encrypt_and_send`)",
+    "claim": "claiming (`claim`)",
+    "advance": "advancing campaigns: materialisation, completion (`advance_campaigns`)",
+    "other": "the rest of the sending thread (the job, planning the writes, scheduling)",
+    "threads": "the process's other threads (recording the answers, renewing leases)",
 }
+_FRAME = re.compile(r"(?P<function>[^;]*) \((?P<file>[^;]*):\d+\)")
 
 
-def profile_parts(stats: pstats.Stats) -> dict[str, float]:
-    """The sending thread's CPU seconds by part, from a cProfile of it."""
-    ct: dict[str, float] = dict.fromkeys(PROFILE_FUNCTIONS, 0.0)
-    raw: dict[Any, Any] = stats.stats  # type: ignore[attr-defined]
-    for (filename, _line, name), (_cc, _nc, _tt, cumulative, _callers) in raw.items():
-        for key, (suffix, function) in PROFILE_FUNCTIONS.items():
-            if name == function and filename.endswith(suffix):
-                ct[key] += cumulative
-    total = stats.total_tt  # type: ignore[attr-defined]
-    parts = {
-        "encryption (RFC 8291: ECDH, HKDF, AES-GCM; `encrypt`)": ct["encrypt"],
-        "opening the sealed auth secret (AES-GCM; `KeyRing.open`)": ct["open"],
-        "the payload (`PayloadTemplate.render`)": ct["render"],
-        "the rest of each request (checks, headers, base64; the `requests` generator)": (
-            ct["requests"] - ct["encrypt"] - ct["open"] - ct["render"]
-        ),
-        "HTTP through libcurl: transfers, TLS, VAPID header, answers (`_send_all`)": (
-            ct["send_all"] - ct["requests"]
-        ),
-        "re-checking consent and reading the subscriptions (`_encrypt_and_send`)": (
-            ct["encrypt_and_send"] - ct["send_all"]
-        ),
-        "claiming (`claim`)": ct["claim"],
-        "advancing campaigns: materialisation, completion (`advance_campaigns`)": ct["advance"],
-    }
-    parts["everything else in the sending thread (the job, planning, scheduling)"] = total - sum(
-        parts.values()
-    )
-    return parts
+def profile_parts(raw: str, main_thread: int) -> dict[str, int]:
+    """py-spy's raw samples (``--threads``) counted by part."""
+    counts = dict.fromkeys(PROFILE_LABELS, 0)
+    for line in raw.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        thread = re.match(r"thread \((\d+)\)", stack)
+        if thread is None or int(thread.group(1)) != main_thread:
+            counts["threads"] += int(count)
+            continue
+        frames = [(m["function"].rsplit(".", 1)[-1], m["file"]) for m in _FRAME.finditer(stack)]
+        part = "other"
+        for function, file in reversed(frames):
+            found = next(
+                (key for key, suffix, name in PROFILE_FUNCTIONS
+                 if function == name and file.endswith(suffix)),
+                None,
+            )  # fmt: skip
+            if found is not None:
+                part = found
+                break
+        counts[part] += int(count)
+    return counts
 
 
 def profile_pass(app: Any, seconds: float, path: str | None) -> dict[str, Any]:
-    """A third campaign to the same recipients for ``seconds``, its sending thread under
-    cProfile (thread CPU time) and the process's other threads timed as a whole."""
-    profiler = cProfile.Profile(time.thread_time)
-    process0, thread0 = time.process_time(), time.thread_time()
-    profiler.enable()
-    run = run_campaign(app, DRAFT.topic, deadline=time.perf_counter() + seconds)
-    profiler.disable()
-    process_cpu = time.process_time() - process0
-    thread_cpu = time.thread_time() - thread0
-    if path:
-        profiler.dump_stats(path)
-    stats = pstats.Stats(profiler)
+    """A third campaign to the same recipients for ``seconds``, this process sampled from
+    outside by py-spy (on-CPU samples of every thread, 200 a second, the process not
+    paused) while it sends; the parts' shares of the samples, and the process's CPU."""
+    spy = Path(sys.executable).with_name("py-spy")
+    with tempfile.TemporaryDirectory(prefix="bench-dispatch-profile-") as folder:
+        output = Path(path) if path else Path(folder) / "samples.txt"
+        sampler = subprocess.Popen(
+            [str(spy), "record", "--pid", str(os.getpid()), "--duration", str(round(seconds)),
+             "--rate", "200", "--format", "raw", "--threads", "--nonblocking",
+             "--output", str(output)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        time.sleep(1.0)  # attached and sampling before the campaign starts
+        process0 = time.process_time()
+        run = run_campaign(app, DRAFT.topic, deadline=time.perf_counter() + seconds - 1.0)
+        process_cpu = time.process_time() - process0
+        _, errors = sampler.communicate(timeout=seconds + 60)
+        if sampler.returncode != 0 or not output.exists():
+            raise SystemExit(f"py-spy failed ({sampler.returncode}): {errors.strip()}")
+        counts = profile_parts(output.read_text(), os.getpid())
     return {
         "seconds": run.seconds,
         "accepted": run.deliveries.get("accepted", 0),
         "process_cpu": process_cpu,
-        "thread_cpu": thread_cpu,
-        "parts": profile_parts(stats),
+        "samples": counts,
     }
 
 
@@ -935,7 +952,7 @@ def throughput(args: argparse.Namespace) -> tuple[list[Way], dict[str, Any]]:
                 if args.profile_seconds > 0:
                     service.forget_tokens()
                     print(f"  profile: a third campaign for {args.profile_seconds:.0f} s, "
-                          "its sending thread under cProfile", flush=True)  # fmt: skip
+                          "sampled by py-spy", flush=True)  # fmt: skip
                     notes["profile"] = profile_pass(app, args.profile_seconds, args.profile)
                 app.extensions["portal.db"].engine.dispose()
                 close_dispatcher(app)
@@ -1262,22 +1279,24 @@ def shape_details(ways: list[Way], notes: dict[str, Any]) -> list[str]:
     profile = notes.get("profile")
     if profile and profile["accepted"]:
         n = profile["accepted"]
-        thread = sum(profile["parts"].values())
+        samples = sum(profile["samples"].values())
+        per_message = profile["process_cpu"] / n * 1e6
         out += [
             f"Where the rest goes: a third campaign to the same recipients, sent by this "
-            f"process for {profile['seconds']:.0f} s with its sending thread under cProfile "
-            f"(thread CPU time; the profiler's own cost is in these figures, so shares matter "
-            f"more than microseconds): {n:,} messages accepted, "
-            f"{profile['process_cpu'] / n * 1e6:.0f} µs of process CPU a message, of which "
-            f"{profile['thread_cpu'] / n * 1e6:.0f} µs in the sending thread and "
-            f"{(profile['process_cpu'] - profile['thread_cpu']) / n * 1e6:.0f} µs in the "
-            "process's other threads (recording the answers, renewing leases).",
+            f"process for {profile['seconds']:.0f} s while py-spy sampled it from outside "
+            f"(on-CPU samples of every thread, 200 a second, the process not paused: "
+            f"{samples:,} samples): {n:,} messages accepted at {per_message:.0f} µs of "
+            "process CPU a message. A sample of the sending thread counts for the innermost "
+            "of these parts on its stack; µs a message is the part's share of the samples "
+            "times the process's CPU a message.",
             "",
-            "| part of the sending thread | µs a message | share of the thread |",
-            "|---|---:|---:|",
+            "| part | samples | share | µs a message |",
+            "|---|---:|---:|---:|",
         ]
-        for label, seconds in profile["parts"].items():
-            out.append(f"| {label} | {seconds / n * 1e6:,.0f} | {seconds / thread:.0%} |")
+        for key, label in PROFILE_LABELS.items():
+            count = profile["samples"][key]
+            share = count / samples if samples else 0.0
+            out.append(f"| {label} | {count:,} | {share:.0%} | {share * per_message:,.0f} |")
         out.append("")
     return out
 
@@ -1302,7 +1321,7 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument(
         "--profile-seconds", type=float, default=30.0,
-        help="seconds of a third campaign whose sending thread is profiled (0 skips it)",
+        help="seconds of a third campaign whose process is profiled (0 skips it)",
     )  # fmt: skip
     parser.add_argument(
         "--memory-sizes", default="",
@@ -1344,7 +1363,7 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument(
         "--profile", metavar="PATH",
-        help="also write the profile pass's cProfile statistics (thread CPU time) here",
+        help="also keep the profile pass's py-spy samples (raw, one stack a line) here",
     )  # fmt: skip
     parser.add_argument("--memory-child", help=argparse.SUPPRESS)
     parser.add_argument("--engine-child", action="store_true", help=argparse.SUPPRESS)
