@@ -1365,6 +1365,11 @@ def main(argv: list[str] | None = None) -> int:
         "--profile", metavar="PATH",
         help="also keep the profile pass's py-spy samples (raw, one stack a line) here",
     )  # fmt: skip
+    parser.add_argument(
+        "--autovacuum", choices=("server", "on"), default="server",
+        help="server: as the server is set; on: turned on for this run if it is off "
+        "(ALTER SYSTEM, reset at the end), as on a production server",
+    )  # fmt: skip
     parser.add_argument("--memory-child", help=argparse.SUPPRESS)
     parser.add_argument("--engine-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -1390,18 +1395,37 @@ def main(argv: list[str] | None = None) -> int:
     # Stopped from outside: still drop the databases (the finally blocks).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     started = time.perf_counter()
-    with psycopg.connect(args.admin_url) as conn:
+    with psycopg.connect(args.admin_url, autocommit=True) as conn:
         version = conn.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
+        server_autovacuum = conn.execute("SHOW autovacuum").fetchone()[0]  # type: ignore[index]
+        if args.autovacuum == "on" and server_autovacuum != "on":
+            # For this run only: ALTER SYSTEM's value is removed again at the end.
+            conn.execute("ALTER SYSTEM SET autovacuum = on")
+            conn.execute("SELECT pg_reload_conf()")
+    autovacuum = (
+        f"autovacuum {server_autovacuum} (the server's setting)"
+        if args.autovacuum == "server" or server_autovacuum == "on"
+        else f"autovacuum on for this run (the server's setting: {server_autovacuum})"
+    )
     load_start = load()
-    print(f"machine: {machine()}, PostgreSQL {version}, load {load_start:.1f}", flush=True)
-    ways, notes = throughput(args)
-    mem = memory(args) if args.memory_sizes and not args.engine_only else []
+    print(
+        f"machine: {machine()}, PostgreSQL {version}, {autovacuum}, load {load_start:.1f}",
+        flush=True,
+    )
+    try:
+        ways, notes = throughput(args)
+        mem = memory(args) if args.memory_sizes and not args.engine_only else []
+    finally:
+        if args.autovacuum == "on" and server_autovacuum != "on":
+            with psycopg.connect(args.admin_url, autocommit=True) as conn:
+                conn.execute("ALTER SYSTEM RESET autovacuum")
+                conn.execute("SELECT pg_reload_conf()")
     load_end = load()
     figs = [] if args.engine_only else figures(ways, mem, notes)
 
     parts = [
-        f"Machine: {machine()}, PostgreSQL {version}; load average (1 min) {load_start:.1f} "
-        f"at the start, {load_end:.1f} at the end.",
+        f"Machine: {machine()}, PostgreSQL {version}, {autovacuum}; load average (1 min) "
+        f"{load_start:.1f} at the start, {load_end:.1f} at the end.",
         "",
         figures_table(figs),
         "",
