@@ -155,6 +155,13 @@ def _share(reading: _Reading, name: str, default: float) -> float:
     return share
 
 
+def _niceness(reading: _Reading, name: str, default: int) -> int:
+    niceness = _int(reading.environ, name, default)
+    if not 0 <= niceness <= 19:
+        raise ConfigError(f"{name} must be from 0 to 19")
+    return niceness
+
+
 def _on_off(reading: _Reading, name: str, default: bool) -> bool:
     return _flag(reading.environ, name, default=default)
 
@@ -413,6 +420,9 @@ class Settings:
     # The share of one CPU a web worker's sender may use (the embedded scheduler beside
     # the pages); `portal scheduler` processes send at full speed.
     dispatch_web_cpu_share: float = setting("DISPATCH_WEB_CPU_SHARE", _share, 0.1)
+    # The niceness of a web worker's background job threads (Linux): the kernel gives
+    # the pages' threads, in every worker, the CPU first. 0 leaves them as the pages.
+    dispatch_web_nice: int = setting("DISPATCH_WEB_NICE", _niceness, 10)
     reseal_batch_size: int = setting("RESEAL_BATCH_SIZE", _whole, 500)
     # The hash backfill rewrites a live table: it pauses between chunks and stops when a
     # replica falls behind (seed 000 §9), so it can run during the day.

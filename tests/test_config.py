@@ -185,6 +185,15 @@ def test_the_web_workers_dispatch_share_is_a_share_of_one_cpu(tmp_path):
             Settings.from_env({"DISPATCH_WEB_CPU_SHARE": value}, str(tmp_path))
 
 
+def test_the_web_workers_job_niceness_is_a_niceness_a_thread_may_take(tmp_path):
+    assert Settings.from_env({}, str(tmp_path)).dispatch_web_nice == 10
+    assert Settings.from_env({"DISPATCH_WEB_NICE": "0"}, str(tmp_path)).dispatch_web_nice == 0
+    assert Settings.from_env({"DISPATCH_WEB_NICE": "19"}, str(tmp_path)).dispatch_web_nice == 19
+    for value in ("-1", "20", "low", "2.5"):
+        with pytest.raises(ConfigError, match="DISPATCH_WEB_NICE must"):
+            Settings.from_env({"DISPATCH_WEB_NICE": value}, str(tmp_path))
+
+
 def test_production_start_fails_with_one_line_naming_the_variable(tmp_path):
     result = _start(tmp_path, {k: v for k, v in GOOD_PRODUCTION.items() if k != "SECRET_KEY"})
     assert result.returncode != 0

@@ -47,6 +47,25 @@ _state = cast(sa.Table, JobState.__table__)
 _run = cast(sa.Table, JobRun.__table__)
 
 
+_thread_state = threading.local()
+
+
+def lower_thread_priority(niceness: int) -> None:
+    """Run the calling thread, and the threads it starts from now on, at ``niceness``
+    (or nicer, if it already is). Linux gives each thread its own niceness, so a web
+    worker's job threads yield the CPU to its request threads and to the other workers';
+    raising one's own niceness needs no privilege. Elsewhere, or at 0, nothing changes."""
+    if niceness <= 0 or sys.platform != "linux" or getattr(_thread_state, "lowered", False):
+        return
+    _thread_state.lowered = True
+    thread = threading.get_native_id()
+    try:
+        if os.getpriority(os.PRIO_PROCESS, thread) < niceness:
+            os.setpriority(os.PRIO_PROCESS, thread, niceness)
+    except OSError as problem:  # a sandbox that forbids it: run as before
+        log.warning("could not lower the job thread's priority (%s)", problem)
+
+
 class JobBusy(RuntimeError):
     """Another process holds this job's lock right now."""
 
@@ -206,11 +225,15 @@ class PortalScheduler:
         app.extensions["portal.stop"] = self.stop
         self.scheduler = BackgroundScheduler(timezone=dt.UTC, daemon=True)
         self.started = False
+        self.niceness = 0
         self._lock = threading.Lock()
 
     def _tick(self, name: str) -> None:
         if self.stop.is_set():
             return
+        if self.beside_pages:
+            # The job threads' first tick in a web worker: below the pages from now on.
+            lower_thread_priority(self.niceness)
         try:
             if not jobs.find(name).singleton:
                 # Every process runs it (dispatch: each sends, claiming batches with SKIP
@@ -241,6 +264,7 @@ class PortalScheduler:
                 settings.dispatch_web_cpu_share if self.beside_pages else 1.0
             )
             if self.beside_pages:
+                self.niceness = settings.dispatch_web_nice
                 # A request thread that wants the interpreter's lock back (after each
                 # database round trip) waits for the sender to yield it: at most 1 ms
                 # here, not Python's 5.

@@ -5,8 +5,10 @@ began; a ``portal scheduler`` process sends at full speed."""
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
+from types import SimpleNamespace
 
 import pytest
 from prometheus_client import REGISTRY
@@ -14,7 +16,12 @@ from prometheus_client import REGISTRY
 from portal.delivery.engine import Dispatcher, EngineSettings, Pace
 from portal.delivery.jobs import dispatch_job
 from portal.jobreport import NoProgress
-from portal.operations.scheduler import SWITCH_INTERVAL_SECONDS, PortalScheduler, install
+from portal.operations.scheduler import (
+    SWITCH_INTERVAL_SECONDS,
+    PortalScheduler,
+    install,
+    lower_thread_priority,
+)
 from tests.delivery.test_engine import _launch, _subscribe
 
 
@@ -126,6 +133,67 @@ def test_the_web_workers_scheduler_paces_dispatch_and_a_scheduler_process_does_n
     setting = push_app.extensions["portal"].settings.dispatch_web_cpu_share
     assert setting == 0.1  # the documented default
     assert shares == [1.0, 1.0, setting]
+    web.shutdown()
+    standalone.shutdown()
+
+
+def _niceness() -> int:
+    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+
+def _in_a_thread(work) -> None:
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join(10)
+
+
+linux_only = pytest.mark.skipif(
+    sys.platform != "linux", reason="a niceness of its own for each thread is Linux's"
+)
+
+
+@linux_only
+def test_a_lowered_thread_and_the_threads_it_starts_run_below_the_rest_of_the_process():
+    base = _niceness()
+    seen: dict[str, int] = {}
+
+    def job() -> None:
+        lower_thread_priority(10)
+        seen["job"] = _niceness()
+        _in_a_thread(lambda: seen.__setitem__("started by it", _niceness()))
+        lower_thread_priority(5)  # once a thread is lowered it stays so, never back up
+        seen["again"] = _niceness()
+
+    _in_a_thread(job)
+    assert seen == dict.fromkeys(("job", "started by it", "again"), max(base, 10))
+    assert _niceness() == base  # the rest of the process: as it was
+    # 0 changes nothing.
+    _in_a_thread(lambda: (lower_thread_priority(0), seen.__setitem__("zero", _niceness())))
+    assert seen["zero"] == base
+
+
+@linux_only
+def test_the_web_workers_job_threads_run_below_the_pages_and_a_scheduler_processs_do_not(
+    push_app, monkeypatch
+):
+    niceness: list[int] = []
+    monkeypatch.setattr(
+        "portal.jobs.run_job",
+        lambda app, name, **kwargs: niceness.append(_niceness()) or SimpleNamespace(processed=0),
+    )
+    base = _niceness()
+    standalone = PortalScheduler(push_app)  # `portal scheduler`'s
+    standalone.scheduler = _NoJobs()
+    standalone.start()
+    _in_a_thread(lambda: standalone._tick("dispatch"))
+    web = install(push_app)  # a web worker's, started by its first request
+    web.scheduler = _NoJobs()
+    monkeypatch.setattr(sys, "setswitchinterval", _SwitchInterval(sys.getswitchinterval()))
+    assert push_app.test_client().get("/healthz").status_code == 200
+    assert web.niceness == push_app.extensions["portal"].settings.dispatch_web_nice == 10
+    _in_a_thread(lambda: web._tick("dispatch"))
+    assert niceness == [base, max(base, 10)]
+    assert _niceness() == base  # the request threads' niceness is untouched
     web.shutdown()
     standalone.shutdown()
 
