@@ -190,11 +190,16 @@ def beside_campaign(
                 window = time.monotonic() - opened
                 during.phase = "sending"
                 during.msg_per_s = (answered(after) - answered(before)) / window
-                if status != "sending" or not after.get("queued"):
+                if status != "sending":
                     # Finished inside the window: its rate covers part of it only.
                     during.note = f"the campaign was {status} by the window's end"
                     during.msg_per_s = None
-                print(f"    campaign: {during.msg_per_s or 0:,.0f} msg/s in the window", flush=True)
+                elif not after.get("queued"):
+                    # Still sending, but nothing waiting in the queue at the end (all of it
+                    # claimed, or the rest not materialised yet): the rate may understate.
+                    during.note = "nothing was queued at the window's end"
+                rate = "-" if during.msg_per_s is None else f"{during.msg_per_s:,.0f}"
+                print(f"    campaign: {rate} msg/s in the window {during.note}", flush=True)
                 note = wait_finished(pg_url, campaign_id, started, 1800)
                 print(f"    {note}", flush=True)
                 notes.append(f"{kind}'s campaign: {note}")
@@ -222,8 +227,8 @@ def beside_table(results: list[Result]) -> str:
         for r in (idle, during):
             ratio = f"{r.p99_ms / idle.p99_ms:.2f}×" if r is during and idle.p99_ms else ""
             rate = "" if r.msg_per_s is None else f"{r.msg_per_s:,.0f}"
-            if r is during and r.msg_per_s is None:
-                rate = r.note
+            if r is during and r.note:
+                rate = f"{rate} ({r.note})" if rate else r.note
             lines.append(
                 f"| {r.sender} | {r.scenario} | {r.phase} | {r.requests:,} | {r.rps:,.1f} "
                 f"| {r.p50_ms:.1f} | {r.p99_ms:.1f} | {r.errors} | {ratio} | {rate} |"
