@@ -358,7 +358,8 @@ def main() -> int:
     print(beside_table(results + contrast))
     setup = (
         f"gunicorn `-c gunicorn.conf.py` (gthread), {args.workers} workers × {args.threads} "
-        f"threads, production mode, the embedded scheduler on in every worker (or, for the "
+        f"threads, production mode, the embedded scheduler on in every worker, its job "
+        f"threads at the niceness `DISPATCH_WEB_NICE` sets (10 unless --env sets it) (or, for the "
         f"rows marked `portal scheduler`, off, with {args.dedicated or 'N'} `flask portal "
         f"scheduler` processes at nice {args.nice} sending beside them); wrk "
         f"{args.wrk_threads} threads, {args.connections} keep-alive connections, "
