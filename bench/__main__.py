@@ -38,6 +38,8 @@ from typing import Any
 
 import psycopg
 
+from bench.contract import first_row
+
 ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS = (
     "audience",
@@ -139,7 +141,7 @@ def machine(admin_url: str) -> dict[str, str]:
             memory_kb = int(line.split()[1])
     try:
         with psycopg.connect(admin_url, connect_timeout=5) as conn:
-            postgres = conn.execute("SHOW server_version").fetchone()[0]
+            postgres = first_row(conn.execute("SHOW server_version"))[0]
     except psycopg.Error as error:
         postgres = f"unknown ({type(error).__name__})"
     commit = subprocess.run(

@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench import pages  # noqa: E402
 from bench.audience import create_database, database_urls, drop_database, populate  # noqa: E402
+from bench.contract import first_row  # noqa: E402
 from portal.identity import preference_link_token  # noqa: E402
 
 BASE = "https://portal.bench.example"
@@ -115,14 +116,16 @@ def main() -> int:
                     dispatcher = dispatcher_for(app)
                     while True:
                         dispatcher.tick()
-                        (status,) = conn.execute(
-                            "SELECT status FROM campaign WHERE id = %s", (campaign,)
-                        ).fetchone()
+                        (status,) = first_row(
+                            conn.execute("SELECT status FROM campaign WHERE id = %s", (campaign,))
+                        )
                         if status not in ("scheduled", "sending"):
                             break
-                (sent,) = conn.execute(
-                    "SELECT count(*) FROM delivery WHERE campaign_id = %s", (campaign,)
-                ).fetchone()
+                (sent,) = first_row(
+                    conn.execute(
+                        "SELECT count(*) FROM delivery WHERE campaign_id = %s", (campaign,)
+                    )
+                )
             print(
                 f"| campaign: {sent:,} deliveries, {status} in "
                 f"{time.perf_counter() - started:.0f} s | | | | | | |",

@@ -31,7 +31,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.orm import Session
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.contract import Figure, add_arguments, write
+from bench.contract import Figure, add_arguments, first_row, write
 from portal.config import normalise_database_url
 from portal.consent.recipients import recipient_query, recipients
 from portal.db import create_engine
@@ -347,7 +347,7 @@ def populate(sa_url: str, n: int) -> None:
         _chunked(conn, "subscriber", SUBSCRIBERS, n)
         _chunked(conn, "subscription", SUBSCRIPTIONS, n)
         _chunked(conn, "rotated", ROTATED, n)
-        ids = dict(conn.execute(sa.text("SELECT slug, id FROM topic")).all())
+        ids: dict[str, int] = dict(conn.execute(sa.text("SELECT slug, id FROM topic")).all())
         pref_started = time.perf_counter()
         for k, (slug, _, _, _, _, p_in, p_out, p_unset) in enumerate(TOPICS, start=1):
             conn.execute(
@@ -456,12 +456,12 @@ def run_psql(pg_url: str, sql: str) -> float:
 
 def measure(pg_url: str, sa_url: str, slugs: list[str], repeats: int) -> list[Measure]:
     with psycopg.connect(pg_url) as conn:
-        ids = dict(conn.execute("SELECT slug, id FROM topic").fetchall())
+        ids: dict[str, int] = dict(conn.execute("SELECT slug, id FROM topic").fetchall())
         results = []
         for slug in slugs:
             # Also warms the cache, so no side is timed against a cold one.
             count = conn.execute(f"SELECT count(*) FROM ({compiled_sql(ids[slug])}) AS q")
-            results.append(Measure(slug, count.fetchone()[0]))
+            results.append(Measure(slug, first_row(count)[0]))
     for rep in range(1, repeats + 1):
         # Interleaved, so a slow patch of the machine hits both sides alike.
         for m in results:
@@ -568,7 +568,7 @@ def main(argv: list[str] | None = None) -> int:
             populate(sa_url, args.subscribers)
         describe(pg_url)
         with psycopg.connect(pg_url) as conn:
-            version = conn.execute("SHOW server_version").fetchone()[0]
+            version = first_row(conn.execute("SHOW server_version"))[0]
         print(f"machine: {machine()}, PostgreSQL {version}, load {os.getloadavg()[0]:.1f}")
         print(f"measuring {args.topics} × {args.repeats}, interleaved:")
         results = measure(pg_url, sa_url, args.topics.split(","), args.repeats)

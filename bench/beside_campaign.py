@@ -47,7 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.audience import TOPICS, create_database, database_urls, drop_database, populate  # noqa: E402
-from bench.contract import Figure, add_arguments, write  # noqa: E402
+from bench.contract import Figure, add_arguments, first_row, write  # noqa: E402
 from bench.pages import (  # noqa: E402
     Result,
     Subscribes,
@@ -320,7 +320,7 @@ def main() -> int:
     try:
         populate(sa_url, args.subscribers)
         with psycopg.connect(pg_url) as conn:
-            version = conn.execute("SHOW server_version").fetchone()[0].split()[0]
+            version = first_row(conn.execute("SHOW server_version"))[0].split()[0]
         with tempfile.TemporaryDirectory(prefix="bench-beside-") as folder:
             environ = portal_environ(sa_url, Path(folder) / "instance") | extra
             signer = Flask("bench")

@@ -213,11 +213,11 @@ def populate(
     campaigns.append((sending, False, sending_size, "1 hour"))
     with Session(engine) as session, session.begin():
         have = set(partitions.months(session))
-        made = {
+        finished_months = {
             partitions.Month.of(now - dt.timedelta(days=(finished - n) * 7 + 7))
             for n in range(finished)
         }
-        for month in sorted((made | {partitions.Month.of(now)}) - have):
+        for month in sorted((finished_months | {partitions.Month.of(now)}) - have):
             partitions.create(session, month, lock_timeout_ms=60_000)
     for number, (campaign, done, size, age) in enumerate(campaigns):
         with engine.begin() as conn:
@@ -381,6 +381,9 @@ class Claimer:
 
 class _NoTransport:
     """The claim never sends; the dispatcher only keeps its transport."""
+
+    def send(self, request: Any) -> Any:  # pragma: no cover - never called
+        raise AssertionError("the claims bench sends nothing")
 
     def send_batch(self, requests: Any) -> Any:  # pragma: no cover - never called
         raise AssertionError("the claims bench sends nothing")

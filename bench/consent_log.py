@@ -36,7 +36,7 @@ import psycopg
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.contract import Figure, add_arguments, write  # noqa: E402
+from bench.contract import Figure, add_arguments, first_row, write  # noqa: E402
 
 ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/test"
 
@@ -392,11 +392,14 @@ def _pgbench(mode: str, writers: int, per_commit: int, seconds: float) -> dict[s
 def _chain_linked(url: str) -> dict[str, Any]:
     """The SQL baseline's chain: every event's prev_hash is the previous event's hash."""
     with psycopg.connect(url.replace("+psycopg", "")) as conn:
-        broken = conn.execute(
-            "SELECT count(*) FROM (SELECT prev_hash, lag(hash) OVER (ORDER BY seq) AS before, "
-            "seq FROM consent_event) AS t WHERE seq > 1 AND prev_hash IS DISTINCT FROM before"
-        ).fetchone()[0]
-        size = conn.execute("SELECT count(*) FROM consent_event").fetchone()[0]
+        broken = first_row(
+            conn.execute(
+                "SELECT count(*) FROM (SELECT prev_hash, lag(hash) OVER (ORDER BY seq) AS "
+                "before, seq FROM consent_event) AS t "
+                "WHERE seq > 1 AND prev_hash IS DISTINCT FROM before"
+            )
+        )[0]
+        size = first_row(conn.execute("SELECT count(*) FROM consent_event"))[0]
     return {"verified": broken == 0, "tree_size": size}
 
 

@@ -22,6 +22,15 @@ from pathlib import Path
 from typing import Any
 
 
+def first_row(cursor: Any) -> Any:
+    """The row a query that always answers one (``SHOW``, ``count(*)``, a row known to
+    exist) answered; its absence is the benchmark's error, said plainly."""
+    row = cursor.fetchone()
+    if row is None:
+        raise SystemExit("a query that always answers a row answered none")
+    return row
+
+
 @dataclass
 class Figure:
     figure: str

@@ -43,7 +43,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -76,7 +76,8 @@ def fold_steps(app: object, campaign_id: uuid.UUID, ids: list[int]) -> dict[str,
     from portal.campaigns import funnel, tally
     from portal.delivery.models import Delivery, DeliveryReceipt
 
-    d, r = Delivery.__table__, DeliveryReceipt.__table__
+    d = cast(sa.Table, Delivery.__table__)
+    r = cast(sa.Table, DeliveryReceipt.__table__)
     chosen = sa.and_(d.c.campaign_id == campaign_id, d.c.id.in_(ids))
     engine = app.extensions["portal.db"].engine  # type: ignore[attr-defined]
     taken: dict[str, float] = {}
@@ -349,9 +350,9 @@ def main() -> int:
     url = _url_for(args.admin_url, args.database)
     load_before = os.getloadavg()
     started = time.perf_counter()
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{args.database}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{args.database}"')
+    with psycopg.connect(admin, autocommit=True) as server:
+        server.execute(f'DROP DATABASE IF EXISTS "{args.database}" WITH (FORCE)')
+        server.execute(f'CREATE DATABASE "{args.database}"')
     engine = create_engine(url)
     runs: list[FoldRun] = []
     try:
@@ -481,8 +482,8 @@ def main() -> int:
                 claimer.engine.dispose()
     finally:
         engine.dispose()
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{args.database}" WITH (FORCE)')
+        with psycopg.connect(admin, autocommit=True) as server:
+            server.execute(f'DROP DATABASE IF EXISTS "{args.database}" WITH (FORCE)')
     load_after = os.getloadavg()
     seconds = time.perf_counter() - started
 

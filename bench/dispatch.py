@@ -246,6 +246,7 @@ def populate(
         conn.execute(sa.text("SET synchronous_commit = off"))  # a throwaway database
         conn.execute(sa.text(KEYS_TABLE))
         raw = conn.connection.driver_connection
+        assert raw is not None  # a live connection's psycopg one
         with raw.cursor().copy("COPY bench.keys (k, token, p256dh, auth_sealed) FROM STDIN") as cp:
             for k, (token, p256dh, sealed) in enumerate(keys):
                 cp.write_row((k, token, p256dh, sealed))
@@ -281,7 +282,7 @@ def populate(
             conn.commit()
             if n > CHUNK:
                 print(f"  {hi:>10,} / {n:,} subscriptions", flush=True)
-        ids = dict(conn.execute(sa.text("SELECT slug, id FROM topic")).all())
+        ids: dict[str, int] = dict(conn.execute(sa.text("SELECT slug, id FROM topic")).all())
         for k, size in enumerate(opt_in_topics, start=1):
             conn.execute(
                 sa.text(OPT_INS),
@@ -500,7 +501,7 @@ def outcome(app: Any, campaign_id: uuid.UUID, seconds: float, ticks: int) -> Cam
     d = Delivery.__table__
     with db.begin(app) as session:
         status = session.scalars(sa.select(Campaign.status).where(Campaign.id == campaign_id)).one()
-        counts = dict(
+        counts: dict[str, int] = dict(
             session.execute(
                 sa.select(d.c.status, sa.func.count())
                 .where(d.c.campaign_id == campaign_id)

@@ -45,7 +45,7 @@ import requests
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.contract import Figure, add_arguments, write  # noqa: E402
+from bench.contract import Figure, add_arguments, first_row, write  # noqa: E402
 from portal.config import Settings, normalise_database_url  # noqa: E402
 from portal.seams import current_portal  # noqa: E402
 
@@ -198,8 +198,8 @@ class Server:
     def memory(self) -> tuple[int, int]:
         """(resident now, peak resident) of the worker, in kB."""
         status = Path(f"/proc/{self.worker_pid()}/status").read_text()
-        now = int(re.search(r"VmRSS:\s+(\d+)", status).group(1))
-        peak = int(re.search(r"VmHWM:\s+(\d+)", status).group(1))
+        now = int(_field(r"VmRSS:\s+(\d+)", status))
+        peak = int(_field(r"VmHWM:\s+(\d+)", status))
         return now, peak
 
     def reset_peak(self) -> None:
@@ -215,8 +215,16 @@ class Server:
             self.process.wait()
 
 
+def _field(pattern: str, text: str) -> str:
+    """The first group of ``pattern`` in ``text``, which must be there."""
+    found = re.search(pattern, text)
+    if found is None:
+        raise SystemExit(f"not found: {pattern}")
+    return found.group(1)
+
+
 def _token(html: str) -> str:
-    return re.search(r'name="csrf_token"(?: type="hidden")? value="([^"]+)"', html).group(1)
+    return _field(r'name="csrf_token"(?: type="hidden")? value="([^"]+)"', html)
 
 
 def sign_in(base: str) -> requests.Session:
@@ -406,7 +414,7 @@ def main() -> None:
 
 def _pg_version(admin_url: str) -> str:
     with psycopg.connect(admin_url) as conn:
-        return conn.execute("SHOW server_version").fetchone()[0].split()[0]
+        return first_row(conn.execute("SHOW server_version"))[0].split()[0]
 
 
 if __name__ == "__main__":

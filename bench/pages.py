@@ -79,7 +79,7 @@ from bench.audience import (  # noqa: E402
     drop_database,
     populate,
 )
-from bench.contract import Figure, add_arguments, write  # noqa: E402
+from bench.contract import Figure, add_arguments, first_row, write  # noqa: E402
 from portal.config import b64url_encode, generate_signing_key, generate_vapid_keys  # noqa: E402
 from portal.identity import preference_link_token  # noqa: E402
 
@@ -386,10 +386,10 @@ def launch_campaign(pg_url: str, topic: str, body: str) -> uuid.UUID:
 def campaign_counts(pg_url: str, campaign_id: uuid.UUID) -> tuple[str, dict[str, int]]:
     """The campaign's status and its deliveries per status."""
     with psycopg.connect(pg_url, autocommit=True) as conn:
-        status = conn.execute(
-            "SELECT status FROM campaign WHERE id = %s", (campaign_id,)
-        ).fetchone()[0]
-        counts = dict(
+        status = first_row(
+            conn.execute("SELECT status FROM campaign WHERE id = %s", (campaign_id,))
+        )[0]
+        counts: dict[str, int] = dict(
             conn.execute(
                 "SELECT status, count(*) FROM delivery WHERE campaign_id = %s GROUP BY status",
                 (campaign_id,),
@@ -429,10 +429,12 @@ def wait_for_jobs(pg_url: str, timeout: float = 600) -> str:
     started = time.monotonic()
     with psycopg.connect(pg_url, autocommit=True) as conn:
         while True:
-            running, done = conn.execute(
-                "SELECT count(*) FILTER (WHERE seconds IS NULL), count(*) FROM job_run "
-                "WHERE name <> 'dispatch'"
-            ).fetchone()
+            running, done = first_row(
+                conn.execute(
+                    "SELECT count(*) FILTER (WHERE seconds IS NULL), count(*) FROM job_run "
+                    "WHERE name <> 'dispatch'"
+                )
+            )
             if done and not running:
                 break
             if time.monotonic() - started > timeout:
@@ -879,7 +881,7 @@ def main() -> int:
     try:
         populate(sa_url, args.subscribers)
         with psycopg.connect(pg_url) as conn:
-            version = conn.execute("SHOW server_version").fetchone()[0].split()[0]
+            version = first_row(conn.execute("SHOW server_version"))[0].split()[0]
         with tempfile.TemporaryDirectory(prefix="bench-pages-") as folder:
             log = Path(folder) / "gunicorn.log"
             environ = portal_environ(sa_url, Path(folder) / "instance") | extra

@@ -127,6 +127,7 @@ def make_receipt(folder: Path, choices: int, log_size: int) -> tuple[dict[str, A
             pass
     with app.app_context():
         subscriber = db.session.get(Subscriber, person)
+        assert subscriber is not None  # made above
         document = receipts.build_receipt(
             db.session,
             subscriber,
