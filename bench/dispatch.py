@@ -102,7 +102,7 @@ import sqlalchemy as sa  # noqa: E402
 from pywebpush import Vapid, WebPusher, webpush  # noqa: E402
 from sqlalchemy.engine import URL, make_url  # noqa: E402
 
-from bench.contract import Figure, write  # noqa: E402
+from bench.contract import Figure, first_row, write  # noqa: E402
 from portal import create_app  # noqa: E402
 from portal.campaigns.models import Campaign  # noqa: E402
 from portal.campaigns.services import CampaignDraft, create_campaign, payload  # noqa: E402
@@ -1401,8 +1401,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     started = time.perf_counter()
     with psycopg.connect(args.admin_url, autocommit=True) as conn:
-        version = conn.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
-        server_autovacuum = conn.execute("SHOW autovacuum").fetchone()[0]  # type: ignore[index]
+        version = first_row(conn.execute("SHOW server_version"))[0]
+        server_autovacuum = first_row(conn.execute("SHOW autovacuum"))[0]
         if args.autovacuum == "on" and server_autovacuum != "on":
             # For this run only: ALTER SYSTEM's value is removed again at the end.
             conn.execute("ALTER SYSTEM SET autovacuum = on")
