@@ -53,6 +53,7 @@ BENCHMARKS = (
     "delivery_retention",
     "funnel",
     "consent_log",
+    "preference_save",
     "receipt",
 )
 ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/test"

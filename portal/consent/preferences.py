@@ -12,13 +12,17 @@ import enum
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.attributes import set_committed_value
 
 from portal.consent import catalogue, log
 from portal.consent.catalogue import active_topics
 from portal.consent.models import EventKind, PreferenceState, Source, Topic, TopicPreference
+from portal.db import is_postgres
 from portal.errors import ValidationError
 from portal.subscriptions.models import Subscriber
 
@@ -305,21 +309,56 @@ def apply_decisions(
         ],
     )
     changes: list[Change] = []
+    written: dict[int, dict[str, object]] = {}
     for (decision, previous, new), seq in zip(transitions, sequence, strict=True):
-        row = rows.get(decision.topic.id)
-        if row is None:
-            row = TopicPreference(subscriber_id=subscriber_id, topic_id=decision.topic.id)
-            session.add(row)
-            rows[decision.topic.id] = row
-        row.state = new
-        row.source = source
-        row.policy_version = policy_version
-        row.decided_at = decided_at
-        row.recorded_at = recorded_at
-        row.event_seq = seq
+        # A topic decided twice in one call keeps its last step.
+        written[decision.topic.id] = {
+            "subscriber_id": subscriber_id,
+            "topic_id": decision.topic.id,
+            "state": new,
+            "source": source,
+            "policy_version": policy_version,
+            "decided_at": decided_at,
+            "recorded_at": recorded_at,
+            "event_seq": seq,
+        }
         changes.append(Change(decision.topic, previous, new, seq))
-    session.flush()
+    if written:
+        _write_preferences(session, list(written.values()))
+        # The rows this session holds already show what was written, as a flush would
+        # have left them (set as committed values: nothing for a later flush to do).
+        for topic_id, values in written.items():
+            if (row := rows.get(topic_id)) is not None:
+                for column in _WRITTEN_COLUMNS:
+                    set_committed_value(row, column, values[column])
+    session.flush()  # anything else the caller has pending, as before
     return changes
+
+
+_WRITTEN_COLUMNS = ("state", "source", "policy_version", "decided_at", "recorded_at", "event_seq")
+
+
+def _upsert(insert: postgresql.Insert | sqlite.Insert) -> sa.Executable:
+    return insert.on_conflict_do_update(
+        index_elements=[insert.table.c.subscriber_id, insert.table.c.topic_id],
+        set_={column: insert.excluded[column] for column in _WRITTEN_COLUMNS},
+    )
+
+
+# Built once: run by every save that changes something (its rows as parameters, which the
+# driver sends as one multi-row INSERT).
+_preferences = cast(sa.Table, TopicPreference.__table__)
+_WRITE_PREFERENCES = {
+    "postgresql": _upsert(postgresql.insert(_preferences)),
+    "sqlite": _upsert(sqlite.insert(_preferences)),
+}
+
+
+def _write_preferences(session: Session, values: list[dict[str, object]]) -> None:
+    """Every changed topic of one save written at once: a row inserted, or the stored one
+    updated (the person's row lock is held, so no other save races it). In place of the
+    unit of work's flush, whose bookkeeping cost a save more CPU than its SQL."""
+    session.execute(_WRITE_PREFERENCES["postgresql" if is_postgres(session) else "sqlite"], values)
 
 
 def choices_to_reconfirm(views: Sequence[TopicView], current_version: str) -> list[Decision]:

@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from portal.consent import catalogue, log
-from portal.consent.models import PreferenceState
-from portal.consent.preferences import Decision, apply_decisions
+from portal.consent.models import PreferenceState, TopicPreference
+from portal.consent.preferences import Decision, apply_decisions, preference_rows
 from portal.consent.tree import verify_chain
 from portal.db import db, uuid7
 from portal.identity import sign_assertion
@@ -111,6 +111,67 @@ def test_only_real_transitions_are_logged(catalogue_ready, engine, clock):
     withdrawn = _decide(catalogue_ready, clock, who, [("offers", "opt_out")])
     assert [(c.previous, c.new) for c in withdrawn] == [("opt_in", "opt_out")]
     assert count_rows(engine, "topic_preference") == 1  # a withdrawal never deletes
+
+
+def test_a_topic_decided_twice_in_one_call_is_stored_as_its_last_step(
+    catalogue_ready, engine, clock
+):
+    who = _subscriber(catalogue_ready, clock)
+    changes = _decide(catalogue_ready, clock, who, [("offers", "opt_in"), ("offers", "opt_out")])
+    assert [(c.previous, c.new) for c in changes] == [("unset", "opt_in"), ("opt_in", "opt_out")]
+    with engine.connect() as conn:
+        stored = conn.execute(sa.text("SELECT state, event_seq FROM topic_preference")).one()
+    assert tuple(stored) == ("opt_out", changes[-1].event_seq)
+
+
+def test_the_rows_a_session_holds_show_the_save_with_nothing_left_to_flush(
+    catalogue_ready, engine, clock
+):
+    """The save writes each changed topic in one statement; the preference objects the
+    caller's session already holds read as the database does, and none is left dirty."""
+    app = catalogue_ready
+    who = _subscriber(app, clock)
+    _decide(app, clock, who, [("offers", "opt_in"), ("weekly-digest", "opt_in")])
+    clock.advance(seconds=5)
+    with db.begin(app) as session:
+        held = preference_rows(session, who)
+        topics = {t.slug: t for t in catalogue.active_topics(session)}
+        changes = apply_decisions(
+            session,
+            who,
+            [
+                Decision(topics["offers"], PreferenceState.OPT_OUT),
+                Decision(topics["order-updates"], PreferenceState.OPT_IN),
+            ],
+            source="api",
+            policy_version="v1",
+            decided_at=clock.now(),
+            recorded_at=clock.now(),
+        )
+        offers = held[topics["offers"].id]
+        assert (offers.state, offers.source, offers.recorded_at, offers.event_seq) == (
+            "opt_out",
+            "api",
+            clock.now(),
+            changes[0].event_seq,
+        )
+        assert not session.dirty and not session.new
+        assert held[topics["weekly-digest"].id].state == "opt_in"  # untouched
+        again = preference_rows(session, who)
+        assert again[topics["order-updates"].id].event_seq == changes[1].event_seq
+    with engine.connect() as conn:
+        stored = dict(
+            conn.execute(
+                sa.select(TopicPreference.topic_id, TopicPreference.state).where(
+                    TopicPreference.subscriber_id == who
+                )
+            ).all()
+        )
+    assert stored == {
+        topics["offers"].id: "opt_out",
+        topics["weekly-digest"].id: "opt_in",
+        topics["order-updates"].id: "opt_in",
+    }
 
 
 @pytest.mark.parametrize(
