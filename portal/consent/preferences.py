@@ -324,7 +324,9 @@ def apply_decisions(
         }
         changes.append(Change(decision.topic, previous, new, seq))
     if written:
-        _write_preferences(session, list(written.values()))
+        # In topic order, as the unit of work ordered its UPDATEs: rows are locked in one
+        # order by every writer.
+        _write_preferences(session, [written[topic_id] for topic_id in sorted(written)])
         # The rows this session holds already show what was written, as a flush would
         # have left them (set as committed values: nothing for a later flush to do).
         for topic_id, values in written.items():
