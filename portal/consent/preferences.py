@@ -347,8 +347,9 @@ def _upsert(insert: postgresql.Insert | sqlite.Insert) -> sa.Executable:
     )
 
 
-# Built once: run by every save that changes something (its rows as parameters, which the
-# driver sends as one multi-row INSERT).
+# Built once: run by every save that changes something, with a parameter set per changed
+# row (on PostgreSQL psycopg sends them in one pipeline, one round trip, as it did the unit
+# of work's UPDATEs).
 _preferences = cast(sa.Table, TopicPreference.__table__)
 _WRITE_PREFERENCES = {
     "postgresql": _upsert(postgresql.insert(_preferences)),
@@ -357,8 +358,8 @@ _WRITE_PREFERENCES = {
 
 
 def _write_preferences(session: Session, values: list[dict[str, object]]) -> None:
-    """Every changed topic of one save written at once: a row inserted, or the stored one
-    updated (the person's row lock is held, so no other save races it). In place of the
+    """Every changed topic of one save written by one upsert: a row inserted, or the stored
+    one updated (the person's row lock is held, so no other save races it). In place of the
     unit of work's flush, whose bookkeeping cost a save more CPU than its SQL."""
     session.execute(_WRITE_PREFERENCES["postgresql" if is_postgres(session) else "sqlite"], values)
 

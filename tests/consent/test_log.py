@@ -127,7 +127,7 @@ def test_a_topic_decided_twice_in_one_call_is_stored_as_its_last_step(
 def test_the_rows_a_session_holds_show_the_save_with_nothing_left_to_flush(
     catalogue_ready, engine, clock
 ):
-    """The save writes each changed topic in one statement; the preference objects the
+    """The save writes its changed topics with one upsert; the preference objects the
     caller's session already holds read as the database does, and none is left dirty."""
     app = catalogue_ready
     who = _subscriber(app, clock)
