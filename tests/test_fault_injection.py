@@ -192,7 +192,9 @@ def served(app_url: str, tmp_path: Path):
                 now=now,
             )
     server = make_server("127.0.0.1", 0, app, threaded=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+    )
     thread.start()
     try:
         yield app, f"http://127.0.0.1:{server.server_port}"

@@ -138,7 +138,11 @@ def server(database_url: str, tmp_path: Path) -> Iterator[LiveServer]:
     app = create_app(settings, clock=SystemClock(), passwords=Passwords(FAST_HASHER))
     seed(app)  # the demo topics and policy "2026-01", as a fresh development start has
     httpd: BaseWSGIServer = make_server("127.0.0.1", 0, app, threaded=True)
-    thread = threading.Thread(target=httpd.serve_forever, name="live-server", daemon=True)
+    # A short poll: shutdown() waits for the loop to look up, half a second by default,
+    # and every browser test ends with it.
+    thread = threading.Thread(
+        target=httpd.serve_forever, kwargs={"poll_interval": 0.02}, name="live-server", daemon=True
+    )
     thread.start()
     try:
         yield LiveServer(f"http://127.0.0.1:{httpd.server_port}", app)
