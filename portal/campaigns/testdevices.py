@@ -226,7 +226,14 @@ def parse_choice(values: Iterable[str]) -> list[int]:
     chosen: list[int] = []
     for value in values:
         text = value.strip()
-        if not text.isascii() or not text.isdigit() or not 1 <= int(text[:12]) <= MAX_ID:
+        # The length first: leading zeros would carry a number past MAX_ID into the
+        # query (a database error), and thousands of digits past int()'s own limit.
+        if (
+            not text.isascii()
+            or not text.isdigit()
+            or len(text) > len(str(MAX_ID))
+            or not 1 <= int(text) <= MAX_ID
+        ):
             raise DeviceChoiceError(
                 "invalid_device", "A device in the choice is not a device number"
             )

@@ -343,6 +343,10 @@ def attacker_world(app, staff, sign_in, fake_push):
         (lambda ids: ["0"], 422, "not a device number"),
         (lambda ids: ["９"], 422, "not a device number"),  # a full-width digit
         (lambda ids: ["9" * 40], 422, "not a device number"),
+        # Leading zeros: short enough at the front, too big whole (once a database error).
+        (lambda ids: ["0000000000019999999999999999999"], 422, "not a device number"),
+        (lambda ids: ["000000000001" + "0" * 5000], 422, "not a device number"),
+        (lambda ids: [f"{2**31}"], 422, "not a device number"),
         (lambda ids: ["019a0b6e-5f2c-7c1e-9a3d-1234567890ab"], 422, "not a device number"),
     ],
     ids=[
@@ -358,6 +362,9 @@ def attacker_world(app, staff, sign_in, fake_push):
         "zero",
         "full-width",
         "huge",
+        "leading-zeros-then-huge",
+        "more-digits-than-int-reads",
+        "one-past-the-largest-id",
         "a-uuid-from-another-table",
     ],
 )
