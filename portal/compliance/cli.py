@@ -7,7 +7,6 @@ BUNDLE`` runs the same check where only the package is installed.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import socket
 import sys
 import uuid
@@ -26,7 +25,7 @@ from portal.compliance.export import (
 )
 from portal.compliance.signing import SigningKey, SigningKeyMissing, parse_public_key
 from portal.compliance.verify import BundleError, LaterHead, parse_log_key, verify_bundle
-from portal.consent import merkle
+from portal.consent import merkle, receipt_check
 from portal.db import db
 from portal.seams import current_portal
 from portal.staff.audit import command_line_actor
@@ -213,14 +212,14 @@ def _later_head(head_file: Path | None, proof_file: Path | None) -> LaterHead | 
     if head_file is None or proof_file is None:
         raise click.UsageError("--tree-head and --consistency go together")
     try:
-        head = merkle.TreeHead.from_json(json.loads(head_file.read_text()))
-    except (ValueError, UnicodeDecodeError, RecursionError) as error:
+        head = merkle.TreeHead.from_json(receipt_check.load(head_file.read_bytes()))
+    except (ValueError, receipt_check.ReceiptError) as error:
         raise click.BadParameter(
             f"not a signed tree head ({error})", param_hint="--tree-head"
         ) from None
     try:
-        proof = merkle.ConsistencyProof.from_json(json.loads(proof_file.read_text()))
-    except (ValueError, UnicodeDecodeError, RecursionError) as error:
+        proof = merkle.ConsistencyProof.from_json(receipt_check.load(proof_file.read_bytes()))
+    except (ValueError, receipt_check.ReceiptError) as error:
         raise click.BadParameter(
             f"not a consistency proof ({error})", param_hint="--consistency"
         ) from None

@@ -13,7 +13,7 @@ import click
 from flask.cli import AppGroup
 
 from portal.cli import ClickProgress
-from portal.compliance.verify import BundleError, bundle_anchors
+from portal.compliance.verify import BundleError, bundle_anchors, parse_log_key
 from portal.consent import catalogue, merkle, receipt_check, tree
 from portal.db import db
 from portal.errors import ApiError
@@ -173,17 +173,27 @@ def _anchor(value: str) -> tuple[int, bytes]:
     type=click.Path(dir_okay=False, path_type=Path),
     help="Write the verified latest signed tree head here, to check against later.",
 )
+@click.option(
+    "--log-key",
+    "log_keys",
+    multiple=True,
+    help="An earlier key of the consent log (base64, or a file with GET "
+    "/api/consent-log/key's JSON) whose heads to trust beside this deployment's own: "
+    "after CONSENT_LOG_SIGNING_KEY changed, for the heads signed before. Repeatable.",
+)
 def verify_log(
     anchor_values: tuple[str, ...],
     bundles: tuple[Path, ...],
     tree_head_file: Path | None,
+    log_keys: tuple[str, ...],
     save_file: Path | None,
 ) -> None:
     """Check the consent log's Merkle tree; exit 1 naming the first bad event.
 
     Every leaf is recomputed from its event, the root from the leaves, and the latest
     signed tree head's root and signature are checked (with the log key of this
-    deployment); the events from before the tree keep their hash chain, checked too.
+    deployment, or an earlier one given with ``--log-key``); the events from before the
+    tree keep their hash chain, checked too.
     A tree head saved earlier (``--tree-head``) shows history rewritten since, and
     anchors kept outside the database show the newest events removed.
     """
@@ -197,12 +207,19 @@ def verify_log(
     saved = None
     if tree_head_file is not None:
         try:
-            saved = merkle.TreeHead.from_json(json.loads(tree_head_file.read_text()))
-        except (ValueError, UnicodeDecodeError) as error:
+            saved = merkle.TreeHead.from_json(receipt_check.load(tree_head_file.read_bytes()))
+        except (ValueError, receipt_check.ReceiptError) as error:
             click.echo(f"error: {tree_head_file} is not a signed tree head ({error})", err=True)
             sys.exit(1)
     key_text = current_portal().settings.consent_log_signing_key
-    public_key = tree.signing_key(key_text).public_key() if key_text else None
+    trusted = [tree.signing_key(key_text).public_key()] if key_text else []
+    for log_key in log_keys:
+        try:
+            if not log_key.strip():
+                raise ValueError("the log key is empty")
+            trusted.append(parse_log_key(log_key))
+        except ValueError as error:
+            raise click.BadParameter(str(error), param_hint="--log-key") from None
     with db.engine.connect() as connection:
         total = connection.exec_driver_sql("SELECT count(*) FROM consent_event").scalar_one()
         progress = ClickProgress("verify-log")
@@ -212,7 +229,7 @@ def verify_log(
                 connection,
                 progress=progress,
                 anchors=anchors,
-                public_key=public_key,
+                log_keys=trusted,
                 saved_head=saved,
             )
         finally:

@@ -512,15 +512,17 @@ def verify_log(
     batch: int = 5000,
     progress: Any = None,
     anchors: Mapping[int, bytes] | None = None,
-    public_key: ed25519.Ed25519PublicKey | None = None,
+    log_keys: Sequence[ed25519.Ed25519PublicKey] = (),
     saved_head: merkle.TreeHead | None = None,
 ) -> ChainReport:
     """Walk the whole log in order; report the first event that is wrong.
 
     Checks: the events of the tree are numbered 1…size with none missing; each one's leaf
     hash, recomputed from its row, is the stored leaf; the root recomputed from those
-    leaves is the latest signed head's, and the head's signature verifies with
-    ``public_key`` (else with the key stored beside it); the events written before the
+    leaves is the latest signed head's, and the head's signature verifies with one of
+    ``log_keys`` (the keys the checker trusts: the log's own and, after a change of it,
+    the earlier ones; with none given, the key stored beside the head); the events
+    written before the
     tree still form their hash chain. ``anchors`` (seq → hash kept outside the database:
     the chain hash of an event before the tree, the leaf hash of one after) must still be
     in the log, unchanged. ``saved_head`` (a signed head kept from earlier) must be a
@@ -535,11 +537,8 @@ def verify_log(
     keep = saved_head.tree_size if saved_head is not None and saved_head.tree_size else None
     try:
         if saved_head is not None:
-            if public_key is not None:
-                try:
-                    merkle.verify_tree_head(public_key, saved_head)
-                except merkle.InvalidTreeHead as error:
-                    raise _Bad(0, f"the saved tree head: {error}") from None
+            if log_keys and not _signed_by_one(log_keys, saved_head):
+                raise _Bad(0, f"the saved tree head: {_unsigned(log_keys)}")
             if saved_head.tree_size > size:
                 raise _Bad(
                     size + 1,
@@ -551,10 +550,15 @@ def verify_log(
                 progress.advance(1)
             walk.row(row, anchors, keep)
         if head is not None and head_row is not None:
-            key = public_key or ed25519.Ed25519PublicKey.from_public_bytes(
-                bytes(head_row.public_key)
-            )
-            _check_head(connection, walk, head, key)
+            stored = ed25519.Ed25519PublicKey.from_public_bytes(bytes(head_row.public_key))
+            trusted = [
+                key
+                for key in log_keys
+                if merkle.public_key_bytes(key) == merkle.public_key_bytes(stored)
+            ]
+            if log_keys and not trusted:
+                raise _Bad(head.tree_size, f"the latest signed tree head: {_unsigned(log_keys)}")
+            _check_head(connection, walk, head, trusted[0] if trusted else stored)
             if saved_head is not None and keep is not None:
                 _check_saved(connection, walk, saved_head, head)
         if anchors:
@@ -567,6 +571,25 @@ def verify_log(
             walk.count, ChainProblem(bad.seq, bad.reason), walk.prev_hash, head, walk.pending
         )
     return ChainReport(walk.count, None, walk.prev_hash, head, walk.pending)
+
+
+def _signed_by_one(keys: Sequence[ed25519.Ed25519PublicKey], head: merkle.TreeHead) -> bool:
+    for key in keys:
+        try:
+            merkle.verify_tree_head(key, head)
+            return True
+        except merkle.InvalidTreeHead:
+            continue
+    return False
+
+
+def _unsigned(keys: Sequence[ed25519.Ed25519PublicKey]) -> str:
+    if len(keys) == 1:
+        return (
+            "the tree head's signature does not verify with the log key (if the log's key "
+            "changed since that head was signed, pass the earlier key with --log-key)"
+        )
+    return "the tree head's signature verifies with none of the log keys given"
 
 
 # The old name: every caller that verified the chain now verifies the tree.

@@ -409,6 +409,23 @@ def test_files_nested_too_deeply_are_refused(app, one_person, tmp_path):
     assert result.exit_code == 2 and "nested too deeply" in result.output
 
 
+def test_a_later_head_or_proof_with_a_key_given_twice_is_refused(app, one_person, tmp_path):
+    """As the receipt checker reads them: readers disagree on which copy of a repeated
+    key counts, so one file could show a person one size and the checker another."""
+    twice = tmp_path / "twice.json"
+    twice.write_text('{"tree_size": 999, "tree_size": 5}')
+    proof_twice = tmp_path / "proof-twice.json"
+    proof_twice.write_text('{"consistency": [], "consistency": []}')
+    head = tmp_path / "head.json"
+    head.write_text(json.dumps(app.test_client().get("/api/consent-log/tree-head").json))
+    for option, files in (("--tree-head", (twice, head)), ("--consistency", (head, proof_twice))):
+        result = _verify(
+            app, one_person, "--tree-head", str(files[0]), "--consistency", str(files[1])
+        )
+        assert result.exit_code == 2, result.output
+        assert "given twice" in result.output and option in result.output
+
+
 def test_a_format_the_tool_does_not_know_is_refused(app, one_person):
     """A bundle re-labelled with another format used to skip its tree proof and pass."""
     manifest = _manifest(one_person)

@@ -509,6 +509,84 @@ def test_a_saved_tree_head_signed_by_another_key_is_refused(catalogue_ready, clo
     assert "is not a signed tree head" in result.output
 
 
+def test_after_the_log_key_changed_earlier_heads_verify_with_the_earlier_key_given(
+    catalogue_ready, clock, tmp_path
+):
+    """A new CONSENT_LOG_SIGNING_KEY: the heads signed before stay signed by the old one.
+    verify-log trusts this deployment's key and the earlier ones given with --log-key,
+    never a key merely stored beside a head (whoever rewrites the database can store
+    their own); without the earlier key it says to give it."""
+    import dataclasses
+
+    from portal import create_app
+    from portal.config import generate_signing_key
+    from portal.consent import merkle, tree
+
+    _five_decisions(catalogue_ready, clock)
+    old_key = tree.signing_key(current_portal(catalogue_ready).settings.consent_log_signing_key)
+    old_json = tmp_path / "old-key.json"
+    old_json.write_text(json.dumps(merkle.log_key_to_json(old_key.public_key())))
+    saved = tmp_path / "head.json"
+    runner = catalogue_ready.test_cli_runner()
+    assert (
+        runner.invoke(args=["portal", "verify-log", "--save-tree-head", str(saved)]).exit_code == 0
+    )
+    rotated = create_app(
+        dataclasses.replace(
+            current_portal(catalogue_ready).settings, consent_log_signing_key=generate_signing_key()
+        ),
+        clock=clock,
+    )
+    try:
+        runner = rotated.test_cli_runner()
+        # No event since: the latest head is still the old key's.
+        alone = runner.invoke(args=["portal", "verify-log"])
+        assert alone.exit_code == 1
+        assert "pass the earlier key with --log-key" in alone.output
+        both = runner.invoke(args=["portal", "verify-log", "--log-key", str(old_json)])
+        assert both.exit_code == 0, both.output
+        assert "consent log intact: 5 events" in both.output
+        # A new event: its head is the new key's; the saved head is the old key's.
+        _decide(rotated, clock, _subscriber(rotated, clock), [("offers", "opt_in")])
+        sequence(rotated)
+        assert runner.invoke(args=["portal", "verify-log"]).exit_code == 0
+        check = ["portal", "verify-log", "--tree-head", str(saved)]
+        without = runner.invoke(args=check)
+        assert without.exit_code == 1
+        assert "the saved tree head" in without.output
+        assert "pass the earlier key with --log-key" in without.output
+        old_b64 = merkle.log_key_to_json(old_key.public_key())["key"]
+        given = runner.invoke(args=[*check, "--log-key", old_b64])
+        assert given.exit_code == 0, given.output
+        assert "consistent with the saved head of size 5" in given.output
+        # A key nobody trusts is refused, and so is a malformed one.
+        stranger = merkle.log_key_to_json(tree.signing_key(generate_signing_key()).public_key())
+        other = runner.invoke(args=[*check, "--log-key", stranger["key"]])
+        assert other.exit_code == 1
+        assert "verifies with none of the log keys given" in other.output
+        bad = runner.invoke(args=[*check, "--log-key", "not a key"])
+        assert bad.exit_code == 2
+        assert "--log-key" in bad.output
+    finally:
+        rotated.extensions["portal.db"].engine.dispose()
+
+
+def test_a_saved_tree_head_with_a_key_given_twice_is_refused(catalogue_ready, clock, tmp_path):
+    """Readers disagree on which copy of a repeated key counts: a person could read one
+    size and the checker another."""
+    _five_decisions(catalogue_ready, clock)
+    runner = catalogue_ready.test_cli_runner()
+    saved = tmp_path / "head.json"
+    assert (
+        runner.invoke(args=["portal", "verify-log", "--save-tree-head", str(saved)]).exit_code == 0
+    )
+    text = saved.read_text()
+    saved.write_text(text.replace("{", '{\n  "tree_size": 999,', 1))
+    result = runner.invoke(args=["portal", "verify-log", "--tree-head", str(saved)])
+    assert result.exit_code == 1
+    assert "given twice" in result.output
+
+
 def _rebuild(engine, backend, app, sql):
     """Tamper with the events, then rebuild the tree from them and sign it with the log
     key: what an operator with the database and the key could do."""

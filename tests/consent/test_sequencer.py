@@ -95,7 +95,7 @@ def test_committed_events_become_leaves_in_seq_order_under_a_signed_head(app, en
     assert again.leaves == 0 and again.head is None
     assert count_rows(engine, "consent_log_node") == nodes
     with engine.connect() as conn:
-        report = tree.verify_log(conn, public_key=_public_key(app))
+        report = tree.verify_log(conn, log_keys=[_public_key(app)])
     assert report.ok and report.head == head
 
 
@@ -116,7 +116,7 @@ def test_a_hole_waits_for_its_grace_period_then_is_closed_by_a_gap_event(app, en
     assert closed.after == 5 and closed.waiting_on is None
     with engine.connect() as conn:
         gap = conn.execute(sa.select(log._t).where(log._t.c.seq == 3)).one()
-        report = tree.verify_log(conn, public_key=_public_key(app))
+        report = tree.verify_log(conn, log_keys=[_public_key(app)])
     assert gap.kind == "gap" and gap.subscriber_id == tree.GAP_SUBSCRIBER
     assert report.ok, report.problem
     assert report.head.tree_size == 5  # the gap is a leaf: never hidden
@@ -185,7 +185,7 @@ def test_signed_heads_verify_only_with_the_log_key(app, engine, clock):
     with pytest.raises(merkle.InvalidTreeHead):
         merkle.verify_tree_head(other, head)
     with engine.connect() as conn:
-        report = tree.verify_log(conn, public_key=other)
+        report = tree.verify_log(conn, log_keys=[other])
     assert not report.ok and "signature does not verify" in str(report.problem)
 
 
@@ -414,7 +414,7 @@ def test_a_rolled_back_append_is_a_gap_and_an_open_one_is_waited_for(app, engine
     assert done.after == 5
     with engine.connect() as conn:
         rows = conn.execute(sa.select(log._t.c.seq, log._t.c.kind, log._t.c.actor)).all()
-        assert tree.verify_log(conn, public_key=_public_key(app)).ok
+        assert tree.verify_log(conn, log_keys=[_public_key(app)]).ok
     by_seq = {row.seq: row for row in rows}
     assert by_seq[2].kind == "gap" and by_seq[4].actor == "slow"
 
@@ -515,7 +515,7 @@ def test_fifty_writers_and_three_sequencers_make_a_gap_free_tree_of_exactly_the_
         assert process.exitcode == 0
     with engine.connect() as conn:
         rows = conn.execute(sa.select(log._t.c.seq, log._t.c.kind).order_by(log._t.c.seq)).all()
-        report = tree.verify_log(conn, public_key=_public_key(app))
+        report = tree.verify_log(conn, log_keys=[_public_key(app)])
         leaf_count = conn.execute(
             sa.select(sa.func.count()).select_from(tree._n).where(tree._n.c.level == 0)
         ).scalar_one()
