@@ -29,6 +29,15 @@ _HEX = re.compile(r"^[0-9a-fA-F]{64}$")
 _IMMUTABLE = "public, max-age=86400, immutable"
 
 
+@bp.after_request
+def _readable_from_any_origin(response: Response) -> Response:
+    """Public evidence, read without cookies: an auditor's page on another origin may read
+    every answer, the errors included (CORS, `*`: no credentials are ever honoured)."""
+    response.headers["Access-Control-Allow-Origin"] = "*"
+    response.headers["Access-Control-Allow-Methods"] = "GET, HEAD, OPTIONS"
+    return response
+
+
 def _size(value: str | None, name: str) -> int:
     if value is None or value == "":
         raise ApiError("invalid_parameter", f"{name} is required", name)

@@ -313,6 +313,36 @@ def test_a_leaf_beyond_the_size_asked_is_not_found(app, client, clock):
     assert set(answer.json) == {"leaf_index", "audit_path"}
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        "/api/consent-log/tree-head",
+        "/api/consent-log/tree-head/3",
+        "/api/consent-log/consistency?from=1&to=3",
+        "/api/consent-log/key",
+        "/api/consent-log/tree-head/abc",  # an error is readable too
+        "/api/consent-log/tree-head/99",
+    ],
+)
+def test_an_auditors_page_on_another_origin_may_read_the_evidence(app, client, clock, url):
+    """As docs/api.md says: public, no cookies, cross-origin allowed."""
+    _filled(app, clock, 3)
+    origin = {"Origin": "https://auditor.example"}
+    answer = client.get(url, headers=origin)
+    assert answer.headers["Access-Control-Allow-Origin"] == "*"
+    assert "Access-Control-Allow-Credentials" not in answer.headers
+    assert "Set-Cookie" not in answer.headers
+    preflight = client.options(url, headers=origin | {"Access-Control-Request-Method": "GET"})
+    assert preflight.status_code == 200
+    assert preflight.headers["Access-Control-Allow-Origin"] == "*"
+    assert "GET" in preflight.headers["Access-Control-Allow-Methods"]
+
+
+def test_the_rest_of_the_api_is_not_opened_to_other_origins(client):
+    answer = client.get("/api/push/vapid-public-key", headers={"Origin": "https://a.example"})
+    assert "Access-Control-Allow-Origin" not in answer.headers
+
+
 def test_no_head_yet_is_a_404(client):
     answer = client.get("/api/consent-log/tree-head")
     assert answer.status_code == 404
