@@ -1,9 +1,11 @@
 """Text from outside: what a form field, a route parameter or a query string may carry.
 
 One rule, :func:`text_problem`: no control character (C0, DEL, C1), except the tab and
-line breaks of a multi-line field (a notice text, a message). PostgreSQL cannot store
-NUL in text at all, and nothing the portal keeps or looks up has a use for the others,
-so such input is refused with the field named — never stripped and then stored.
+line breaks of a multi-line field (a notice text, a message), and no bidirectional
+override (U+202D, U+202E: the text would show in another order than it is kept).
+PostgreSQL cannot store NUL in text at all, and nothing the portal keeps or looks up
+has a use for the others, so such input is refused with the field named — never
+stripped and then stored.
 
 Three doors use it:
 
@@ -32,6 +34,11 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 # A multi-line field keeps its tabs and line breaks (browsers send CRLF).
 _CONTROL_MULTILINE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 _NAMES = {"\x00": "a NUL", "\t": "a tab", "\n": "a line break", "\r": "a line break"}
+# The two bidirectional overrides: what follows them shows in another order than it is
+# stored ("Offers \u202eLIAM-E" reads "Offers E-MAIL"), on the page and in a notification.
+# Marks, embeddings and isolates, which right-to-left text uses, are left alone.
+_OVERRIDE = re.compile("[\u202d\u202e]")
+_OVERRIDE_NAMES = {"\u202d": "a left-to-right override", "\u202e": "a right-to-left override"}
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -47,6 +54,13 @@ def text_problem(text: str, *, multiline: bool = False) -> str | None:
         what = _NAMES.get(char, f"U+{ord(char):04X}")
         where = found.start() + 1
         return f"must not contain control characters (there is {what} at character {where})"
+    found = _OVERRIDE.search(text)
+    if found is not None:
+        what = f"{_OVERRIDE_NAMES[found.group()]}, U+{ord(found.group()):04X},"
+        return (
+            f"must not contain {what} at character {found.start() + 1}: it shows the "
+            "text after it in another order than it is kept"
+        )
     if not _encodable(text):
         # Form and URL decoding replace what is not UTF-8; this guards other callers.
         return "must be text (it has an unpaired surrogate character)"

@@ -146,8 +146,12 @@ def _serialise_catalogue_writes(session: Session) -> None:
 
 def category_key(name: str) -> str:
     """What two category names are compared by: the same words, whatever their capitals,
-    spacing or Unicode compatibility form ("News", " news ", "NEWS" are one category)."""
-    return " ".join(unicodedata.normalize("NFKC", name).split()).casefold()
+    spacing, Unicode compatibility form or invisible format characters ("News", " news ",
+    "NEWS", "News\u200b", "Ne\u00adws" are one category)."""
+    visible = "".join(
+        c for c in unicodedata.normalize("NFKC", name) if unicodedata.category(c) != "Cf"
+    )
+    return " ".join(visible.split()).casefold()
 
 
 def category_names(topics: Sequence[Topic]) -> dict[str, str]:

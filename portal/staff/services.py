@@ -14,6 +14,7 @@ import hmac
 import logging
 import re
 import secrets
+import unicodedata
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -123,6 +124,11 @@ def normalise_email(text: str) -> str:
     return text.strip().lower()
 
 
+def _invisible(char: str) -> bool:
+    """A format, private-use or unassigned character: nothing an address needs."""
+    return unicodedata.category(char) in {"Cf", "Co", "Cn"}
+
+
 def email_problem(email: str) -> str | None:
     if not email:
         return "Enter an email address"
@@ -131,6 +137,13 @@ def email_problem(email: str) -> str | None:
     problem = text_problem(email)
     if problem:
         return f"Email address {problem}"
+    invisible = next((i for i, c in enumerate(email) if _invisible(c)), None)
+    if invisible is not None:
+        # "admin\u200b@…" would be a second account that reads as "admin@…" everywhere.
+        return (
+            "Email address must not contain invisible characters (there is "
+            f"U+{ord(email[invisible]):04X} at character {invisible + 1})"
+        )
     if not _EMAIL.match(email):
         return "Enter an email address in the correct format, like name@example.com"
     return None

@@ -36,8 +36,11 @@ def _refusal(app, clock, category, *, new) -> ApiError:
 
 
 @pytest.mark.parametrize(
-    "name", ["News", "news", " news ", "NEWS", "News\u00a0", "ｎｅｗｓ", "nEwS"]
-)
+    "name",
+    # Invisible format characters too: a zero-width space, a soft hyphen, a word joiner.
+    ["News", "news", " news ", "NEWS", "News\u00a0", "ｎｅｗｓ", "nEwS", "News\u200b",
+     "Ne\u00adws", "\u2060News"],
+)  # fmt: skip
 def test_a_new_category_like_one_in_use_is_refused_naming_it(app, clock, catalogue_ready, name):
     error = _refusal(app, clock, name, new=True)
     assert (error.code, error.field) == ("category_exists", "new_category")

@@ -63,6 +63,64 @@ def test_adding_staff_refuses_a_control_character_in_the_email(engine, admin_bro
 
 
 @pytest.mark.parametrize(
+    ("email", "what"),
+    [
+        ("admin\u200b@example.test", "U+200B at character 6"),  # a zero-width space
+        ("admin@exa\u00admple.test", "U+00AD at character 10"),  # a soft hyphen
+        ("\ufeffadmin@example.test", "U+FEFF at character 1"),
+    ],
+)
+def test_adding_staff_refuses_an_address_that_reads_as_another(engine, admin_browser, email, what):
+    """An address with an invisible character would be a second account that shows
+    as the first everywhere: in the audit trail, in the staff list."""
+    token = admin_browser.token()
+    unchanged = Unchanged(engine)
+    response = admin_browser.client.post(
+        "/staff/admin/staff",
+        data={
+            "csrf_token": token,
+            "email": email,
+            "roles": ["admin"],
+            "password": "a brand new passphrase",
+        },
+    )
+    assert response.status_code == 422
+    message = f"Email address must not contain invisible characters (there is {what})"
+    assert field_error(response.text, "email") == message
+    assert ("email", message) in error_summary(response.text)
+    assert unchanged.changed() == []
+
+
+def test_a_bidirectional_override_is_refused_where_it_would_reorder_what_shows(
+    engine, admin_browser
+):
+    """ "Offers \u202eLIAM-E" would be kept as typed and read "Offers E-MAIL"."""
+    token = admin_browser.token()
+    unchanged = Unchanged(engine)
+    response = admin_browser.client.post(
+        "/staff/admin/staff",
+        data={
+            "csrf_token": token,
+            "email": "new@example.test\u202d",
+            "roles": ["campaigns"],
+            "password": "a brand new passphrase",
+        },
+    )
+    assert response.status_code == 422
+    assert field_error(response.text, "email") == (
+        "Email address must not contain a left-to-right override, U+202D, at character 17: "
+        "it shows the text after it in another order than it is kept"
+    )
+    # A query string read through a form names its field, as for control characters.
+    filtered = admin_browser.get("/staff/admin/audit?actor=a%E2%80%AEb")
+    assert filtered.status_code == 422
+    assert "must not contain a right-to-left override, U+202E, at character 2" in (
+        field_error(filtered.text, "actor")
+    )
+    assert unchanged.changed() == []
+
+
+@pytest.mark.parametrize(
     ("query", "field", "message"),
     [
         ("actor=a%00b@example.test", "actor", f"Staff email {CONTROL} (there is a NUL at character 2)"),
