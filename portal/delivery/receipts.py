@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session
 
 from portal.api import check_same_origin, json_body
 from portal.db import db, is_postgres
-from portal.delivery.models import Delivery, DeliveryReceipt, ReceiptEvent
+from portal.delivery.models import Delivery, DeliveryReceipt, DeliveryStatus, ReceiptEvent
 from portal.errors import ApiError, ValidationError
 from portal.identity import device_from_cookie
 from portal.ratelimit import count_in_the_request, limit_endpoint
@@ -87,14 +87,23 @@ def parse_receipt(body: dict[str, Any], *, endpoint_max_length: int) -> Receipt:
     return Receipt(delivery_id, ReceiptEvent(event), endpoint)
 
 
+_NEVER_SENT = frozenset({DeliveryStatus.SKIPPED.value, DeliveryStatus.REVOKED.value})
+
+
 def sent_to_caller(session: Session, delivery_id: str, proof: Proof, *, keys: KeyRing) -> bool:
     """Whether ``delivery_id`` is one of our deliveries and went to the browser that
     shows ``proof`` (its device cookie names the delivery's subscription, or it carries
-    that subscription's auth secret)."""
+    that subscription's auth secret).
+
+    A delivery never sent (skipped: over a cap, keys unreadable; revoked: consent or the
+    subscription ended first, or its push service said it is gone) reached no browser:
+    a report of it would count on the funnel as shown where nothing could show. One whose
+    answer is not in yet, or was lost (queued again, sending, failed), may have shown."""
     if not _OUR_DELIVERY_ID.fullmatch(delivery_id):
         return False
     row = session.execute(
         sa.select(
+            Delivery.status,
             Delivery.subscription_id,
             PushSubscription.auth_sealed,
             PushSubscription.auth_key_version,
@@ -103,7 +112,7 @@ def sent_to_caller(session: Session, delivery_id: str, proof: Proof, *, keys: Ke
         .outerjoin(PushSubscription, PushSubscription.id == Delivery.subscription_id)
         .where(Delivery.id == int(delivery_id))
     ).one_or_none()
-    if row is None:
+    if row is None or row.status in _NEVER_SENT:
         return False
     return holds(
         proof,

@@ -2,8 +2,8 @@
 
 A receipt is accepted only for a delivery of ours that went to the calling browser: its
 device cookie names the delivery's subscription, or it shows that subscription's auth
-secret. Anything else — an id that is not a delivery, someone else's delivery — gets the
-same refusal and writes nothing.
+secret. Anything else — an id that is not a delivery, someone else's delivery, one never
+sent — gets the same refusal and writes nothing.
 """
 
 from __future__ import annotations
@@ -122,6 +122,32 @@ def test_a_receipt_for_a_delivery_not_sent_to_the_caller_is_refused_alike(
     assert response.status_code == 403
     assert response.json == REFUSAL
     assert count_rows(engine, "delivery_receipt") == 0
+
+
+@pytest.mark.parametrize(
+    ("status", "answer"),
+    [
+        ("skipped", 403),  # never sent: over a cap, keys unreadable
+        ("revoked", 403),  # never sent: consent ended first, or the service said gone
+        ("queued", 201),  # sent once, its answer lost: queued again
+        ("sending", 201),  # the push can arrive before the answer is written
+        ("failed", 201),  # a timeout after the service took it
+        ("accepted", 201),
+    ],
+)
+def test_a_receipt_for_a_delivery_never_sent_is_refused(app, browser, engine, status, answer):
+    """No browser can have shown a delivery that was never sent: the funnel would count it
+    where nothing could show."""
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text("UPDATE delivery SET status = :status WHERE id = :id"),
+            {"status": status, "id": int(browser.delivery_id)},
+        )
+    response = browser.client.post(URL, json={"deliveryId": browser.delivery_id, "event": "shown"})
+    assert response.status_code == answer
+    if answer == 403:
+        assert response.json == REFUSAL
+    assert count_rows(engine, "delivery_receipt") == (answer == 201)
 
 
 def test_the_first_receipt_is_the_real_one(app, browser, engine, subscriptions):
