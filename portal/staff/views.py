@@ -233,14 +233,24 @@ def staff_list() -> Any:
     ), status
 
 
-def _detail(user_id: uuid.UUID, roles_form: RolesForm | None = None, status: int = 200) -> Any:
+def _detail(
+    user_id: uuid.UUID,
+    roles_form: RolesForm | None = None,
+    status: int = 200,
+    *,
+    access_error: str | None = None,
+) -> Any:
     user = services.get_staff(db.session, user_id)
-    form = roles_form or RolesForm(data={"roles": sorted(user.roles)})
+    # Not from the request: a refused disable posts no roles, and the boxes must show the
+    # roles the person has.
+    form = roles_form or RolesForm(formdata=None, data={"roles": sorted(user.roles)})
+    extra = [("access-heading", access_error)] if access_error else []
     return render_template(
         "staff/admin/staff_detail.html",
         user=user,
         form=form,
-        errors=error_list(form, anchors=FIELD_ANCHORS),
+        errors=error_list(form, extra, anchors=FIELD_ANCHORS),
+        access_error=access_error,
         confirm=ConfirmForm(),
         is_self=user.id == _signed_in().id,
         now=current_portal().clock.now(),
@@ -289,9 +299,9 @@ def _toggle(staff_id: uuid.UUID, *, enable: bool) -> Any:
     except services.NotFound:
         return not_found_page("staff user", "staff.staff_list", "the staff list")
     except StaffError as error:
+        # Refused (your own account): the page again with why, as a refused role change.
         db.session.rollback()
-        flash(error.message, "error")
-        return redirect(url_for("staff.staff_detail", staff_id=staff_id), 303)
+        return _detail(staff_id, status=409, access_error=error.message)
     db.session.commit()
     state = "enabled" if enable else "disabled"
     flash(f"{user.email} is {state}." if changed else f"{user.email} was already {state}.")

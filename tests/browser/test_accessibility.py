@@ -552,6 +552,25 @@ def _staff_detail_error(new_context: Callable[..., Any], server: LiveServer) -> 
     return page
 
 
+def _staff_disable_self(new_context: Callable[..., Any], server: LiveServer) -> Page:
+    """The page offers no button to disable your own account; a request made anyway (a
+    form built in the page, with its CSRF token) is answered with the page and why."""
+    page = _own_staff_detail(new_context, server)
+    with page.expect_navigation():
+        page.evaluate(
+            """() => {
+              const form = document.createElement('form');
+              form.method = 'post';
+              form.action = location.pathname + '/disable';
+              form.appendChild(document.querySelector('input[name=csrf_token]').cloneNode());
+              document.body.appendChild(form);
+              form.submit();
+            }"""
+        )
+    page.wait_for_selector(".error-summary")
+    return page
+
+
 def _staff_added(new_context: Callable[..., Any], server: LiveServer) -> Page:
     page = _staff(new_context, server)
     page.goto("/staff/admin/staff")
@@ -1183,6 +1202,12 @@ STAFF_PAGES = [
     PageState("staff-admin-staff-added", _staff_added),
     PageState("staff-admin-staff-detail", _own_staff_detail),
     PageState("staff-admin-staff-detail-error", _staff_detail_error, error_summary=True),
+    PageState(
+        "staff-admin-staff-disable-self",
+        _staff_disable_self,
+        error_summary=True,
+        summary_links_to_fields=False,  # no field: the section says why
+    ),
     PageState("staff-audit", _staff_page("/staff/admin/audit")),
     PageState(
         "staff-audit-error",

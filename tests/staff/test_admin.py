@@ -11,7 +11,14 @@ import sqlalchemy as sa
 from portal.db import db
 from portal.staff import audit
 from portal.staff.models import Role, StaffUser
-from tests.helpers import all_rows, count_rows, without_cell_labels
+from tests.helpers import (
+    Unchanged,
+    all_rows,
+    count_rows,
+    error_summary,
+    field_error,
+    without_cell_labels,
+)
 from tests.staff.conftest import PASSWORD
 
 NEW_PASSWORD = "a brand new passphrase"
@@ -160,11 +167,19 @@ def test_an_admin_disables_and_enables_an_account(app, engine, admin_browser, ma
 
 def test_an_admin_cannot_disable_themselves(app, engine, admin_browser):
     me = _user(app, "admin@example.test")
+    unchanged = Unchanged(engine)
+    # The page offers no button for it; a crafted request is refused with why, at once.
     response = admin_browser.post(f"/staff/admin/staff/{me.id}/disable")
-    assert response.status_code == 303
-    page = admin_browser.get(response.location).text
-    assert "You cannot disable your own account" in page
-    assert "You cannot disable your own account." in page  # and no button to try
+    assert response.status_code == 409
+    page = response.text
+    message = "You cannot disable your own account"
+    assert error_summary(page) == [("access-heading", message)]
+    assert field_error(page, "access") == message
+    assert f"/staff/admin/staff/{me.id}/disable" not in page  # still no button to try
+    # The roles shown are the person's, not the refused request's (which posted none).
+    ticked = re.findall(r'name="roles" value="(\w+)"\s*checked', page)
+    assert ticked == ["admin"], ticked
+    assert unchanged.changed() == []
     assert _user(app, "admin@example.test").disabled_at is None
     assert _audit(engine, "staff.disabled") == []
 
