@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 from flask import (
     Response,
+    abort,
     current_app,
     flash,
     jsonify,
@@ -307,9 +308,15 @@ def _review_page(
 @staff_required(Role.CAMPAIGNS)
 def campaign_list() -> Any:
     include_tests = request.args.get("tests") == "1"
-    page = services.list_campaigns(
-        db.session, include_tests=include_tests, before=_uuid(request.args.get("before"))
-    )
+    # The "older" link's campaign: anything else is a bad address, not the first page.
+    before = None
+    if "before" in request.args:
+        before = _uuid(request.args["before"])
+        if before is None:
+            abort(400)
+        if db.session.get(Campaign, before) is None:
+            return _not_found()
+    page = services.list_campaigns(db.session, include_tests=include_tests, before=before)
     now = _now()
     every = current_portal().settings.schedule.dispatch
     return render_template(

@@ -8,6 +8,7 @@ import uuid
 from typing import Any
 
 from flask import (
+    abort,
     current_app,
     flash,
     g,
@@ -324,9 +325,15 @@ def staff_enable(staff_id: uuid.UUID) -> Any:
 
 
 def _keyset(name: str) -> int | None:
-    value = request.args.get(name, "")
-    # ASCII digits only: "²".isdigit() is true, and int("²") fails.
-    return int(value) if _DIGITS.fullmatch(value) else None
+    """The audit row a page starts after or before (the page links'), or none; anything
+    else is a bad address, not the first page. ASCII digits only: "²".isdigit() is
+    true, and int("²") fails."""
+    value = request.args.get(name)
+    if value is None:
+        return None
+    if not _DIGITS.fullmatch(value):
+        abort(400)
+    return int(value)
 
 
 @bp.get("/admin/audit")

@@ -149,12 +149,36 @@ def test_the_first_and_last_days_of_the_calendar_filter_the_audit_trail(admin_br
     assert "admin@example.test" in response.text  # the sign-in is within the range
 
 
-@pytest.mark.parametrize("keyset", ["before=%C2%B2", "after=%D9%A3", "before=1%00"])
-def test_audit_paging_ignores_keysets_that_are_not_ascii_digits(admin_browser, keyset):
-    """``"²".isdigit()`` is true but ``int("²")`` fails: only ASCII digits are a page key."""
+@pytest.mark.parametrize(
+    "keyset",
+    ["before=%C2%B2", "after=%D9%A3", "before=1%00", "before=abc", "after=", "before=-1",
+     "before=1e3", "after=" + "9" * 19],
+)  # fmt: skip
+def test_audit_paging_refuses_keysets_that_are_not_ascii_digits(engine, admin_browser, keyset):
+    """``"²".isdigit()`` is true but ``int("²")`` fails: only ASCII digits are a page key,
+    and anything else is a bad address, not silently the first page."""
+    unchanged = Unchanged(engine)
     response = admin_browser.get(f"/staff/admin/audit?{keyset}")
-    assert response.status_code < 500
-    assert response.status_code in {200, 400}
+    assert response.status_code == 400
+    assert "Bad request" in response.text
+    assert unchanged.changed() == []
+    assert admin_browser.get("/staff/admin/audit?before=12").status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("query", "status"),
+    [("before=garbage", 400), ("before=", 400), ("before=0190a000-0000-7000-8000-000000000000", 404)],
+)  # fmt: skip
+def test_campaign_paging_refuses_what_names_no_campaign(engine, make_staff, browser, query, status):
+    """The "older" link names the last campaign shown; anything else is a bad address, and
+    a campaign that does not exist is not found, never silently the first page."""
+    make_staff("campaigns@example.test", Role.CAMPAIGNS)
+    person = browser()
+    assert person.sign_in("campaigns@example.test").status_code == 303
+    unchanged = Unchanged(engine)
+    response = person.get(f"/staff/campaigns?{query}")
+    assert response.status_code == status
+    assert unchanged.changed() == []
 
 
 @pytest.mark.parametrize(
