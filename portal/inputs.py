@@ -9,8 +9,9 @@ stripped and then stored.
 
 Three doors use it:
 
-- :class:`CheckedForm`, the base of the staff forms, runs it first on every text field
-  (passwords aside: they are hashed, never stored or looked up);
+- :class:`CheckedForm`, the base of the staff forms, runs it first on every field, its
+  choices and checkboxes included (passwords aside: they are hashed, never stored or
+  looked up);
 - :func:`check_request`, before every view: a route parameter that breaks the rule names
   nothing (404), a query string that does is a bad request (400) — except on views that
   read their query string through a form (:func:`query_form`), which name the field;
@@ -26,7 +27,7 @@ from typing import Any, TypeVar
 
 from flask import Flask, abort, current_app, request
 from flask_wtf import FlaskForm
-from wtforms import Field, PasswordField, StringField, TextAreaField
+from wtforms import Field, FileField, PasswordField, TextAreaField
 from wtforms.csrf.core import CSRFTokenField
 from wtforms.validators import StopValidation
 
@@ -97,16 +98,17 @@ class PlainText:
 
 
 class CheckedForm(FlaskForm):
-    """A form whose every text field is checked by :class:`PlainText` before its own
-    validators run, so the first error a field shows is the one that matters. (The CSRF
-    token is Flask-WTF's to check, and passwords are never stored.)"""
+    """A form whose every field (text, choices, checkboxes) is checked by
+    :class:`PlainText` before its own validators run, so the first error a field shows is
+    the one that matters. (The CSRF token is Flask-WTF's to check, passwords are never
+    stored, and files are checked as files.)"""
 
     class Meta:
         def bind_field(self, form: Any, unbound_field: Any, options: dict[str, Any]) -> Field:
             field = unbound_field.bind(form=form, **options)
-            if isinstance(field, StringField) and not isinstance(
-                field, PasswordField | CSRFTokenField
-            ):
+            # Every field that takes text from the request: choices and checkboxes too,
+            # whose value is never stored, but a crafted one is still bad input.
+            if not isinstance(field, PasswordField | CSRFTokenField | FileField):
                 check = PlainText(multiline=isinstance(field, TextAreaField))
                 field.validators = [check, *field.validators]
             return field

@@ -47,6 +47,20 @@ def test_erasure_needs_the_box_ticked(app, engine, officer, person):
     assert _audit(engine, "subscriber.erased") == []
 
 
+def test_a_crafted_box_value_is_refused_like_any_field(app, engine, officer, person):
+    """A checkbox's value is never stored, but a NUL in it is still bad input: refused
+    with the field named, and nothing erased."""
+    response = officer.post(
+        f"/staff/compliance/subscribers/{person.subscriber_id}/erase",
+        {"confirm": "a\x00b", "reference": "T-1"},
+    )
+    assert response.status_code == 422
+    assert 'href="#confirm">' in response.text
+    assert "must not contain control characters (there is a NUL at character 2)" in (response.text)
+    assert _subscriber(app, person.subscriber_id).erased_at is None
+    assert _audit(engine, "subscriber.erased") == []
+
+
 def test_an_officer_erases_a_person(app, engine, clock, officer, person, make_staff):
     response = officer.post(
         f"/staff/compliance/subscribers/{person.subscriber_id}/erase",
