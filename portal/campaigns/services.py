@@ -754,7 +754,8 @@ def allowed_from(action: str) -> frozenset[CampaignStatus]:
 
 
 def control(session: Session, campaign_id: uuid.UUID, action: str, *, now: dt.datetime) -> Campaign:
-    """Pause, resume or cancel. Cancelling leaves nothing queued."""
+    """Pause, resume or cancel. Cancelling leaves nothing queued; resuming a campaign
+    whose send time is still ahead schedules it again."""
     campaign = session.get(Campaign, campaign_id, with_for_update=True)
     if campaign is None:
         raise ValidationError("unknown_campaign", "no such campaign", "campaign", status=404)
@@ -763,6 +764,10 @@ def control(session: Session, campaign_id: uuid.UUID, action: str, *, now: dt.da
         raise Conflict(
             "invalid_transition", f"a {campaign.status} campaign cannot {action}", "status"
         )
+    if target == CampaignStatus.SENDING and campaign.send_at > now:
+        # Paused before its time: resumed, it waits for its time again (the dispatcher
+        # starts it then), rather than sending months early.
+        target = CampaignStatus.SCHEDULED
     campaign.status = target.value
     if target == CampaignStatus.CANCELLED:
         campaign.finished_at = now

@@ -215,6 +215,30 @@ def test_the_list_pages_through_older_campaigns(campaigner, catalogue_ready, clo
     assert 'rel="next"' not in html
 
 
+def test_a_scheduled_campaign_paused_and_resumed_waits_for_its_time(
+    campaigner, catalogue_ready, clock
+):
+    """Resumed before its send time, it is scheduled again: the dispatcher starts it then,
+    not at once (which would also fix its audience months early)."""
+    from portal.delivery.engine import Dispatcher
+
+    app = catalogue_ready
+    subscribe(app, topics=["weekly-digest"])
+    later = clock.now() + dt.timedelta(days=30)
+    campaign_id = make_campaign(app, clock, send_at=later)
+    url = f"/staff/campaigns/{campaign_id}"
+    assert campaigner.post(f"{url}/pause").status_code == 303
+    assert campaigner.post(f"{url}/resume").status_code == 303
+    assert campaign(app, campaign_id).status == "scheduled"
+    Dispatcher(app, transport=None).advance_campaigns()  # type: ignore[arg-type]
+    assert campaign(app, campaign_id).status == "scheduled"
+    assert campaign(app, campaign_id).materialised_at is None
+    assert "Scheduled for" in campaigner.get(url).text
+    clock.advance(days=30)
+    Dispatcher(app, transport=None).advance_campaigns()  # type: ignore[arg-type]
+    assert campaign(app, campaign_id).status == "sending"
+
+
 def test_pause_resume_and_cancel_from_the_page_are_audited(campaigner, catalogue_ready, clock):
     app = catalogue_ready
     campaign_id = make_campaign(app, clock)
