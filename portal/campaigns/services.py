@@ -38,6 +38,10 @@ MAX_PLAINTEXT = 3993
 MAX_TTL = 28 * 24 * 3600  # the longest any push service keeps a message
 # A send time this far in the past is a mistake (a stale form, a wrong zone), not "now".
 SEND_AT_GRACE = dt.timedelta(minutes=1)
+# How far ahead a campaign may be planned. Further, and its times run off the calendar
+# (a local time three days on, a winner hours later, past 9999-12-31); nobody plans a
+# notification years ahead.
+MAX_SEND_AHEAD = dt.timedelta(days=731)
 TEST_CONSENT_REASON = "test"
 URGENCIES = ("very-low", "low", "normal", "high")
 _COLLAPSE_KEY = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
@@ -495,6 +499,7 @@ def _winner_problems(draft: CampaignDraft, now: dt.datetime) -> list[ValidationE
         and draft.deliver_until is not None
         and draft.deliver_until.tzinfo is not None
         and send_at.tzinfo is not None
+        and send_at <= now + MAX_SEND_AHEAD  # further is refused, and would overflow here
         and draft.deliver_until <= send_at + dt.timedelta(hours=hours)
     ):
         problems.append(
@@ -529,6 +534,14 @@ def _time_problems(draft: CampaignDraft, now: dt.datetime) -> list[ValidationErr
             "The send time has passed: choose a later time, or send now",
             "send_at",
         )
+        if send_at > now + MAX_SEND_AHEAD:
+            check(
+                False,
+                "too_far_ahead",
+                "The send time must be within two years from now: choose an earlier time",
+                "send_at",
+            )
+            return problems  # the times below are worked out from the send time
     fallback = draft.fallback
     if fallback is not None:
         try:

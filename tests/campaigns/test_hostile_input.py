@@ -99,6 +99,50 @@ def test_a_schedule_off_the_calendar_in_utc_is_a_field_error(engine, campaigner,
     assert unchanged.changed() == []
 
 
+AHEAD = "The send time must be within two years from now: choose an earlier time"
+
+
+@pytest.mark.parametrize("action", ["review", "launch"])
+@pytest.mark.parametrize(
+    "fields",
+    [
+        # Each once worked out a time past 9999-12-31: a local time three days on, the
+        # winner hours later, a last time zone's delivery; pages and the dispatcher failed.
+        {"send_at": "9999-12-31T22:00", "local_time": "09:00"},
+        {"send_at": "9999-12-31T22:00", "variant_b_title": "B", "variant_b_body": "b",
+         "test_share": "20", "winner_after_hours": "4"},
+        {"send_at": "9999-12-31T22:00", "variant_b_title": "B", "variant_b_body": "b",
+         "test_share": "20", "winner_after_hours": "4", "deliver_until": "9999-12-31T23:00"},
+        {"send_at": "2030-01-01T09:00"},
+    ],
+    ids=["local-time", "winner", "winner-and-deliver-until", "four-years-on"],
+)  # fmt: skip
+def test_a_send_time_years_ahead_is_a_field_error(engine, campaigner, fields, action):
+    unchanged = Unchanged(engine)
+    response = _post(
+        campaigner,
+        "/staff/campaigns/new",
+        {**form_data(schedule="later", **fields), "action": action},
+    )
+    assert response.status_code == 422
+    assert field_error(response.text, "send_at") == AHEAD
+    assert ("send_at", AHEAD) in error_summary(response.text)
+    assert unchanged.changed() == []
+
+
+def test_the_create_command_refuses_a_send_time_years_ahead(catalogue_ready, engine):
+    unchanged = Unchanged(engine)
+    result = catalogue_ready.test_cli_runner().invoke(
+        args=["portal", "campaign", "create", "--topic", "weekly-digest", "--title", "T",
+              "--body", "B", "--send-at", "9999-12-30T22:00+00:00", "--local-time", "09:00",
+              "--fallback-zone", "UTC"]
+    )  # fmt: skip
+    assert result.exit_code == 1
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert "send_at" in result.stderr and "within two years" in result.stderr
+    assert unchanged.changed() == []
+
+
 def test_local_to_utc_names_a_time_off_the_calendar():
     with pytest.raises(LocalTimeError, match=FAR):
         local_to_utc("9999-12-31T23:00", "America/New_York")
