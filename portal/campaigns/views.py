@@ -8,6 +8,7 @@ draft, the services hold the rules, and every change is audited in its own trans
 from __future__ import annotations
 
 import datetime as dt
+import json
 import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -110,6 +111,20 @@ _KEPT = (
     "draft_id",
     "draft_version",
 )
+# The A/B test: a test goes with variant A's text alone, so its campaign keeps no
+# variants. Kept in the (cookie) session too, while they fit in it with room to spare;
+# longer, the page says so rather than launch without them.
+_KEPT_VARIANTS = (
+    "variant_b_title",
+    "variant_b_body",
+    "variant_b_image",
+    "variant_c_title",
+    "variant_c_body",
+    "variant_c_image",
+    "test_share",
+    "winner_after_hours",
+)
+_KEPT_VARIANTS_MAX = 1500  # characters of their JSON: the cookie holds about 4,000
 
 
 def _now() -> dt.datetime:
@@ -612,7 +627,13 @@ def campaign_test_send() -> Any:
         return _review_page(form, draft), 422
     # Post/redirect/get: reloading the answer shows the test again, never sends another.
     # The test campaign keeps the draft; the session keeps only what it has no column for.
-    session[_TESTED] = {"id": str(campaign.id), **{name: form[name].data for name in _KEPT}}
+    kept = {"id": str(campaign.id), **{name: form[name].data for name in _KEPT}}
+    variant_fields = {name: form[name].data for name in _KEPT_VARIANTS}
+    if len(json.dumps(variant_fields)) <= _KEPT_VARIANTS_MAX:
+        kept |= variant_fields
+    else:
+        kept["variants_not_kept"] = True
+    session[_TESTED] = kept
     return redirect(url_for("staff.campaign_test_sent", campaign_id=campaign.id), 303)
 
 
@@ -642,9 +663,17 @@ def campaign_test_sent(campaign_id: uuid.UUID) -> Any:
             if name not in _KEPT
         },
     }
-    if kept.get("id") == str(campaign.id):  # another tab's test keeps its own schedule
-        typed |= {name: kept.get(name) or "" for name in _KEPT}
+    mine = kept.get("id") == str(campaign.id)  # another tab's test keeps its own schedule
+    if mine:
+        typed |= {name: kept.get(name) or "" for name in (*_KEPT, *_KEPT_VARIANTS)}
     form = TestSendForm(formdata=None, data=typed)
+    if mine and kept.get("variants_not_kept"):
+        flash(
+            "Your test is queued, with variant A's text. Variants B and C were too long to "
+            "keep on this page: type them again before you launch.",
+            "error",
+        )
+        return _form_page(form)
     draft = check(form, db.session, now=_now())
     if draft is None:  # a rule changed since the test (a send time passed): say which
         flash("Your test is queued. Change what the form shows before you launch.")

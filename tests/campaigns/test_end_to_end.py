@@ -252,3 +252,53 @@ def test_the_page_after_a_test_send_is_its_senders_alone(push_app, fake_push, si
     assert staff.get(sent.headers["Location"]).status_code == 200
     with db.begin(app) as session:
         assert session.scalar(sa.select(sa.func.count()).select_from(Campaign)) == 1
+
+
+AB = {
+    "variant_b_title": "B title",
+    "variant_b_body": "B body",
+    "test_share": "20",
+    "winner_after_hours": "4",
+}
+
+
+def _launch_after_test_send(staff, app, fields):
+    review = staff.post("/staff/campaigns/new", {**form_data(**fields), "action": "review"}).text
+    chosen = re.search(r'name="subscription" value="([0-9a-f-]{36})" checked', review).group(1)
+    sent = staff.post("/staff/campaigns/test-send", {**form_data(**fields), "subscription": chosen})
+    assert sent.status_code == 303
+    return staff.get(sent.headers["Location"])
+
+
+def test_a_test_send_keeps_the_ab_test_for_the_launch(push_app, fake_push, sign_in):
+    """The test goes with variant A's text alone; the page after it, and the launch from
+    it, keep variants and the test share as typed."""
+    app = push_app
+    staff = sign_in(app)
+    subscribe(app, fake_push, client=staff.client)
+    page = _launch_after_test_send(staff, app, AB)
+    assert page.status_code == 200
+    html = page.text
+    for name, value in AB.items():
+        assert re.search(rf'name="{name}"[^>]*value="{value}"', html), name
+    # Launch with what the page carries, nothing else.
+    fields = dict(re.findall(r'<input type="hidden" name="(\w+)" value="([^"]*)"', html))
+    assert {name: fields.get(name) for name in AB} == AB
+    fields.pop("csrf_token", None)
+    launched = staff.post("/staff/campaigns/new", {**fields, "action": "launch"})
+    assert launched.status_code == 303, launched.text
+    with db.begin(app) as session:
+        campaign = session.scalars(sa.select(Campaign).where(Campaign.is_test.is_(False))).one()
+        assert campaign.test_share == 20
+        assert campaign.winner_after == 4 * 3600
+
+
+def test_variants_too_long_to_keep_are_said_not_dropped(push_app, fake_push, sign_in):
+    app = push_app
+    staff = sign_in(app)
+    subscribe(app, fake_push, client=staff.client)
+    long = {**AB, "variant_b_body": "word " * 400}
+    page = _launch_after_test_send(staff, app, long)
+    assert page.status_code == 200
+    assert "Variants B and C were too long to keep on this page" in page.text
+    assert 'value="launch"' not in page.text  # the form, to type them again, not Launch
