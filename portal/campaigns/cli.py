@@ -13,7 +13,7 @@ from flask.cli import AppGroup
 
 from portal.campaigns import drafts, media, outcome, services
 from portal.campaigns.actions import CLONED, DRAFT_SAVED, LAUNCHED, PICTURE_UPLOADED
-from portal.campaigns.forms import LocalTimeError, local_to_utc
+from portal.campaigns.forms import LocalTimeError, local_to_utc, whole_number
 from portal.campaigns.local_time import parse_local_time
 from portal.campaigns.presentation import local_schedule, zoned_time
 from portal.campaigns.services import CampaignDraft
@@ -217,7 +217,7 @@ def campaign_create(
                 ValidationError("invalid_value", f"{given!r} is not TITLE|BODY", "variant_b_title")
             )
         others.append((text.strip(), message.strip(), None))
-    seconds = int(ttl) if ttl.strip().isdigit() else None
+    seconds = whole_number(ttl.strip())
     if seconds is None:
         problems.append(ValidationError("invalid_value", "a whole number of seconds", "ttl"))
     at = parse_local_time(local_time) if local_time else None

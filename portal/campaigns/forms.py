@@ -30,6 +30,15 @@ from portal.inputs import CheckedForm
 from portal.origins import campaign_link_origins
 
 _SECONDS = re.compile(r"[0-9]{1,9}")
+
+
+def whole_number(text: str) -> int | None:
+    """A whole number as the campaign form and the command line read one (a time to live,
+    hours, a share): ASCII digits only ("²".isdigit() is true and int("²") fails;
+    "٣٠٠" would be read as 300), at most nine; None otherwise."""
+    return int(text) if _SECONDS.fullmatch(text) else None
+
+
 SCHEDULE_CHOICES = [("now", "Send now"), ("later", "At a date and time")]
 URGENCY_CHOICES = [(value, label) for value, (label, _) in URGENCIES.items()]
 # The order fields appear in on the page, which is the order of the error summary: the
@@ -151,9 +160,7 @@ class CampaignForm(CheckedForm):
         return choices
 
     def ttl_seconds(self) -> int | None:
-        text = self.ttl.data or ""
-        # ASCII digits only: "²".isdigit() is true, and int("²") fails.
-        return int(text) if _SECONDS.fullmatch(text) else None
+        return whole_number(self.ttl.data or "")
 
     def chosen_id(self) -> uuid.UUID | None:
         try:
@@ -255,10 +262,10 @@ def _whole(field: Field, refusal: str) -> int | None:
     text = field.data or ""
     if not text:
         return None
-    if not _SECONDS.fullmatch(text):
+    value = whole_number(text)
+    if value is None:
         _error(field, refusal)
-        return None
-    return int(text)
+    return value
 
 
 def _local_time(form: CampaignForm) -> dt.time | None:

@@ -161,6 +161,24 @@ def test_a_time_to_live_that_only_looks_like_digits_is_a_field_error(engine, cam
     assert unchanged.changed() == []
 
 
+@pytest.mark.parametrize("draft", [False, True], ids=["create", "draft"])
+@pytest.mark.parametrize("ttl", ["²", "٣٠٠", "１２", "-1", "99999999999999999999", " "])
+def test_the_create_command_reads_a_time_to_live_as_the_form_does(
+    catalogue_ready, engine, ttl, draft
+):
+    """The form's rule at the other door: once "²" failed with a traceback and "٣٠٠" was
+    taken as 300, and a draft kept what the form then refused."""
+    unchanged = Unchanged(engine)
+    result = catalogue_ready.test_cli_runner().invoke(
+        args=["portal", "campaign", "create", "--topic", "weekly-digest", "--title", "T",
+              "--body", "B", "--ttl", ttl, *(["--draft"] if draft else [])]
+    )  # fmt: skip
+    assert result.exit_code == 1, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert "error: ttl: a whole number of seconds" in result.stderr.splitlines()
+    assert unchanged.changed() == []
+
+
 @pytest.mark.parametrize(
     ("option", "value"),
     [("--send-at", "9999-12-31T23:00-05:00"), ("--deliver-until", "0001-01-01T00:00+09:00")],
