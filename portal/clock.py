@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import threading
+import zoneinfo
 from typing import Protocol
 
 # A period of UTC days ends at the midnight after its last day, which must exist: the
@@ -39,3 +41,19 @@ class FrozenClock:
     def set(self, when: dt.datetime) -> None:
         with self._lock:
             self._now = when
+
+
+@functools.lru_cache(maxsize=512)
+def _zone(name: str) -> zoneinfo.ZoneInfo | None:
+    try:
+        return zoneinfo.ZoneInfo(name)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        return None
+
+
+def day_in(at: dt.datetime, zone: str | None) -> str:
+    """The day of ``at`` as a person reads it ("05 December 2026"): in their time zone
+    when we know it (a page that says its times are theirs must not give UTC's day),
+    else UTC's."""
+    tz = _zone(zone) if zone else None
+    return at.astimezone(tz or dt.UTC).strftime("%d %B %Y")

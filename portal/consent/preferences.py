@@ -19,6 +19,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
+from portal.clock import day_in
 from portal.consent import catalogue, log
 from portal.consent.catalogue import active_topics
 from portal.consent.models import EventKind, PreferenceState, Source, Topic, TopicPreference
@@ -79,6 +80,7 @@ def explain(
     decided_at: dt.datetime | None = None,
     source: str | None = None,
     policy_version: str | None = None,
+    time_zone: str | None = None,
 ) -> str:
     """The one wording rule for a topic's state, on the preference centre and the
     compliance view: never chosen (a default, on or off), or chosen on or off, with the
@@ -89,7 +91,7 @@ def explain(
     opt_out is a "no" the person gave: unticked here, "turn off all marketing", or kept
     when confirming their choices under a new notice.
     """
-    when = f" on {decided_at:%d %B %Y}" if decided_at else ""
+    when = f" on {day_in(decided_at, time_zone)}" if decided_at else ""
     notice = f", under notice version {policy_version}" if policy_version else ""
     match effective.reason:
         case Reason.EXPLICIT_OPT_IN:
@@ -115,6 +117,7 @@ class TopicView:
     decided_at: dt.datetime | None
     source: str | None
     policy_version: str | None
+    time_zone: str | None = None  # the person's, for the day they decided
 
     @property
     def explanation(self) -> str:
@@ -125,6 +128,7 @@ class TopicView:
             decided_at=self.decided_at,
             source=self.source,
             policy_version=self.policy_version,
+            time_zone=self.time_zone,
         )
 
 
@@ -183,6 +187,7 @@ def topic_views(
                 decided_at=row.decided_at if row else None,
                 source=row.source if row else None,
                 policy_version=row.policy_version if row else None,
+                time_zone=subscriber.time_zone,
             )
         )
     return views

@@ -25,6 +25,7 @@ from sqlalchemy.orm.attributes import set_committed_value
 from portal import ratelimit
 from portal.api import check_same_origin, json_body
 from portal.campaigns.local_time import parse_local_time
+from portal.clock import day_in
 from portal.consent import catalogue, receipts, tree
 from portal.consent.accounts import link_account
 from portal.consent.log import Context
@@ -72,6 +73,7 @@ from portal.subscriptions.validation import require_object, require_string
 from portal.useragent import family
 
 bp = Blueprint("preferences", __name__)
+bp.add_app_template_filter(day_in, "day_in")
 # The flash category of a message that says choices were saved: the page offers their
 # receipt beside it.
 SAVED = "saved"

@@ -31,6 +31,30 @@ def test_a_visitor_without_identity_gets_an_explanation(client, catalogue_ready)
     assert 'href="/"' in page.text
 
 
+@pytest.mark.parametrize(
+    ("zone", "day", "said"),
+    [
+        # 19:00 UTC on 1 January is already 2 January on Kiritimati (UTC+14).
+        ("Pacific/Kiritimati", "02 January 2026", "Times are in your time zone, Pacific/Kiritimati"),
+        ("America/Los_Angeles", "01 January 2026", "Times are in your time zone, America/Los_Angeles"),
+        (None, "01 January 2026", "Your browser has not told us your time zone"),
+    ],
+)  # fmt: skip
+def test_the_days_the_centre_gives_are_the_persons_own(
+    client, clock, subscriptions, catalogue_ready, zone, day, said
+):
+    """The page says its times are the person's: so are its days (the day they decided,
+    the day a device started, the notice's day), not UTC's."""
+    clock.set(clock.now().replace(hour=19))
+    body = {"subscription": subscriptions().to_json(), "topics": ["offers"]}
+    body |= {"policyVersion": "v1"} | ({"timeZone": zone} if zone else {})
+    assert client.post("/api/push/subscribe", json=body).status_code == 201
+    html = client.get("/preferences").text
+    assert said in html
+    assert f"On: you chose this on {day}, under notice version v1." in html
+    assert f'<td data-label="Since">{day}</td>' in html
+
+
 def test_round_trip_load_change_save_banner(client, engine, subscribed):
     page = client.get("/preferences")
     assert page.status_code == 200
