@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from portal.campaigns import services as campaigns
 from portal.campaigns.models import Campaign, CircuitState
 from portal.campaigns.services import CampaignDraft
-from portal.db import db
+from portal.db import db, uuid7
 from portal.delivery.engine import Dispatcher, EngineSettings
 from portal.delivery.models import Delivery
 from portal.jobs import run_job
@@ -519,3 +519,42 @@ def test_a_circuit_opened_by_one_batch_holds_back_the_next(
     (circuit,) = _rows(push_app, CircuitState)
     assert circuit["push_service"] == "other"
     assert circuit["reason"] == "2 of 2 answers were 429/5xx"
+
+
+def test_a_campaign_that_cannot_be_materialised_fails_alone(
+    push_app, dispatcher, fake_push, clock, monkeypatch, caplog
+):
+    """One campaign whose audience cannot be worked out (here: a time off the calendar,
+    as rows from before the two-year rule could hold) is said in the log each run; the
+    other campaigns are materialised and sent all the same."""
+    import portal.delivery.engine as engine_module
+
+    for _ in range(2):
+        _subscribe(push_app, fake_push, topics=["weekly-digest"])
+    broken = _launch(push_app, clock)
+    fine = _launch(push_app, clock)
+    real = engine_module.materialise_batch
+
+    def materialise(session, campaign, **kwargs):
+        if campaign.id == broken:
+            raise OverflowError("date value out of range")
+        return real(session, campaign, **kwargs)
+
+    monkeypatch.setattr(engine_module, "materialise_batch", materialise)
+    dispatcher.tick()
+    dispatcher.tick()
+    sent = [d for d in _rows(push_app, Delivery) if d["status"] == "accepted"]
+    assert {d["campaign_id"] for d in sent} == {fine}
+    assert len(fake_push.received()) == 2
+    assert f"campaign {broken}: its audience could not be materialised" in caplog.text
+
+
+def test_a_winner_time_off_the_calendar_fails_alone(push_app, dispatcher, clock, caplog):
+    from portal.delivery.engine import _winner_is_due
+
+    far = Campaign(
+        id=uuid7(), send_at=dt.datetime(9999, 12, 31, 22, tzinfo=dt.UTC), winner_after=4 * 3600
+    )
+    far.test_share = 20
+    assert _winner_is_due(far, clock.now()) is False
+    assert f"campaign {far.id}: its winner's time is off the calendar" in caplog.text
