@@ -225,10 +225,6 @@ def campaign_create(
         problems.append(
             ValidationError("invalid_value", "the time as HH:MM, like 09:00", "local_time")
         )
-    if fallback_zone and not local_time:
-        problems.append(
-            ValidationError("invalid_value", "only used with --local-time", "fallback_zone")
-        )
     candidate = CampaignDraft(
         topic=topic,
         title=title,

@@ -543,6 +543,13 @@ def _time_problems(draft: CampaignDraft, now: dt.datetime) -> list[ValidationErr
             )
             return problems  # the times below are worked out from the send time
     fallback = draft.fallback
+    check(
+        draft.fallback_zone is None or draft.local_time is not None,
+        "invalid_value",
+        "The time zone for people whose zone is not known is only used with a local time: "
+        "give a local time, or leave it out",
+        "fallback_zone",
+    )
     if fallback is not None:
         try:
             check_zone(fallback, "fallback_zone")

@@ -439,7 +439,12 @@ def test_the_command_line_takes_local_time_and_fallback_zone(catalogue_ready, cl
     ("args", "error"),
     [
         (["--local-time=9am"], "error: local-time: the time as HH:MM, like 09:00"),
-        (["--fallback-zone=Europe/London"], "error: fallback-zone: only used with --local-time"),
+        (
+            ["--fallback-zone=Europe/London"],
+            "error: fallback-zone: The time zone for people "
+            "whose zone is not known is only used with a local time: give a local time, or leave "
+            "it out",
+        ),
         (
             ["--local-time=09:00", "--fallback-zone=US/Eastern"],
             "error: fallback-zone: US/Eastern is an alias: choose America/New_York",
@@ -452,6 +457,25 @@ def test_the_command_line_refuses_what_the_form_refuses(catalogue_ready, args, e
     assert error in result.stderr
     with db.begin(catalogue_ready) as session:
         assert session.scalars(sa.select(Campaign)).all() == []
+
+
+@pytest.mark.parametrize("zone", ["Europe/London", "Mars/Olympus"])
+@pytest.mark.parametrize("action", ["review", "launch"])
+def test_the_form_refuses_a_fallback_zone_without_a_local_time(campaigner, engine, zone, action):
+    """The command line's rule, now the form's too (one rule, in validate_draft): what was
+    typed is named, not silently dropped."""
+    from tests.helpers import Unchanged
+
+    unchanged = Unchanged(engine)
+    response = campaigner.post(
+        "/staff/campaigns/new", {**form_data(fallback_zone=zone), "action": action}
+    )
+    assert response.status_code == 422
+    assert field_error(response.text, "fallback_zone") == (
+        "The time zone for people whose zone is not known is only used with a local time: "
+        "give a local time, or leave it out"
+    )
+    assert unchanged.changed() == []
 
 
 # -- across a clock change, through the engine -----------------------------------------------
