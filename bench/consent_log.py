@@ -250,7 +250,7 @@ def _verify(url: str, instance: str) -> dict[str, Any]:
     key = tree.signing_key(current_portal(app).settings.consent_log_signing_key).public_key()
     started = time.perf_counter()
     with app.extensions["portal.db"].engine.connect() as conn:
-        report = tree.verify_log(conn, public_key=key)
+        report = tree.verify_log(conn, log_keys=[key])
     seconds = time.perf_counter() - started
     app.extensions["portal.db"].engine.dispose()
     return {
