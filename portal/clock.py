@@ -43,8 +43,9 @@ class FrozenClock:
             self._now = when
 
 
-@functools.lru_cache(maxsize=512)
-def _zone(name: str) -> zoneinfo.ZoneInfo | None:
+@functools.lru_cache(maxsize=1024)
+def zone_info(name: str) -> zoneinfo.ZoneInfo | None:
+    """The zone of that name, or None when this process's time-zone database lacks it."""
     try:
         return zoneinfo.ZoneInfo(name)
     except (zoneinfo.ZoneInfoNotFoundError, ValueError):
@@ -55,5 +56,5 @@ def day_in(at: dt.datetime, zone: str | None) -> str:
     """The day of ``at`` as a person reads it ("05 December 2026"): in their time zone
     when we know it (a page that says its times are theirs must not give UTC's day),
     else UTC's."""
-    tz = _zone(zone) if zone else None
+    tz = zone_info(zone) if zone else None
     return at.astimezone(tz or dt.UTC).strftime("%d %B %Y")

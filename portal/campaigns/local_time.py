@@ -19,11 +19,11 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import re
-import zoneinfo
 from collections import Counter
 from collections.abc import Iterable
 
 from portal.campaigns.zones import zone_names
+from portal.clock import zone_info
 
 _HH_MM = re.compile(r"([01][0-9]|2[0-3]):([0-5][0-9])")
 
@@ -37,15 +37,6 @@ def parse_local_time(text: str) -> dt.time | None:
 
 def shown(at: dt.time) -> str:
     return at.strftime("%H:%M")
-
-
-@functools.lru_cache(maxsize=1024)
-def zone_info(name: str) -> zoneinfo.ZoneInfo | None:
-    """The zone of that name, or None when this process's time-zone database lacks it."""
-    try:
-        return zoneinfo.ZoneInfo(name)
-    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
-        return None
 
 
 def local_due(start: dt.datetime, at: dt.time, zone: str) -> dt.datetime | None:

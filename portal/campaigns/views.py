@@ -114,16 +114,9 @@ _KEPT = (
 # The A/B test: a test goes with variant A's text alone, so its campaign keeps no
 # variants. Kept in the (cookie) session too, while they fit in it with room to spare;
 # longer, the page says so rather than launch without them.
-_KEPT_VARIANTS = (
-    "variant_b_title",
-    "variant_b_body",
-    "variant_b_image",
-    "variant_c_title",
-    "variant_c_body",
-    "variant_c_image",
-    "test_share",
-    "winner_after_hours",
-)
+_KEPT_VARIANTS = drafts.FIELDS[
+    drafts.FIELDS.index("variant_b_title") : drafts.FIELDS.index("winner_after_hours") + 1
+]
 _KEPT_VARIANTS_MAX = 1500  # characters of their JSON: the cookie holds about 4,000
 
 

@@ -24,7 +24,7 @@ from portal.compliance.export import (
     write_bundle,
 )
 from portal.compliance.signing import SigningKey, SigningKeyMissing, parse_public_key
-from portal.compliance.verify import BundleError, LaterHead, parse_log_key, verify_bundle
+from portal.compliance.verify import BundleError, LaterHead, parse_log_keys, verify_bundle
 from portal.consent import merkle, receipt_check
 from portal.db import db
 from portal.seams import current_portal
@@ -156,14 +156,10 @@ def verify_export_command(
         key = parse_public_key(public_key) if public_key else None
     except ValueError as error:
         raise click.BadParameter(str(error), param_hint="--public-key") from None
-    tree_keys = []
-    for log_key in log_keys:
-        try:
-            if not log_key.strip():
-                raise ValueError("the log key is empty")
-            tree_keys.append(parse_log_key(log_key))
-        except ValueError as error:
-            raise click.BadParameter(str(error), param_hint="--log-key") from None
+    try:
+        tree_keys = parse_log_keys(log_keys)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--log-key") from None
     later = _later_head(later_head_file, consistency_file)
     try:
         report = verify_bundle(bundle, key, log_keys=tree_keys, later=later)

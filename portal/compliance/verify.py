@@ -184,6 +184,16 @@ def parse_log_key(value: str) -> ed25519.Ed25519PublicKey:
         raise ValueError(str(error)) from None
 
 
+def parse_log_keys(values: Sequence[str]) -> list[ed25519.Ed25519PublicKey]:
+    """Each ``--log-key`` given (see :func:`parse_log_key`); ValueError names a bad one."""
+    keys = []
+    for value in values:
+        if not value.strip():
+            raise ValueError("the log key is empty")
+        keys.append(parse_log_key(value))
+    return keys
+
+
 def verify_bundle(
     path: Path,
     public_key: PublicKey | None = None,

@@ -13,7 +13,7 @@ import click
 from flask.cli import AppGroup
 
 from portal.cli import ClickProgress
-from portal.compliance.verify import BundleError, bundle_anchors, parse_log_key
+from portal.compliance.verify import BundleError, bundle_anchors, parse_log_keys
 from portal.consent import catalogue, merkle, receipt_check, tree
 from portal.db import db
 from portal.errors import ApiError
@@ -213,13 +213,10 @@ def verify_log(
             sys.exit(1)
     key_text = current_portal().settings.consent_log_signing_key
     trusted = [tree.signing_key(key_text).public_key()] if key_text else []
-    for log_key in log_keys:
-        try:
-            if not log_key.strip():
-                raise ValueError("the log key is empty")
-            trusted.append(parse_log_key(log_key))
-        except ValueError as error:
-            raise click.BadParameter(str(error), param_hint="--log-key") from None
+    try:
+        trusted += parse_log_keys(log_keys)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--log-key") from None
     with db.engine.connect() as connection:
         total = connection.exec_driver_sql("SELECT count(*) FROM consent_event").scalar_one()
         progress = ClickProgress("verify-log")

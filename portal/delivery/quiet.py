@@ -20,7 +20,8 @@ import datetime as dt
 import re
 from dataclasses import dataclass
 
-from portal.campaigns.local_time import local_due, parse_local_time, zone_info
+from portal.campaigns.local_time import local_due, parse_local_time
+from portal.clock import zone_info
 
 QUIET_HOURS = "quiet_hours"  # the reason a delivery waiting for a window's end carries
 _WINDOW = re.compile(r"\s*([0-9:]+)\s*[-–]\s*([0-9:]+)\s*")
