@@ -544,7 +544,7 @@ def _time_problems(draft: CampaignDraft, now: dt.datetime) -> list[ValidationErr
             return problems  # the times below are worked out from the send time
     fallback = draft.fallback
     check(
-        draft.fallback_zone is None or draft.local_time is not None,
+        not draft.fallback_zone or draft.local_time is not None,
         "invalid_value",
         "The time zone for people whose zone is not known is only used with a local time: "
         "give a local time, or leave it out",
