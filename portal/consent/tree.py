@@ -522,11 +522,11 @@ def verify_log(
     leaves is the latest signed head's, and the head's signature verifies with one of
     ``log_keys`` (the keys the checker trusts: the log's own and, after a change of it,
     the earlier ones; with none given, the key stored beside the head); the events
-    written before the tree still form their hash chain. ``anchors`` (seq → hash kept outside the database:
-    the chain hash of an event before the tree, the leaf hash of one after) must still be
-    in the log, unchanged. ``saved_head`` (a signed head kept from earlier) must be a
-    prefix of today's tree: its root is recomputed from today's rows, and the stored
-    nodes' consistency proof from it to today's head must verify.
+    written before the tree still form their hash chain. ``anchors`` (seq → hash kept
+    outside the database: the chain hash of an event before the tree, the leaf hash of one
+    after) must still be in the log, unchanged. ``saved_head`` (a signed head kept from
+    earlier) must be a prefix of today's tree: its root is recomputed from today's rows,
+    and the stored nodes' consistency proof from it to today's head must verify.
     """
     anchors = dict(anchors or {})
     head_row = connection.execute(sa.select(_h).order_by(_h.c.tree_size.desc()).limit(1)).first()
