@@ -256,7 +256,7 @@ class Dispatcher:
                     Campaign.status == CampaignStatus.SENDING.value,
                     Campaign.materialised_at.is_(None),
                 )
-                .order_by(Campaign.send_at)
+                .order_by(Campaign.send_at, Campaign.id)  # ids are in creation order
             ).all()
         for campaign in pending:
             # One campaign that cannot be materialised (a bug, a time off the calendar in
