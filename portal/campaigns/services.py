@@ -499,7 +499,7 @@ def _winner_problems(draft: CampaignDraft, now: dt.datetime) -> list[ValidationE
         and draft.deliver_until is not None
         and draft.deliver_until.tzinfo is not None
         and send_at.tzinfo is not None
-        and send_at <= now + MAX_SEND_AHEAD  # further is refused, and would overflow here
+        and not _too_far_ahead(send_at, now)  # refused, and would overflow here
         and draft.deliver_until <= send_at + dt.timedelta(hours=hours)
     ):
         problems.append(
@@ -511,6 +511,11 @@ def _winner_problems(draft: CampaignDraft, now: dt.datetime) -> list[ValidationE
             )
         )
     return problems
+
+
+def _too_far_ahead(send_at: dt.datetime, now: dt.datetime) -> bool:
+    """Whether a send time is further ahead than a campaign may be planned."""
+    return send_at > now + MAX_SEND_AHEAD
 
 
 def _time_problems(draft: CampaignDraft, now: dt.datetime) -> list[ValidationError]:
@@ -534,12 +539,13 @@ def _time_problems(draft: CampaignDraft, now: dt.datetime) -> list[ValidationErr
             "The send time has passed: choose a later time, or send now",
             "send_at",
         )
-        if send_at > now + MAX_SEND_AHEAD:
-            check(
-                False,
-                "too_far_ahead",
-                "The send time must be within two years from now: choose an earlier time",
-                "send_at",
+        if _too_far_ahead(send_at, now):
+            problems.append(
+                ValidationError(
+                    "too_far_ahead",
+                    "The send time must be within two years from now: choose an earlier time",
+                    "send_at",
+                )
             )
             return problems  # the times below are worked out from the send time
     fallback = draft.fallback
