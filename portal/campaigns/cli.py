@@ -13,7 +13,13 @@ from flask.cli import AppGroup
 
 from portal.campaigns import drafts, media, outcome, services
 from portal.campaigns.actions import CLONED, DRAFT_SAVED, LAUNCHED, PICTURE_UPLOADED
-from portal.campaigns.forms import LocalTimeError, local_to_utc, whole_number
+from portal.campaigns.forms import (
+    HOURS_UNREAD,
+    SHARE_UNREAD,
+    LocalTimeError,
+    local_to_utc,
+    whole_number,
+)
 from portal.campaigns.local_time import parse_local_time
 from portal.campaigns.presentation import local_schedule, zoned_time
 from portal.campaigns.services import CampaignDraft
@@ -57,6 +63,25 @@ def _fail(problems: list[ApiError]) -> None:
         field = _OPTIONS.get(problem.field or "", problem.field or "campaign")
         click.echo(f"error: {field}: {problem.message}", err=True)
     sys.exit(1)
+
+
+def _whole_option(
+    given: str | None, expected: str, field: str, problems: list[ApiError]
+) -> int | None:
+    """An option's whole number read as the campaign form reads it (ASCII digits only)."""
+    if given is None:
+        return None
+    number = whole_number(given.strip())
+    if number is None:
+        problems.append(ValidationError("invalid_value", expected, field))
+    return number
+
+
+def _unread_aside(read: list[ApiError], checked: list[ValidationError]) -> list[ValidationError]:
+    """The rules' problems with the options that could not be read left out: an option
+    says one thing, as the form's field does (its first error)."""
+    unread = {problem.field for problem in read}
+    return [problem for problem in checked if problem.field not in unread]
 
 
 def _instant(
@@ -155,13 +180,11 @@ def _instant(
 )
 @click.option(
     "--test-share",
-    type=click.IntRange(1, 99),
     metavar="PERCENT",
     help="With --variant: test on this share of the audience first; the rest get the winner.",
 )
 @click.option(
     "--winner-after",
-    type=click.IntRange(1, services.MAX_WINNER_HOURS),
     metavar="HOURS",
     help="With --test-share: send the variant with the best click-through rate to the rest "
     "this many hours after the send time.",
@@ -192,8 +215,8 @@ def campaign_create(
     badge: str | None,
     actions: tuple[str, ...],
     variant_texts: tuple[str, ...],
-    test_share: int | None,
-    winner_after: int | None,
+    test_share: str | None,
+    winner_after: str | None,
     require_interaction: bool,
     silent: bool,
     draft: bool,
@@ -220,6 +243,9 @@ def campaign_create(
     seconds = whole_number(ttl.strip())
     if seconds is None:
         problems.append(ValidationError("invalid_value", "a whole number of seconds", "ttl"))
+    # The form's reading of whole numbers; validate_draft checks their ranges for both.
+    share = _whole_option(test_share, SHARE_UNREAD, "test_share", problems)
+    hours = _whole_option(winner_after, HOURS_UNREAD, "winner_after_hours", problems)
     at = parse_local_time(local_time) if local_time else None
     if local_time and at is None:
         problems.append(
@@ -245,8 +271,8 @@ def campaign_create(
         local_time=at,
         fallback_zone=fallback_zone or None,
         variants=tuple(others),
-        test_share=test_share,
-        winner_after_hours=winner_after,
+        test_share=share,
+        winner_after_hours=hours,
     )
     now = _now()
     if draft:
@@ -254,7 +280,9 @@ def campaign_create(
         return
     with db.begin() as session:
         links = campaign_link_origins()  # the form's rule: one function for both doors
-        problems += services.validate_draft(session, candidate, now=now, link_origins=links)
+        problems += _unread_aside(
+            problems, services.validate_draft(session, candidate, now=now, link_origins=links)
+        )
         if problems:
             _fail(problems)
         audience = audience_breakdown(session, topic_by_slug(session, topic).id)
@@ -303,7 +331,9 @@ def _save_draft(
         links = campaign_link_origins()
         problems += [
             p
-            for p in services.validate_draft(session, candidate, now=now, link_origins=links)
+            for p in _unread_aside(
+                problems, services.validate_draft(session, candidate, now=now, link_origins=links)
+            )
             if p.code != "in_the_past"
         ]
         if problems:

@@ -39,6 +39,9 @@ def whole_number(text: str) -> int | None:
     return int(text) if _SECONDS.fullmatch(text) else None
 
 
+# What the form and the command line say of a test share or hours that are not a number.
+SHARE_UNREAD = "Enter the test share as a whole percentage, like 20"
+HOURS_UNREAD = "Enter whole hours, like 4"
 SCHEDULE_CHOICES = [("now", "Send now"), ("later", "At a date and time")]
 URGENCY_CHOICES = [(value, label) for value, (label, _) in URGENCIES.items()]
 # The order fields appear in on the page, which is the order of the error summary: the
@@ -312,8 +315,8 @@ def check(form: CampaignForm, session: Session, *, now: dt.datetime) -> Campaign
         local_time=_local_time(form),
         fallback_zone=form.fallback_zone.data or None,
         variants=form.variants(),
-        test_share=_whole(form.test_share, "Enter the test share as a whole percentage, like 20"),
-        winner_after_hours=_whole(form.winner_after_hours, "Enter whole hours, like 4"),
+        test_share=_whole(form.test_share, SHARE_UNREAD),
+        winner_after_hours=_whole(form.winner_after_hours, HOURS_UNREAD),
     )
     time_unclear = bool(form.send_at.errors or form.schedule.errors)
     for problem in services.validate_draft(

@@ -339,6 +339,34 @@ def test_the_command_line_refuses_what_the_form_refuses(catalogue_ready, args, e
         assert session.scalars(sa.select(Campaign)).all() == []
 
 
+@pytest.mark.parametrize(
+    ("share", "hours"),
+    [("٣٠", "4"), ("30", "٤"), ("²", "4"), ("0", "4"), ("100", "4"), ("30", "0"), ("3 0", "4")],
+)
+def test_a_share_or_hours_the_form_refuses_the_command_line_refuses_too(
+    campaigner, catalogue_ready, share, hours
+):
+    """One reading of whole numbers at both doors: ASCII digits only, in range."""
+    variant = {"variant_b_title": "Last chance", "variant_b_body": "Ends tonight"}
+    fields = form_data(**variant, test_share=share, winner_after_hours=hours)
+    answer = campaigner.post("/staff/campaigns/new", {**fields, "action": "launch"})
+    assert answer.status_code == 422
+    result = run(
+        catalogue_ready,
+        "create",
+        "--topic=weekly-digest",
+        "--title=T",
+        "--body=B",
+        "--variant=Last chance|Ends tonight",
+        f"--test-share={share}",
+        f"--winner-after={hours}",
+    )
+    assert result.exit_code == 1, result.output
+    assert re.search(r"^error: (test-share|winner-after): ", result.stderr, re.M), result.stderr
+    with db.begin(catalogue_ready) as session:
+        assert session.scalars(sa.select(Campaign)).all() == []
+
+
 # -- the winner to the rest ---------------------------------------------------------------
 
 
