@@ -680,6 +680,11 @@ def build(settings: Any) -> dict[str, Any]:
                 {
                     "200": _ok("The new subscription was already known.", "Change", cookies=True),
                     "201": _ok("The new subscription.", "Change", cookies=True),
+                    "410": _error(
+                        "The browser holds the old subscription, but its person ended it "
+                        "(unsubscribed, or erased): nothing is registered "
+                        "(subscription_ended)."
+                    ),
                 },
                 max_body=max_body,
                 refused="for oldEndpoint: " + _NOT_HELD,

@@ -387,6 +387,12 @@ async function resubscribe(oldSubscription, newSubscription) {
       credentials: "same-origin",
       body: JSON.stringify(change),
     });
+    if (moved.status === 410) {
+      // The person ended the old subscription (or was erased): the new one was nobody's
+      // choice, so the browser lets it go too.
+      await fresh.unsubscribe();
+      return moved;
+    }
     if (moved.status !== 403) {
       return moved;
     }

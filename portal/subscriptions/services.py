@@ -26,6 +26,7 @@ from portal.consent import log
 from portal.consent.models import EventKind, Source
 from portal.db import is_postgres, uuid7
 from portal.delivery import quiet
+from portal.errors import ApiError
 from portal.metrics import subscription_upserts
 from portal.subscriptions.models import (
     EndReason,
@@ -602,6 +603,26 @@ class ChangeResult:
     moved: bool
 
 
+# How a subscription ends by someone's choice rather than by its push service: a
+# rotation of it must not bring it back.
+_ENDED_BY_CHOICE = frozenset({EndReason.UNSUBSCRIBED.value, EndReason.ERASED.value})
+
+
+class SubscriptionEnded(ApiError):
+    """The browser holds a subscription its person ended (unsubscribed, or erased): its
+    push service's new endpoint takes nothing over and registers nothing (410); only the
+    person's own choice on the page subscribes again."""
+
+    status = 410
+
+    def __init__(self, field: str) -> None:
+        super().__init__(
+            "subscription_ended",
+            "this subscription was ended by its person: only their own choice subscribes again",
+            field,
+        )
+
+
 def change_endpoint(
     session: Session,
     old_endpoint: str,
@@ -622,6 +643,9 @@ def change_endpoint(
     """
     old = held_by_endpoint(session, old_endpoint, proof, keys=keys, field="oldEndpoint")
     _lock_row(session, old)
+    if old.deleted_at is not None or old.end_reason in _ENDED_BY_CHOICE:
+        # The person (or erasure) ended it: no consent carries over, and none is new.
+        raise SubscriptionEnded("oldEndpoint")
     carry = None
     if old.deleted_at is None and old.subscriber_id is not None:
         carry = _live_subscriber(session, old.subscriber_id)

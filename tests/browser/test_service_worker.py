@@ -634,6 +634,50 @@ def test_a_worker_that_cannot_prove_the_old_subscription_registers_the_new_one_a
     assert new.subscriber_id != old.subscriber_id
 
 
+def test_a_worker_whose_person_ended_the_subscription_lets_the_new_one_go(
+    context, server, browser_subscription
+):
+    """The person unsubscribed (here from the API; from another device, say) while this
+    browser kept its push subscription; its push service rotates it. The server refuses
+    the move (410) and the worker drops the new push subscription: nobody chose it, and
+    nothing falls back to registering it alone."""
+    page = context.new_page()
+    subscribe_through_page(page)
+    ended = context.request.post(
+        "/api/push/unsubscribe", data={"endpoint": browser_subscription.endpoint}
+    )
+    assert ended.status == 200
+    renewed = SubscriptionFactory()("fcm")
+    answer = worker(context).evaluate(
+        """async ([old, fresh]) => {
+          const dropped = [];
+          const subscription = {
+            endpoint: fresh.endpoint,
+            toJSON: () => fresh,
+            unsubscribe: async () => { dropped.push(fresh.endpoint); return true; },
+          };
+          PushManager.prototype.subscribe = async () => subscription;
+          const sent = [];
+          const realFetch = self.fetch;
+          self.fetch = (url, options) => {
+            if (options && options.method === "POST") sent.push(url);
+            return realFetch(url, options);
+          };
+          try {
+            const response = await resubscribe({endpoint: old}, null);
+            return {sent, dropped, status: response.status, body: await response.json()};
+          } finally {
+            self.fetch = realFetch;
+          }
+        }""",
+        [browser_subscription.endpoint, renewed.to_json()],
+    )
+    assert answer["sent"] == ["/api/push/change"]
+    assert (answer["status"], answer["body"]["error"]["code"]) == (410, "subscription_ended")
+    assert answer["dropped"] == [renewed.endpoint]
+    assert set(_rows(server)) == {browser_subscription.endpoint}
+
+
 RICH_SHOWN = """async () => (await (await navigator.serviceWorker.ready).getNotifications()).map(
   n => ({image: n.image, badge: n.badge, actions: n.actions.map(a => ({action: a.action, title: a.title})),
          requireInteraction: n.requireInteraction, silent: n.silent, data: n.data}))"""

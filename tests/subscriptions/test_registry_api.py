@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
+import pytest
 import sqlalchemy as sa
 
 from tests.helpers import all_rows
@@ -148,6 +149,77 @@ def test_change_with_a_bad_new_subscription_changes_nothing(client, engine, subs
     rows = _rows(engine)
     assert list(rows) == [old.endpoint]
     assert rows[old.endpoint]["state"] == "pending"
+
+
+def _end_by_erasure(app, engine, clock):
+    from portal.db import db
+    from portal.retention.services import erase_subscriber
+    from portal.subscriptions.models import Subscriber
+
+    with db.begin(app) as session:
+        (person,) = session.scalars(sa.select(Subscriber.id))
+        erase_subscriber(session, person, now=clock.now())
+
+
+def _end_by_unsubscribe(client, old):
+    assert client.post("/api/push/unsubscribe", json={"endpoint": old.endpoint}).status_code == 200
+
+
+@pytest.mark.parametrize("ending", ["unsubscribed", "erased"])
+def test_a_subscription_its_person_ended_is_not_brought_back_by_a_rotation(
+    app, client, engine, subscriptions, clock, ending
+):
+    """The browser still holds the old push subscription (the person ended it from another
+    device, or was erased); its push service rotates it and the worker asks to move it.
+    Nobody chose the new one: 410, and nothing is registered or logged."""
+    old = subscriptions()
+    subscribed = client.post(SUBSCRIBE, json={"subscription": old.to_json()})
+    assert subscribed.status_code == 201
+    if ending == "erased":
+        _end_by_erasure(app, engine, clock)
+    else:
+        _end_by_unsubscribe(client, old)
+    clock.advance(seconds=3600)
+    before = {t: all_rows(engine, t) for t in ("push_subscription", "subscriber", "consent_event")}
+    new = subscriptions()
+    for body in (
+        {"oldEndpoint": old.endpoint, "subscription": new.to_json()},  # the device cookie
+        {"oldEndpoint": old.endpoint, "oldAuth": old.auth_b64, "subscription": new.to_json()},
+    ):
+        response = client.post("/api/push/change", json=body)
+        assert response.status_code == 410, response.json
+        assert response.json["error"] == {
+            "code": "subscription_ended",
+            "message": "this subscription was ended by its person: only their own choice "
+            "subscribes again",
+            "field": "oldEndpoint",
+        }
+        assert "Set-Cookie" not in response.headers
+    assert before == {t: all_rows(engine, t) for t in before}
+
+
+def test_a_subscription_its_push_service_ended_still_moves_to_the_new_endpoint(
+    app, client, engine, subscriptions
+):
+    """A technical end (the push service answered 410 for the old endpoint) is not the
+    person's choice: the rotation that follows it carries the person over."""
+    old = subscriptions()
+    client.post(SUBSCRIBE, json={"subscription": old.to_json()})
+    with engine.begin() as connection:
+        connection.execute(
+            sa.text(
+                "UPDATE push_subscription SET state = 'revoked', "
+                "end_reason = 'revoked_by_push_service'"
+            )
+        )
+    new = subscriptions()
+    response = client.post(
+        "/api/push/change", json={"oldEndpoint": old.endpoint, "subscription": new.to_json()}
+    )
+    assert (response.status_code, response.json["moved"]) == (201, True)
+    rows = _rows(engine)
+    assert rows[new.endpoint]["subscriber_id"] == rows[old.endpoint]["subscriber_id"]
+    assert rows[new.endpoint]["state"] == "pending"
 
 
 def test_unsubscribe(client, engine, subscriptions):
