@@ -36,6 +36,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 from portal.batches import delete_batches
 from portal.db import Base, UTCDateTime, db
 from portal.errors import ApiError
+from portal.identity import device_from_cookie
 from portal.jobreport import JobReport, Progress
 from portal.seams import current_portal
 from portal.subscriptions.validation import endpoint_hash
@@ -217,9 +218,16 @@ def _refused_still_counts(response: Response) -> Response:
 
 
 def limit_endpoint(endpoint: str) -> None:
-    """Count a request naming this push subscription endpoint (429 past the limit)."""
+    """Count a request naming this push subscription endpoint (429 past the limit), in
+    the budget of whoever asks: the browser whose signed device cookie the request
+    carries, or everyone without one together. Someone who knows an endpoint spends only
+    their own budget, never that of the browser holding the subscription, which could
+    otherwise be kept from unsubscribing by 61 requests a minute (SPEC §4: knowing an
+    endpoint reveals and changes nothing)."""
     limit = current_portal().settings.rate_limit.per_endpoint
-    _check(Kind.ENDPOINT, endpoint_hash(endpoint), limit)
+    device = device_from_cookie(request)
+    who = device.bytes if device is not None else b""
+    _check(Kind.ENDPOINT, endpoint_hash(endpoint) + who, limit)
 
 
 def receipt_verdict(subscriber_id: uuid.UUID) -> Verdict | None:

@@ -12,12 +12,14 @@ from flask import Flask
 from portal import create_app
 from portal.clock import FrozenClock
 from portal.config import RateLimitSettings, Settings
+from portal.db import db
 from portal.jobs import job_names, run_job
 from portal.ratelimit import window_start
 from portal.security import CONTENT_SECURITY_POLICY
+from portal.subscriptions.models import PushSubscription
 from tests.conftest import make_settings
 from tests.factories import SubscriptionFactory
-from tests.helpers import count_rows
+from tests.helpers import count_rows, record_delivery
 
 # 12:00:30 inside a one-minute window: 30 seconds left.
 START = dt.datetime(2026, 3, 2, 12, 0, 30, tzinfo=dt.UTC)
@@ -41,6 +43,16 @@ def _client(app: Flask, address: str):
     client = app.test_client()
     client.environ_base["REMOTE_ADDR"] = address
     return client
+
+
+def engine_rows(engine) -> list[tuple[str, str | None]]:
+    with engine.connect() as connection:
+        return [
+            tuple(row)
+            for row in connection.execute(
+                sa.text("SELECT state, end_reason FROM push_subscription")
+            )
+        ]
 
 
 def _assert_limited(response, retry_after: int) -> None:
@@ -102,6 +114,45 @@ def test_one_endpoint_is_refused_past_its_limit_from_any_address(app, clock, eng
     clock.set(START + dt.timedelta(seconds=30))
     response = _client(app, "203.0.113.4").post("/api/push/heartbeat", json=heartbeat)
     assert response.status_code == 200
+
+
+def test_strangers_who_know_an_endpoint_cannot_spend_its_browsers_budget(app, clock, engine):
+    """Requests from anyone without the subscription's device cookie, past the endpoint's
+    limit on every route naming it, leave the browser that holds it free to unsubscribe,
+    beat and report, and the strangers still refused."""
+    subscription = SubscriptionFactory()("fcm")
+    owner = _client(app, "198.51.100.10")
+    assert (
+        owner.post("/api/push/subscribe", json={"subscription": subscription.to_json()}).status_code
+        == 201
+    )
+    with db.begin(app) as session:
+        delivery = record_delivery(
+            session, session.scalars(sa.select(PushSubscription.id)).one(), now=START
+        )
+    routes = {
+        "/api/push/receipt": {
+            "deliveryId": delivery,
+            "event": "shown",
+            "endpoint": subscription.endpoint,
+        },
+        "/api/push/heartbeat": {"endpoint": subscription.endpoint},
+        "/api/push/unsubscribe": {"endpoint": subscription.endpoint},
+    }
+    for path, body in routes.items():
+        answers = [
+            _client(app, f"203.0.113.{n}").post(path, json=body).status_code for n in range(1, 5)
+        ]
+        assert answers[-1] == 429, (path, answers)
+    for path, body in routes.items():
+        assert owner.post(path, json=body).status_code in (200, 201), path
+    assert engine_rows(engine) == [("revoked", "unsubscribed")]
+    assert (
+        _client(app, "203.0.113.9")
+        .post("/api/push/heartbeat", json=routes["/api/push/heartbeat"])
+        .status_code
+        == 429
+    )
 
 
 def test_spellings_of_one_endpoint_share_its_limit(app):
