@@ -54,11 +54,16 @@ class StopAfterFirstBatch:
 
 
 def record_delivery(
-    session: Any, subscription_id: Any, *, now: Any, delivery_id: int | None = None
+    session: Any,
+    subscription_id: Any,
+    *,
+    now: Any,
+    delivery_id: int | None = None,
+    actions: list[dict[str, str]] | None = None,
 ) -> str:
     """One of our deliveries to a subscription, as the sender records it (a campaign on
-    the first topic, made when there is none); returns its ``deliveryId``. A test that
-    chose the id (a push it sends itself) names it."""
+    the first topic, made when there is none, with ``actions`` as its buttons); returns
+    its ``deliveryId``. A test that chose the id (a push it sends itself) names it."""
     from portal.campaigns.models import Campaign
     from portal.consent import catalogue
     from portal.consent.models import Topic
@@ -77,6 +82,7 @@ def record_delivery(
         status="sending",
         created_by="test",
         created_at=now,
+        actions=actions,
     )
     session.add(campaign)
     session.flush()

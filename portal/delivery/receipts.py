@@ -26,6 +26,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from portal.api import check_same_origin, json_body
+from portal.campaigns.models import Campaign
 from portal.db import db, is_postgres
 from portal.delivery.models import Delivery, DeliveryReceipt, DeliveryStatus, ReceiptEvent
 from portal.errors import ApiError, ValidationError
@@ -107,6 +108,7 @@ def sent_to_caller(session: Session, delivery_id: str, proof: Proof, *, keys: Ke
             Delivery.subscription_id,
             PushSubscription.auth_sealed,
             PushSubscription.auth_key_version,
+            PushSubscription.deleted_at,
         )
         .select_from(Delivery)
         .outerjoin(PushSubscription, PushSubscription.id == Delivery.subscription_id)
@@ -114,6 +116,8 @@ def sent_to_caller(session: Session, delivery_id: str, proof: Proof, *, keys: Ke
     ).one_or_none()
     if row is None or row.status in _NEVER_SENT:
         return False
+    if row.deleted_at is not None:
+        return False  # a tombstone (erased, or its data purged): nothing more is collected
     return holds(
         proof,
         subscription_id=row.subscription_id,
@@ -121,6 +125,26 @@ def sent_to_caller(session: Session, delivery_id: str, proof: Proof, *, keys: Ke
         auth_key_version=row.auth_key_version or 0,
         keys=keys,
     )
+
+
+_BUTTONS = {ReceiptEvent.ACTION_1: 1, ReceiptEvent.ACTION_2: 2}
+
+
+def check_button(session: Session, receipt: Receipt) -> None:
+    """A button's receipt names a button the delivery's notification had (422 otherwise):
+    a campaign's funnel counts clicks on its buttons, never on ones it never showed."""
+    number = _BUTTONS.get(receipt.event)
+    if number is None:
+        return
+    actions = session.execute(
+        sa.select(Campaign.actions)
+        .join(Delivery, Delivery.campaign_id == Campaign.id)
+        .where(Delivery.id == int(receipt.delivery_id))
+    ).scalar_one_or_none()
+    if len(actions or ()) < number:
+        raise ValidationError(
+            "no_such_button", f"this notification had no button {receipt.event.value}", "event"
+        )
 
 
 def record(session: Session, receipt: Receipt, *, now: dt.datetime) -> bool:
@@ -163,6 +187,7 @@ def receipt() -> tuple[Response, int]:
     # per receipt. A refusal writes nothing but its counts (portal.ratelimit).
     if not sent_to_caller(session, parsed.delivery_id, proof, keys=portal.keys):
         raise NotYourDelivery()
+    check_button(session, parsed)
     created = record(session, parsed, now=portal.clock.now())
     session.commit()
     return jsonify(

@@ -79,12 +79,69 @@ def test_shown_and_clicked_are_separate_facts(browser, engine):
     assert all(r["endpoint_hash"] is None for r in rows)
 
 
-def test_each_button_click_is_a_receipt_of_its_own(browser, engine):
+def _delivery_with_buttons(app, browser, clock, count: int) -> str:
+    buttons = [{"action": f"action-{n}", "title": f"Button {n}", "url": "/"} for n in (1, 2)]
+    with db.begin(app) as session:
+        subscription_id = session.execute(
+            sa.select(PushSubscription.id).where(
+                PushSubscription.endpoint_hash == endpoint_hash(browser.sub.endpoint)
+            )
+        ).scalar_one()
+        return record_delivery(
+            session, subscription_id, now=clock.now(), actions=buttons[:count] or None
+        )
+
+
+def test_each_button_click_is_a_receipt_of_its_own(app, browser, engine, clock):
+    delivery_id = _delivery_with_buttons(app, browser, clock, 2)
     for event in ("shown", "action-1", "action-2", "action-1", "clicked"):
-        answer = browser.client.post(URL, json={"deliveryId": browser.delivery_id, "event": event})
+        answer = browser.client.post(URL, json={"deliveryId": delivery_id, "event": event})
         assert answer.status_code in (200, 201)
     rows = all_rows(engine, "delivery_receipt")
     assert sorted(r["event"] for r in rows) == ["action-1", "action-2", "clicked", "shown"]
+
+
+@pytest.mark.parametrize(("buttons", "refused"), [(0, ["action-1", "action-2"]), (1, ["action-2"])])
+def test_a_click_on_a_button_the_notification_never_had_is_refused(
+    app, browser, engine, clock, buttons, refused
+):
+    """Only the browser the delivery went to can report it, and it can report only the
+    buttons its notification showed: the funnel never counts a click on a button the
+    campaign does not have."""
+    delivery_id = _delivery_with_buttons(app, browser, clock, buttons)
+    for event in refused:
+        answer = browser.client.post(URL, json={"deliveryId": delivery_id, "event": event})
+        assert answer.status_code == 422
+        assert answer.json["error"] == {
+            "code": "no_such_button",
+            "message": f"this notification had no button {event}",
+            "field": "event",
+        }
+    assert count_rows(engine, "delivery_receipt") == 0
+    if buttons:
+        answer = browser.client.post(URL, json={"deliveryId": delivery_id, "event": "action-1"})
+        assert answer.status_code == 201
+
+
+def test_a_receipt_after_its_person_was_erased_is_refused_and_stores_nothing(
+    app, browser, engine, clock
+):
+    """Erasure ends what is collected about the person at once: the browser still holds
+    the notification, but its reports are refused like anyone else's."""
+    from portal.retention.services import erase_subscriber
+    from portal.subscriptions.models import Subscriber
+
+    with db.begin(app) as session:
+        (person,) = session.scalars(sa.select(Subscriber.id))
+        erase_subscriber(session, person, now=clock.now())
+    for event in ("shown", "clicked"):
+        for body in (
+            {"deliveryId": browser.delivery_id, "event": event},
+            {"deliveryId": browser.delivery_id, "event": event, "auth": browser.sub.auth_b64},
+        ):
+            answer = browser.client.post(URL, json=body)
+            assert (answer.status_code, answer.json) == (403, REFUSAL)
+    assert count_rows(engine, "delivery_receipt") == 0
 
 
 def test_a_browser_whose_cookies_were_cleared_proves_it_with_its_auth(app, browser, engine):
