@@ -20,6 +20,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import hmac
+import ipaddress
 import logging
 import math
 import uuid
@@ -238,11 +239,26 @@ def receipt_verdict(subscriber_id: uuid.UUID) -> Verdict | None:
     )
 
 
+def client_network(address: str | None) -> bytes:
+    """What one client's requests are counted under: an IPv4 address (an IPv4-mapped
+    IPv6 one included) alone, an IPv6 address by its /64, the least a home or a phone
+    is given, so that the 2**64 addresses of one network are one budget, not 2**64."""
+    try:
+        ip = ipaddress.ip_address(address or "")
+    except ValueError:
+        return (address or "unknown").encode()
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped).encode()
+        return str(ipaddress.IPv6Network((ip, 64), strict=False)).encode()
+    return str(ip).encode()
+
+
 def _limit_address() -> None:
     if request.endpoint is None or not request.path.startswith("/api/"):
         return
     limit = current_portal().settings.rate_limit.per_address
-    _check(Kind.ADDRESS, (request.remote_addr or "unknown").encode(), limit)
+    _check(Kind.ADDRESS, client_network(request.remote_addr), limit)
 
 
 def init_app(app: Flask) -> None:

@@ -14,7 +14,7 @@ from portal.clock import FrozenClock
 from portal.config import RateLimitSettings, Settings
 from portal.db import db
 from portal.jobs import job_names, run_job
-from portal.ratelimit import window_start
+from portal.ratelimit import client_network, window_start
 from portal.security import CONTENT_SECURITY_POLICY
 from portal.subscriptions.models import PushSubscription
 from tests.conftest import make_settings
@@ -79,6 +79,38 @@ def test_one_address_is_refused_past_its_limit_until_the_window_ends(app, clock)
     assert client.post("/api/push/heartbeat", json={}).status_code == 400
     clock.advance(seconds=10)  # 12:01:00, a new window
     assert client.get("/api/push/vapid-public-key").status_code == 200
+
+
+def test_the_addresses_of_one_ipv6_network_share_one_budget(app):
+    """Counted per /64, the least one home or phone is given: rotating through its
+    addresses buys nothing; another /64 counts on its own, an IPv4 address is its own,
+    and an IPv4-mapped IPv6 address is that IPv4 address."""
+    statuses = [
+        _client(app, f"2001:db8:1:2::{n:x}").get("/api/push/vapid-public-key").status_code
+        for n in range(1, 7)
+    ]
+    assert statuses == [200] * 5 + [429]
+    assert _client(app, "2001:db8:1:3::1").get("/api/push/vapid-public-key").status_code == 200
+    for _ in range(5):
+        assert _client(app, "192.0.2.44").get("/api/push/vapid-public-key").status_code == 200
+    mapped = _client(app, "::ffff:192.0.2.44").get("/api/push/vapid-public-key")
+    assert mapped.status_code == 429
+
+
+@pytest.mark.parametrize(
+    ("address", "counted"),
+    [
+        ("203.0.113.9", b"203.0.113.9"),
+        ("2001:db8:aa:bb:1:2:3:4", b"2001:db8:aa:bb::/64"),
+        ("2001:DB8:AA:BB::ffff", b"2001:db8:aa:bb::/64"),
+        ("::ffff:203.0.113.9", b"203.0.113.9"),
+        ("fe80::1%eth0", b"fe80::/64"),
+        (None, b"unknown"),
+        ("not an address", b"not an address"),
+    ],
+)
+def test_what_a_client_is_counted_under(address, counted):
+    assert client_network(address) == counted
 
 
 def test_refused_requests_change_nothing(app, clock, engine):
