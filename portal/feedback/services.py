@@ -42,6 +42,7 @@ from portal.feedback.models import DigestResult, FeedbackApplied, FeedbackDigest
 from portal.seams import current_portal
 from portal.subscriptions.models import EndReason, PushSubscription, SubscriptionState
 from portal.subscriptions.services import end_subscriptions, ending
+from portal.subscriptions.validation import endpoint_hash, lookup_hashes
 
 if TYPE_CHECKING:
     from flask import Flask
@@ -82,8 +83,10 @@ class CleanupEvent:
 
     @property
     def target_hash(self) -> bytes:
-        # For a web-push target this is push_subscription.endpoint_hash of the endpoint.
-        return hashlib.sha256(_utf8(self.target)).digest()
+        # For a web-push target, push_subscription.endpoint_hash of the endpoint however
+        # the push service spells it (WNS writes its %-escapes in lower case, the stored
+        # canonical form in upper case).
+        return endpoint_hash(self.target)
 
 
 @dataclass(frozen=True)
@@ -238,16 +241,19 @@ def subscription_for_delivery(session: Session, delivery_id: str) -> uuid.UUID |
 def _target(session: Session, event: CleanupEvent) -> PushSubscription | None:
     """The subscription the failed delivery went to.
 
-    Matched on the SHA-256 of the exact target, the subscription's identity. A browser
+    Matched on the SHA-256 of the target's canonical form, the subscription's identity
+    (as every look-up by endpoint is: ``lookup_hashes``). A browser
     that registered a replacement since has a new endpoint and so a new row: the old
     failure can only ever reach the old row, never "whatever this person has now".
     """
-    sub = session.scalars(
+    hashes = lookup_hashes(event.target)  # the canonical form's, then the exact text's
+    found = session.scalars(
         sa.select(PushSubscription)
-        .where(PushSubscription.endpoint_hash == event.target_hash)
+        .where(PushSubscription.endpoint_hash.in_(hashes))
         .with_for_update()
         .execution_options(populate_existing=True)
-    ).one_or_none()
+    ).all()
+    sub = min(found, key=lambda row: hashes.index(row.endpoint_hash), default=None)
     if event.delivery_id is None:
         return sub
     delivered_to = subscription_for_delivery(session, event.delivery_id)

@@ -681,3 +681,36 @@ def test_revoked_at_is_the_receivers_clock(sender, subscribe, engine, clock):
     if isinstance(revoked_at, str):
         revoked_at = dt.datetime.fromisoformat(revoked_at)
     assert revoked_at.replace(tzinfo=dt.UTC) == clock.now()
+
+
+@pytest.mark.parametrize(
+    "issued",
+    [
+        # WNS writes its %-escapes in lower case; the stored canonical form, in upper case.
+        "https://wns2-by3p.notify.windows.com/w/?token=BQYAAADt%2fiuVT%2bPS9kY1Ui%3d%3d",
+        "https://FCM.googleapis.com/fcm/send/dXkR7-abc:APA91bH",
+    ],
+)
+@pytest.mark.parametrize("with_delivery", [False, True])
+def test_feedback_naming_the_endpoint_as_its_push_service_spells_it_revokes_it(
+    sender, subscriptions, client, engine, deliver, issued, with_delivery
+):
+    """The subscribe API keeps an endpoint in its canonical form; the push service's
+    report names it as the service issued it. Both are one subscription."""
+    sub = subscriptions()
+    sub.endpoint = issued
+    assert (
+        client.post("/api/push/subscribe", json={"subscription": sub.to_json()}).status_code == 201
+    )
+    event = (
+        invalid_target(issued, delivery_id=deliver(issued))
+        if with_delivery
+        else invalid_target(issued, at=1)
+    )
+    answer = sender.post(digest([event]))
+    assert (answer.status_code, answer.json["revoked"]) == (200, 1)
+    (row,) = all_rows(engine, "push_subscription")
+    assert (row["state"], row["end_reason"]) == ("revoked", "revoked_by_feedback")
+    (marker,) = all_rows(engine, "feedback_applied")
+    assert marker["outcome"] == "revoked"
+    assert bytes(marker["target_hash"]) == bytes(row["endpoint_hash"])
