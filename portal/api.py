@@ -15,6 +15,7 @@ from portal.db import DATABASE_UNAVAILABLE, db
 from portal.errors import ApiError
 from portal.origins import canonical_origin, public_origin
 from portal.seams import current_portal
+from portal.security import body_within
 
 log = logging.getLogger("portal")
 RETRY_AFTER_SECONDS = 30
@@ -30,8 +31,7 @@ def json_body() -> dict[str, Any]:
     """The request's JSON object, or an :class:`ApiError` saying precisely what is wrong."""
     if request.mimetype != "application/json":
         raise ApiError("unsupported_media_type", "send the body as application/json", status=415)
-    request.max_content_length = current_portal().settings.api_max_body_bytes
-    raw = request.get_data(cache=True)  # 413 past the limit, raised by Werkzeug
+    raw = body_within(current_portal().settings.api_max_body_bytes)
     try:
         data = json.loads(raw, parse_constant=_refuse_constant)
     except (ValueError, RecursionError):

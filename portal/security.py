@@ -15,6 +15,7 @@ chose its own caching (the service worker's public key).
 from __future__ import annotations
 
 from flask import Flask, Response, request
+from werkzeug.exceptions import RequestEntityTooLarge
 from werkzeug.middleware.proxy_fix import ProxyFix
 
 from portal.seams import current_portal
@@ -87,6 +88,28 @@ def is_private(path: str) -> bool:
     return path.startswith(PRIVATE_PREFIXES)
 
 
+def body_within(limit: int) -> bytes:
+    """The request's body; 413 past ``limit`` bytes, however it is sent.
+
+    With a Content-Length, Werkzeug refuses a longer body before reading it. Without one
+    (chunked: the server ends the stream, ``wsgi.input_terminated``), it reads ``limit``
+    bytes and stops there without a word, and the request would be acted on with its
+    tail cut off: so a body that fills the limit is looked past by one byte, read from
+    the server's own stream."""
+    request.max_content_length = limit
+    raw = request.get_data(cache=True)
+    if len(raw) > limit:  # read whole before (_whole_body), under a larger limit
+        raise RequestEntityTooLarge()
+    if (
+        request.content_length is None
+        and len(raw) >= limit
+        and request.environ.get("wsgi.input_terminated")
+        and request.environ["wsgi.input"].read(1)
+    ):
+        raise RequestEntityTooLarge()
+    return raw
+
+
 def init_app(app: Flask) -> None:
     settings = current_portal(app).settings
     headers = security_headers(production=settings.is_production)
@@ -96,6 +119,16 @@ def init_app(app: Flask) -> None:
         # proxies recorded; without a proxy X-Forwarded-* is anyone's to forge.
         count = settings.trusted_proxies
         app.wsgi_app = ProxyFix(app.wsgi_app, x_for=count, x_proto=count)  # type: ignore[method-assign]
+
+    def _whole_body() -> None:
+        # A body sent without a Content-Length (chunked) is read whole here, 413 past the
+        # limit, before anything (the CSRF check among them) parses a form from it:
+        # Werkzeug would cut it at the limit without a word. The JSON API's smaller limit
+        # is applied again by its routes.
+        if request.content_length is None and request.environ.get("wsgi.input_terminated"):
+            body_within(app.config["MAX_CONTENT_LENGTH"])
+
+    app.before_request_funcs.setdefault(None, []).insert(0, _whole_body)
 
     @app.after_request
     def _add_security_headers(response: Response) -> Response:

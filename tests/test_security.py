@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import io
+import json
 import logging
 import uuid
 from pathlib import Path
 
 import pytest
 from flask import Flask
+from werkzeug.test import EnvironBuilder, run_wsgi_app
 
 from portal import create_app
 from portal.api import ERROR_PAGES, error_page
@@ -182,6 +185,58 @@ def test_an_oversized_api_body_gets_a_json_error(small_bodies: Flask):
     assert response.status_code == 413
     assert response.json["error"]["code"] == "request_entity_too_large"
     _assert_secured(response, "/api/push/heartbeat")
+
+
+def _sent(app: Flask, path: str, body: bytes, *, chunked: bool) -> tuple[int, bytes]:
+    """``body`` sent to ``path``: with a Content-Length, or chunked as gunicorn hands a
+    chunked body on (no Content-Length, ``wsgi.input_terminated``)."""
+    environ = EnvironBuilder(
+        path=path,
+        method="POST",
+        input_stream=io.BytesIO(body),
+        content_length=len(body),
+        headers={"Content-Type": "application/json"},
+    ).get_environ()
+    if chunked:
+        del environ["CONTENT_LENGTH"]
+        environ["HTTP_TRANSFER_ENCODING"] = "chunked"
+        environ["wsgi.input_terminated"] = True
+    answer, status, _ = run_wsgi_app(app.wsgi_app, environ)
+    return int(status.split()[0]), b"".join(answer)
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_a_body_over_the_limit_is_refused_however_it_is_sent(small_bodies: Flask, chunked):
+    """Its first 1,024 bytes are a whole request; the rest must not be cut off unread
+    and the first part acted on."""
+    head = b'{"endpoint": "https://fcm.googleapis.com/fcm/send/abc"}'
+    body = head + b" " * (1024 - len(head)) + b"and a tail"
+    status, answer = _sent(small_bodies, "/api/push/heartbeat", body, chunked=chunked)
+    assert status == 413
+    assert json.loads(answer)["error"]["code"] == "request_entity_too_large"
+
+
+@pytest.mark.parametrize("size", [1023, 1024])
+def test_a_chunked_body_within_the_limit_is_read_whole(small_bodies: Flask, size):
+    head = b'{"endpoint": "https://fcm.googleapis.com/fcm/send/abc"}'
+    body = head + b" " * (size - len(head))
+    status, answer = _sent(small_bodies, "/api/push/heartbeat", body, chunked=True)
+    assert (status, json.loads(answer)) == (200, {"action": "unsubscribe", "state": "unknown"})
+
+
+def test_a_chunked_form_over_the_limit_is_refused_before_it_is_parsed(small_bodies: Flask):
+    environ = EnvironBuilder(
+        path="/preferences",
+        method="POST",
+        input_stream=io.BytesIO(b"csrf_token=x&filler=" + b"a" * 10_000),
+        headers={"Content-Type": "application/x-www-form-urlencoded"},
+    ).get_environ()
+    environ.pop("CONTENT_LENGTH", None)
+    environ["HTTP_TRANSFER_ENCODING"] = "chunked"
+    environ["wsgi.input_terminated"] = True
+    answer, status, _ = run_wsgi_app(small_bodies.wsgi_app, environ)
+    assert status.startswith("413")
+    assert "<h1>Request too large</h1>" in b"".join(answer).decode()
 
 
 def test_the_global_limit_is_the_app_setting(small_bodies: Flask, app: Flask):

@@ -13,6 +13,7 @@ from portal.api import RETRY_AFTER_SECONDS
 from portal.db import db
 from portal.feedback import services
 from portal.seams import current_portal
+from portal.security import body_within
 
 bp = Blueprint("feedback_api", __name__, url_prefix="/api/push")
 
@@ -21,10 +22,9 @@ bp = Blueprint("feedback_api", __name__, url_prefix="/api/push")
 def receive() -> tuple[Response, int]:
     portal = current_portal()
     settings = portal.settings
-    request.max_content_length = settings.feedback_max_body_bytes
     try:
         # The raw bytes, exactly as signed: never parsed before the signature checks out.
-        raw = request.get_data(cache=True)
+        raw = body_within(settings.feedback_max_body_bytes)
     except RequestEntityTooLarge:
         services.count_rejection("too_large")
         raise

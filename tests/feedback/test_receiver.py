@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import datetime as dt
+import io
 import json
 
 import pytest
 import sqlalchemy as sa
 from prometheus_client import REGISTRY
 from sqlalchemy.exc import OperationalError
+from werkzeug.test import EnvironBuilder, run_wsgi_app
 
 from portal import create_app
 from portal.consent.tree import verify_chain
@@ -410,6 +412,32 @@ def test_the_body_size_limit_holds(settings, clock):
         response = sender.post(digest([invalid_target("https://x.example/" + "a" * 300)]))
         assert response.status_code == 413
         assert response.json["error"]["code"] == "request_entity_too_large"
+        assert _metric("portal_feedback_rejections_total", reason="too_large") == before + 1
+    finally:
+        small.extensions["portal.db"].engine.dispose()
+
+
+def test_a_chunked_body_over_the_limit_is_too_large_not_a_forgery(settings, clock):
+    """Sent chunked (no Content-Length; gunicorn ends the stream), a signed digest over the
+    limit is refused as too large, as with a Content-Length: not cut at the limit and
+    then refused as a bad signature, which would read as a wrong secret or an attack."""
+    small = _app(settings, clock, feedback_max_body_bytes=200)
+    try:
+        raw = digest([invalid_target("https://x.example/" + "a" * 300)])
+        sender = Sender(small.test_client(), clock)
+        before = _metric("portal_feedback_rejections_total", reason="too_large")
+        environ = EnvironBuilder(
+            path=URL,
+            method="POST",
+            input_stream=io.BytesIO(raw),
+            headers={"Content-Type": "application/json", HEADER: sender.signature(raw)},
+        ).get_environ()
+        environ.pop("CONTENT_LENGTH", None)
+        environ["HTTP_TRANSFER_ENCODING"] = "chunked"
+        environ["wsgi.input_terminated"] = True
+        answer, status, _ = run_wsgi_app(small.wsgi_app, environ)
+        assert status.startswith("413")
+        assert json.loads(b"".join(answer))["error"]["code"] == "request_entity_too_large"
         assert _metric("portal_feedback_rejections_total", reason="too_large") == before + 1
     finally:
         small.extensions["portal.db"].engine.dispose()
