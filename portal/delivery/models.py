@@ -108,6 +108,9 @@ class Delivery(Base):
             postgresql_where=sa.text("consent_event_seq IS NOT NULL"),
             sqlite_where=sa.text("consent_event_seq IS NOT NULL"),
         ),
+        # An id is the deliveryId a notification carries: never handed out twice, even
+        # after retention deleted the newest rows (PostgreSQL: a sequence; migration 0032).
+        {"sqlite_autoincrement": True},
     )
 
 
