@@ -631,6 +631,11 @@ def build(settings: Any) -> dict[str, Any]:
                         "Already known; refreshed, never downgraded.", "Subscription", cookies=True
                     ),
                     "201": _ok("A new subscription.", "Subscription", cookies=True),
+                    "410": _error(
+                        "Sent by the service worker (source service-worker) from a browser "
+                        "whose portal_device cookie names a subscription its person ended "
+                        "(unsubscribed, or erased): nothing is registered (subscription_ended)."
+                    ),
                 },
                 max_body=max_body,
                 refused="the endpoint is registered and this browser has not shown that it "

@@ -402,12 +402,17 @@ async function resubscribe(oldSubscription, newSubscription) {
   // No old endpoint (some browsers give none), or it could not be moved: the subscriber
   // cookie ties the new one to the same person. If this fails, the page's next
   // heartbeat finds the endpoint unknown and renews it for that person.
-  return fetch("/api/push/subscribe", {
+  var registered = await fetch("/api/push/subscribe", {
     method: "POST",
     headers: headers,
     credentials: "same-origin",
     body: JSON.stringify({ subscription: fresh.toJSON(), source: "service-worker" }),
   });
+  if (registered.status === 410) {
+    // This browser's subscription was ended by the person (or erasure): let it go.
+    await fresh.unsubscribe();
+  }
+  return registered;
 }
 
 self.addEventListener("pushsubscriptionchange", function (event) {

@@ -623,6 +623,24 @@ class SubscriptionEnded(ApiError):
         )
 
 
+def ended_by_choice(sub: PushSubscription) -> bool:
+    """Whether someone ended this subscription (its person unsubscribed, or was erased),
+    rather than its push service."""
+    return sub.deleted_at is not None or sub.end_reason in _ENDED_BY_CHOICE
+
+
+def refuse_renewal_of_an_ended_device(session: Session, registration: Registration) -> None:
+    """The service worker registers a new push subscription on its own (the browser gave
+    no old one to move, or it could not be proven): refused (410) when the browser's
+    device cookie names a subscription someone ended, so nothing is registered that the
+    person did not choose. A person who wants notifications again asks on the page."""
+    if registration.source != Source.SERVICE_WORKER.value or registration.device_id is None:
+        return
+    device = session.get(PushSubscription, registration.device_id)
+    if device is not None and ended_by_choice(device):
+        raise SubscriptionEnded("subscription")
+
+
 def change_endpoint(
     session: Session,
     old_endpoint: str,
@@ -643,7 +661,7 @@ def change_endpoint(
     """
     old = held_by_endpoint(session, old_endpoint, proof, keys=keys, field="oldEndpoint")
     _lock_row(session, old)
-    if old.deleted_at is not None or old.end_reason in _ENDED_BY_CHOICE:
+    if ended_by_choice(old):
         # The person (or erasure) ended it: no consent carries over, and none is new.
         raise SubscriptionEnded("oldEndpoint")
     carry = None

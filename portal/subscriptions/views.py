@@ -157,6 +157,7 @@ def subscribe() -> tuple[Response, int]:
         policy_version=version,
         time_zone=None if zone is None else browser_zone(require_string(zone, "timeZone")),
     )
+    services.refuse_renewal_of_an_ended_device(session, registration)
     result = services.upsert_subscription(
         session, subscription, registration, keys=portal.keys, now=portal.clock.now()
     )

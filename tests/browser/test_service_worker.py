@@ -634,13 +634,14 @@ def test_a_worker_that_cannot_prove_the_old_subscription_registers_the_new_one_a
     assert new.subscriber_id != old.subscriber_id
 
 
+@pytest.mark.parametrize("old_given", [True, False])
 def test_a_worker_whose_person_ended_the_subscription_lets_the_new_one_go(
-    context, server, browser_subscription
+    context, server, browser_subscription, old_given
 ):
     """The person unsubscribed (here from the API; from another device, say) while this
     browser kept its push subscription; its push service rotates it. The server refuses
-    the move (410) and the worker drops the new push subscription: nobody chose it, and
-    nothing falls back to registering it alone."""
+    the move (410), or the registration alone when the browser gave no old subscription,
+    and the worker drops the new push subscription: nobody chose it."""
     page = context.new_page()
     subscribe_through_page(page)
     ended = context.request.post(
@@ -664,15 +665,15 @@ def test_a_worker_whose_person_ended_the_subscription_lets_the_new_one_go(
             return realFetch(url, options);
           };
           try {
-            const response = await resubscribe({endpoint: old}, null);
+            const response = await resubscribe(old ? {endpoint: old} : null, null);
             return {sent, dropped, status: response.status, body: await response.json()};
           } finally {
             self.fetch = realFetch;
           }
         }""",
-        [browser_subscription.endpoint, renewed.to_json()],
+        [browser_subscription.endpoint if old_given else None, renewed.to_json()],
     )
-    assert answer["sent"] == ["/api/push/change"]
+    assert answer["sent"] == ["/api/push/change" if old_given else "/api/push/subscribe"]
     assert (answer["status"], answer["body"]["error"]["code"]) == (410, "subscription_ended")
     assert answer["dropped"] == [renewed.endpoint]
     assert set(_rows(server)) == {browser_subscription.endpoint}

@@ -198,6 +198,31 @@ def test_a_subscription_its_person_ended_is_not_brought_back_by_a_rotation(
     assert before == {t: all_rows(engine, t) for t in before}
 
 
+@pytest.mark.parametrize("ending", ["unsubscribed", "erased"])
+def test_the_worker_cannot_register_anew_a_browser_whose_subscription_its_person_ended(
+    app, client, engine, subscriptions, clock, ending
+):
+    """No old subscription to move (some browsers give none): the worker registers the
+    new one alone, with the browser's cookies. When the device cookie names a
+    subscription its person ended, that is refused too (410) and nothing is written;
+    the person's own subscribe on the page still works."""
+    old = subscriptions()
+    assert client.post(SUBSCRIBE, json={"subscription": old.to_json()}).status_code == 201
+    if ending == "erased":
+        _end_by_erasure(app, engine, clock)
+    else:
+        _end_by_unsubscribe(client, old)
+    before = {t: all_rows(engine, t) for t in ("push_subscription", "subscriber", "consent_event")}
+    new = subscriptions()
+    body = {"subscription": new.to_json(), "source": "service-worker"}
+    refused = client.post(SUBSCRIBE, json=body)
+    assert refused.status_code == 410
+    assert refused.json["error"]["code"] == "subscription_ended"
+    assert before == {t: all_rows(engine, t) for t in before}
+    chosen = client.post(SUBSCRIBE, json={"subscription": new.to_json()})
+    assert chosen.status_code == 201
+
+
 def test_a_subscription_its_push_service_ended_still_moves_to_the_new_endpoint(
     app, client, engine, subscriptions
 ):
