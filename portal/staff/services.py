@@ -289,8 +289,11 @@ def change_password(
     passwords: Passwords,
     policy: StaffPolicy,
     now: dt.datetime,
-) -> None:
-    """Change one's own password; every other session of the account ends.
+) -> str:
+    """Change one's own password; every session of the account ends, this one too, and
+    the token of a new one is returned (for this browser's cookie, until the old
+    session's absolute end): a copy of the old cookie, taken by whoever made the person
+    change their password, opens nothing any more.
 
     The current password is checked under the sign-in lockout: a wrong one is a failed
     attempt like a wrong one at sign-in (one count for both), and while the account is
@@ -326,11 +329,9 @@ def change_password(
     user.password_hash = passwords.hash(new)
     required = user.must_replace_password
     user.must_replace_password = False
-    session.execute(
-        sa.delete(StaffSession).where(
-            StaffSession.staff_user_id == user.id, StaffSession.id != actor.session_id
-        )
-    )
+    ending = session.get(StaffSession, actor.session_id)
+    expires_at = ending.expires_at if ending is not None else now + policy.session_max
+    session.execute(sa.delete(StaffSession).where(StaffSession.staff_user_id == user.id))
     audit.record(
         session,
         actor,
@@ -339,6 +340,24 @@ def change_password(
         {"replaced_one_set_for_them": True} if required else None,
         at=now,
     )
+    return _start_session(session, user, now=now, expires_at=expires_at)
+
+
+def _start_session(
+    session: Session, user: StaffUser, *, now: dt.datetime, expires_at: dt.datetime
+) -> str:
+    """A new session of ``user``; its token (only its hash is stored)."""
+    token = secrets.token_urlsafe(32)
+    session.add(
+        StaffSession(
+            id=session_id(token),
+            staff_user_id=user.id,
+            created_at=now,
+            last_seen_at=now,
+            expires_at=expires_at,
+        )
+    )
+    return token
 
 
 # -- sign-in ------------------------------------------------------------------------------
@@ -467,16 +486,7 @@ def sign_in(
         user.password_hash = passwords.hash(password)
     if old_token:
         session.execute(sa.delete(StaffSession).where(StaffSession.id == session_id(old_token)))
-    token = secrets.token_urlsafe(32)
-    session.add(
-        StaffSession(
-            id=session_id(token),
-            staff_user_id=user.id,
-            created_at=now,
-            last_seen_at=now,
-            expires_at=now + policy.session_max,
-        )
-    )
+    token = _start_session(session, user, now=now, expires_at=now + policy.session_max)
     purge_expired(session, now=now, idle=policy.session_idle)
     audit.record(session, user, Action.SIGNED_IN, target, at=now)
     return SignInResult(Outcome.SIGNED_IN, token=token, user=user)

@@ -155,7 +155,7 @@ def password() -> Any:
         status = 422
         if form.validate():
             try:
-                services.change_password(
+                token = services.change_password(
                     db.session,
                     actor=_signed_in(),
                     current=form.current_password.data,
@@ -175,7 +175,9 @@ def password() -> Any:
             else:
                 db.session.commit()
                 flash("Your password has been changed. Your other browsers are signed out.")
-                return redirect(url_for("staff.dashboard"), 303)
+                changed = redirect(url_for("staff.dashboard"), 303)
+                set_cookie(changed, token)  # a new session: the old cookie opens nothing
+                return changed
     response = current_app.make_response(
         (
             render_template(

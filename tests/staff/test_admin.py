@@ -233,6 +233,35 @@ def test_changing_ones_password(app, engine, admin_browser, browser):
     assert len(_audit(engine, "staff.password_changed")) == 1
 
 
+def test_a_password_change_ends_the_session_it_was_made_in_and_gives_a_new_one(
+    app, engine, admin_browser, browser
+):
+    """Changing one's password is the remedy for a stolen cookie: a copy of this
+    browser's cookie, taken before the change, opens nothing after it; this browser goes
+    on under a new session that ends when the old one would have."""
+    stolen = admin_browser.cookie
+    thief = browser()
+    thief.client.set_cookie("portal_staff", stolen, path="/staff")
+    assert thief.get("/staff/").status_code == 200
+    with engine.connect() as connection:
+        (ends,) = connection.execute(sa.text("SELECT expires_at FROM staff_session")).scalars()
+    ok = admin_browser.post(
+        "/staff/password",
+        {
+            "current_password": PASSWORD,
+            "new_password": NEW_PASSWORD,
+            "confirm_password": NEW_PASSWORD,
+        },
+    )
+    assert ok.status_code == 303
+    assert admin_browser.cookie not in (None, stolen)
+    assert admin_browser.get("/staff/").status_code == 200
+    assert thief.get("/staff/").status_code == 302
+    with engine.connect() as connection:
+        rows = connection.execute(sa.text("SELECT expires_at FROM staff_session")).scalars().all()
+    assert rows == [ends]
+
+
 def test_every_action_leaves_an_audit_entry(app, engine, clock, admin_browser, browser, make_staff):
     admin_browser.post(
         "/staff/admin/staff",
