@@ -1,7 +1,7 @@
 """Test fixtures: a migrated database per run (SQLite or PostgreSQL), an app per test.
 
 ``PORTAL_TEST_DATABASE`` chooses the backend. Unset: SQLite, a migrated template file
-copied for every test. A PostgreSQL URL: a fresh database created on that server for
+copied afresh for every test. A PostgreSQL URL: a fresh database created on that server for
 the run, migrated, emptied after every test and dropped at the end. Behind a connection
 pooler (PgBouncer in transaction mode, ``.ci/pgbouncer``), ``PORTAL_TEST_DATABASE`` names
 the pooler and ``PORTAL_TEST_DATABASE_ADMIN`` the server itself: the test databases are
@@ -320,29 +320,39 @@ def _empty_postgres(engine: sa.Engine) -> None:
         connection.exec_driver_sql(_EMPTY_POSTGRES)
 
 
+def _shared_url(template: str) -> str:
+    """The database every test of this process runs on: on PostgreSQL the run's database
+    (emptied after each test), on SQLite one file beside the template (a fresh copy of it
+    for each test)."""
+    if BACKEND == "postgresql":
+        return template
+    folder = Path(template.removeprefix("sqlite:///")).parent / "shared"
+    folder.mkdir(exist_ok=True)
+    return f"sqlite:///{folder / 'portal.sqlite3'}"
+
+
 @pytest.fixture(scope="session")
-def _shared_engine(_migrated_template: str) -> Iterator[sa.Engine | None]:
-    """On PostgreSQL, every application a test process makes on the run's database reaches
-    it through one engine, as the requests of one web process do: its pooled connections
-    (the server's backends, their catalogue caches) and its compiled statements outlive a
-    test, which otherwise paid to start both afresh (about a third of a test's time).
+def _shared_engine(_migrated_template: str) -> Iterator[sa.Engine]:
+    """Every application a test process makes on its test database reaches it through
+    one engine, as the requests of one web process do: its compiled statements (and on
+    PostgreSQL its pooled connections, the server's backends with their catalogue
+    caches) outlive a test, which otherwise paid to make them afresh (on PostgreSQL about
+    a third of a test's time, on SQLite a fifth).
 
     Nothing a test does stays on a connection: the application sets only transaction-local
     settings and takes only transaction-level locks (the rule that lets PgBouncer's
-    transaction mode hand a connection to the next client), and the tables are emptied
-    after every test. A test's ``dispose()`` of its application's engine leaves this one's
-    pool as it is; it is disposed when the run ends. An application with settings of
+    transaction mode hand a connection to the next client); on PostgreSQL the tables are
+    emptied after every test, on SQLite the pool is closed and the file copied afresh
+    from the template. A test's ``dispose()`` of its application's engine leaves this
+    one as it is; it is disposed when the run ends. An application with settings of
     another database, timeout or statement preparation gets an engine of its own."""
-    if BACKEND != "postgresql":
-        yield None
-        return
     shared: dict[tuple[object, ...], sa.Engine] = {}
     own_engine = portal_db.engine_for
-    template = normalise_database_url(_migrated_template)
+    url = _shared_url(_migrated_template)
     with pytest.MonkeyPatch.context() as patch:
 
         def engine_for(settings: Settings) -> sa.Engine:
-            if normalise_database_url(settings.database_url) != template:
+            if normalise_database_url(settings.database_url) != normalise_database_url(url):
                 return own_engine(settings)
             key = (settings.database_connect_timeout, settings.database_prepared_statements)
             if key not in shared:
@@ -351,24 +361,32 @@ def _shared_engine(_migrated_template: str) -> Iterator[sa.Engine | None]:
             return shared[key]
 
         patch.setattr(portal_db, "engine_for", engine_for)
-        yield engine_for(make_settings(_migrated_template, ""))
+        yield engine_for(make_settings(url, ""))
     for engine in shared.values():
         engine.dispose()
 
 
+def _close_pools(engine: sa.Engine) -> None:
+    """Close the shared engine's pooled connections (its own dispose, which tests' calls
+    of ``dispose()`` do not reach), keeping its compiled statements."""
+    type(engine).dispose(engine)
+
+
 @pytest.fixture
-def database_url(
-    _shared_engine: sa.Engine | None, _migrated_template: str, tmp_path: Path
-) -> Iterator[str]:
-    """A migrated, empty database of this test's own."""
-    if _shared_engine is not None:
-        yield _migrated_template
+def database_url(_shared_engine: sa.Engine, _migrated_template: str) -> Iterator[str]:
+    """A migrated, empty database for this test alone."""
+    url = _shared_url(_migrated_template)
+    if BACKEND == "postgresql":
+        yield url
         _empty_postgres(_shared_engine)
         return
-    source = Path(_migrated_template.removeprefix("sqlite:///"))
-    target = tmp_path / "portal.sqlite3"
-    shutil.copyfile(source, target)
-    yield f"sqlite:///{target}"
+    target = Path(url.removeprefix("sqlite:///"))
+    _close_pools(_shared_engine)
+    for name in (target, Path(f"{target}-wal"), Path(f"{target}-shm")):
+        name.unlink(missing_ok=True)
+    shutil.copyfile(Path(_migrated_template.removeprefix("sqlite:///")), target)
+    yield url
+    _close_pools(_shared_engine)
 
 
 @pytest.fixture
