@@ -708,7 +708,14 @@ def build(settings: Any) -> dict[str, Any]:
             "post": _json_post(
                 "Record topic decisions for the subscriber behind an endpoint.",
                 "PreferencesRequest",
-                {"200": _ok("The subscriber's effective preferences.", "Preferences")},
+                {
+                    "200": _ok("The subscriber's effective preferences.", "Preferences"),
+                    "409": _error(
+                        "The decision names a notice that a newer one had replaced by "
+                        "decidedAt (policy_superseded): nothing is written; show the person "
+                        "the notice in force."
+                    ),
+                },
                 max_body=max_body,
                 not_found="The browser holds this subscription, but it ended as a tombstone "
                 "or its person was erased (unknown_endpoint).",

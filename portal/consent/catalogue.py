@@ -416,6 +416,16 @@ def policy(session: Session, version: str) -> PolicyVersion | None:
     return session.get(PolicyVersion, version)
 
 
+def policy_in_force(session: Session, at: dt.datetime) -> PolicyVersion | None:
+    """The version in force at ``at``: the last one published by then."""
+    return session.scalars(
+        sa.select(PolicyVersion)
+        .where(PolicyVersion.published_at <= at)
+        .order_by(PolicyVersion.published_at.desc(), PolicyVersion.version.desc())
+        .limit(1)
+    ).first()
+
+
 def all_policies(session: Session) -> Sequence[PolicyVersion]:
     """Newest first, in the order :func:`current_policy` picks the current one."""
     return session.scalars(

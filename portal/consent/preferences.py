@@ -24,7 +24,7 @@ from portal.consent import catalogue, log
 from portal.consent.catalogue import active_topics
 from portal.consent.models import EventKind, PreferenceState, Source, Topic, TopicPreference
 from portal.db import is_postgres
-from portal.errors import ValidationError
+from portal.errors import Conflict, ValidationError
 from portal.subscriptions.models import Subscriber
 
 # Marketing defaults never apply here. An unknown region is treated the same way: we
@@ -243,6 +243,28 @@ def require_published(session: Session, policy_version: str) -> None:
     if catalogue.policy(session, policy_version) is None:
         raise ValidationError(
             "unknown_policy_version", f"no policy version {policy_version!r}", "policyVersion"
+        )
+
+
+def require_not_superseded(session: Session, policy_version: str, decided_at: dt.datetime) -> None:
+    """A decision is not made under a notice that a newer one had replaced by the time it
+    was made (409): the preference centre's form refuses such a save and shows the new
+    notice, and the JSON door refuses it too. A decision queued offline before the new
+    notice was published stays valid; one dated before its own notice was published
+    (the browser's clock behind the server's, within the allowed skew) is taken."""
+    claimed = catalogue.policy(session, policy_version)
+    in_force = catalogue.policy_in_force(session, decided_at)
+    if (
+        claimed is not None
+        and in_force is not None
+        and in_force.version != claimed.version
+        and (in_force.published_at, in_force.version) > (claimed.published_at, claimed.version)
+    ):
+        raise Conflict(
+            "policy_superseded",
+            f"notice {claimed.version!r} had been replaced by {in_force.version!r} when this "
+            "decision was made: show the person the notice in force and ask again",
+            "policyVersion",
         )
 
 

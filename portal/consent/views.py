@@ -45,6 +45,7 @@ from portal.consent.preferences import (
     form_decisions,
     last_agreed_version,
     marketing_off_decisions,
+    require_not_superseded,
     subscriber_with_preferences,
     topic_views,
 )
@@ -801,6 +802,7 @@ def api_preferences() -> Response:
             )
         named.append((Choice(slug, f"{field}.slug"), PreferenceState(state)))
     topics = chosen_topics(session, policy_version=version, choices=[choice for choice, _ in named])
+    require_not_superseded(session, version, decided_at)
     decisions = [Decision(topics[choice.slug], state) for choice, state in named]
     # The browser that holds the subscription, and no one else, speaks for its person.
     sub = subscription_services.held_by_endpoint(session, endpoint, proof, keys=portal.keys)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 
 import pytest
@@ -11,7 +12,7 @@ from portal.consent import catalogue
 from portal.consent.recipients import recipients
 from portal.db import db
 from portal.seams import current_portal
-from tests.helpers import count_rows
+from tests.helpers import count_rows, csrf_token
 
 URL = "/api/push/preferences"
 
@@ -204,6 +205,46 @@ def test_the_allowed_skew_of_decided_at_is_a_setting(app, client, engine, subscr
     assert count_rows(engine, "consent_event") == events
     ok = client.post(URL, json=_body(subscribed.endpoint, decidedAt="2025-12-31T23:00:01Z"))
     assert ok.status_code == 200
+
+
+def test_a_decision_under_a_notice_already_replaced_is_refused_at_both_doors(
+    client, engine, clock, subscribed
+):
+    """The page was opened under v1; v2 is published; the person then decides. The form
+    refuses the save (409, showing the new notice) and so does the JSON door, writing
+    nothing; a decision queued offline before v2 came out is still taken under v1."""
+    page = client.get("/preferences").text
+    clock.advance(hours=1)
+    with db.begin(client.application) as session:
+        catalogue.publish_policy(session, version="v2", text="New terms.", now=clock.now())
+    published = clock.now()
+    clock.advance(minutes=5)
+    events = count_rows(engine, "consent_event")
+    form = client.post(
+        "/preferences",
+        data={
+            "csrf_token": csrf_token(page),
+            "policy_version": "v1",
+            "visible": ["offers"],
+            "topics": ["offers"],
+        },
+    )
+    assert form.status_code == 409
+    refused = client.post(URL, json=_body(subscribed.endpoint, decidedAt=clock.now().isoformat()))
+    assert refused.status_code == 409
+    assert refused.json["error"] == {
+        "code": "policy_superseded",
+        "message": "notice 'v1' had been replaced by 'v2' when this decision was made: "
+        "show the person the notice in force and ask again",
+        "field": "policyVersion",
+    }
+    assert count_rows(engine, "consent_event") == events
+    queued = _body(
+        subscribed.endpoint, decidedAt=(published - dt.timedelta(minutes=10)).isoformat()
+    )
+    assert client.post(URL, json=queued).status_code == 200
+    current = _body(subscribed.endpoint, policyVersion="v2", decidedAt=clock.now().isoformat())
+    assert client.post(URL, json=current).status_code == 200
 
 
 def test_preferences_of_a_revoked_device_still_apply_to_the_person(client, engine, subscribed):
