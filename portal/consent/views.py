@@ -27,7 +27,7 @@ from portal.api import check_same_origin, json_body
 from portal.campaigns.local_time import parse_local_time
 from portal.clock import day_in
 from portal.consent import catalogue, receipts, tree
-from portal.consent.accounts import link_account
+from portal.consent.accounts import link_account, link_manages
 from portal.consent.log import Context
 from portal.consent.models import (
     PolicyVersion,
@@ -124,11 +124,15 @@ def forget_link_visit() -> None:
 
 def _visitor() -> tuple[Subscriber | None, dict[int, TopicPreference]]:
     """The subscriber at the browser and their stored preferences, in one query."""
-    subscriber_id = _visitor_id()
+    linked = _link_visitor()
+    subscriber_id = linked or subscriber_from_cookie(request)
     if subscriber_id is None:
         return None, {}
     subscriber, rows = subscriber_with_preferences(db.session, subscriber_id)
     if subscriber is None or subscriber.erased_at is not None:
+        return None, {}
+    if linked is not None and not link_manages(db.session, subscriber):
+        forget_link_visit()  # merged into an account during the visit
         return None, {}
     return subscriber, rows
 
@@ -136,11 +140,15 @@ def _visitor() -> tuple[Subscriber | None, dict[int, TopicPreference]]:
 def _current_subscriber(*, browser_only: bool = False) -> Subscriber | None:
     """The visitor (see ``_visitor_id``); with ``browser_only``, the browser's own
     subscriber whatever link was opened (what account linking moves)."""
-    subscriber_id = subscriber_from_cookie(request) if browser_only else _visitor_id()
+    linked = None if browser_only else _link_visitor()
+    subscriber_id = linked or subscriber_from_cookie(request)
     if subscriber_id is None:
         return None
     subscriber = db.session.get(Subscriber, subscriber_id)
     if subscriber is None or subscriber.erased_at is not None:
+        return None
+    if linked is not None and not link_manages(db.session, subscriber):
+        forget_link_visit()
         return None
     return subscriber
 
@@ -282,7 +290,7 @@ def _identify(token: str | None, assertion: str | None) -> Any:
             return _ask_to_link(claims)
         subscriber_id = subscriber_from_link_token(token, max_age=settings.preference_link_max_age)
         subscriber = session.get(Subscriber, subscriber_id)
-        if subscriber is None or subscriber.erased_at is not None:
+        if subscriber is None or not link_manages(session, subscriber):
             raise InvalidLink("This link is no longer valid.")
     except InvalidLink as problem:
         session.rollback()

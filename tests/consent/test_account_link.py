@@ -230,3 +230,34 @@ def test_a_pending_link_expires(linking, client, engine, subscriptions, monkeypa
     )
     assert late.status_code == 303
     assert _snapshot(engine) == before
+
+
+def test_an_old_link_to_a_browser_identity_merged_into_an_account_is_no_longer_valid(
+    app, linking, client, engine, subscriptions
+):
+    """The host product sent the phone a link to its anonymous identity; the phone then
+    joined the person's account, which took its device and choices. The old link neither
+    shows, saves nor "erases" the identity left behind, which governs no device: it is
+    refused as an erased person's is, and a visit it began ends; the account's own
+    preference centre goes on."""
+    from portal.identity import preference_link_token
+
+    _subscribe(client, subscriptions)
+    with engine.connect() as conn:
+        (phone,) = conn.execute(sa.text("SELECT id FROM subscriber")).scalars()
+    with app.test_request_context():
+        old_link = preference_link_token(phone)
+    other = app.test_client()
+    assert other.get(f"/preferences?token={old_link}").status_code == 303  # a visit begins
+    assert confirm_account_link(app.test_client(), _assertion("user-42")).status_code == 303
+    assert confirm_account_link(client, _assertion("user-42")).status_code == 303
+    before = _snapshot(engine)
+    during = other.get("/preferences")
+    assert 'name="topics"' not in during.text  # the visit that began ended with the merge
+    assert 'name="confirm"' not in other.get("/preferences/erase").text  # nothing to erase
+    again = app.test_client().get(f"/preferences?token={old_link}")
+    assert again.status_code == 400
+    assert "This link is no longer valid." in again.text
+    assert _snapshot(engine) == before
+    mine = client.get("/preferences")
+    assert mine.status_code == 200 and 'name="topics"' in mine.text
