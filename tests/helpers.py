@@ -53,6 +53,40 @@ class StopAfterFirstBatch:
         self.stop.set()
 
 
+def subscribe_browser(app: Any, client: Any, subscription: Any) -> Any:
+    """Subscribe ``subscription`` as the browser ``client`` (its cookies kept there);
+    the id of the subscription row it made."""
+    from portal.db import db
+    from portal.subscriptions.models import PushSubscription
+    from portal.subscriptions.validation import endpoint_hash
+
+    answer = client.post("/api/push/subscribe", json={"subscription": subscription.to_json()})
+    assert answer.status_code == 201, answer.json
+    with db.begin(app) as session:
+        return session.execute(
+            sa.select(PushSubscription.id).where(
+                PushSubscription.endpoint_hash == endpoint_hash(subscription.endpoint)
+            )
+        ).scalar_one()
+
+
+def chunked_environ(path: str, body: bytes, headers: dict[str, str]) -> dict[str, Any]:
+    """A WSGI environ for ``body`` POSTed to ``path`` chunked, as gunicorn hands such a
+    request on: no Content-Length, and the server ends the stream
+    (``wsgi.input_terminated``)."""
+    import io
+
+    from werkzeug.test import EnvironBuilder
+
+    environ = EnvironBuilder(
+        path=path, method="POST", input_stream=io.BytesIO(body), headers=headers
+    ).get_environ()
+    environ.pop("CONTENT_LENGTH", None)
+    environ["HTTP_TRANSFER_ENCODING"] = "chunked"
+    environ["wsgi.input_terminated"] = True
+    return environ
+
+
 def record_delivery(
     session: Any,
     subscription_id: Any,

@@ -19,6 +19,7 @@ from portal.seams import current_portal
 from portal.security import CONTENT_SECURITY_POLICY, HSTS, security_headers
 from portal.staff.models import Role
 from tests.conftest import make_settings
+from tests.helpers import chunked_environ
 from tests.staff.conftest import FAST_HASHER, GENEROUS, Browser
 
 EXPECTED = security_headers(production=False)
@@ -189,18 +190,18 @@ def test_an_oversized_api_body_gets_a_json_error(small_bodies: Flask):
 
 def _sent(app: Flask, path: str, body: bytes, *, chunked: bool) -> tuple[int, bytes]:
     """``body`` sent to ``path``: with a Content-Length, or chunked as gunicorn hands a
-    chunked body on (no Content-Length, ``wsgi.input_terminated``)."""
-    environ = EnvironBuilder(
-        path=path,
-        method="POST",
-        input_stream=io.BytesIO(body),
-        content_length=len(body),
-        headers={"Content-Type": "application/json"},
-    ).get_environ()
+    chunked body on."""
+    headers = {"Content-Type": "application/json"}
     if chunked:
-        del environ["CONTENT_LENGTH"]
-        environ["HTTP_TRANSFER_ENCODING"] = "chunked"
-        environ["wsgi.input_terminated"] = True
+        environ = chunked_environ(path, body, headers)
+    else:
+        environ = EnvironBuilder(
+            path=path,
+            method="POST",
+            input_stream=io.BytesIO(body),
+            headers=headers,
+            content_length=len(body),
+        ).get_environ()
     answer, status, _ = run_wsgi_app(app.wsgi_app, environ)
     return int(status.split()[0]), b"".join(answer)
 
@@ -225,15 +226,11 @@ def test_a_chunked_body_within_the_limit_is_read_whole(small_bodies: Flask, size
 
 
 def test_a_chunked_form_over_the_limit_is_refused_before_it_is_parsed(small_bodies: Flask):
-    environ = EnvironBuilder(
-        path="/preferences",
-        method="POST",
-        input_stream=io.BytesIO(b"csrf_token=x&filler=" + b"a" * 10_000),
-        headers={"Content-Type": "application/x-www-form-urlencoded"},
-    ).get_environ()
-    environ.pop("CONTENT_LENGTH", None)
-    environ["HTTP_TRANSFER_ENCODING"] = "chunked"
-    environ["wsgi.input_terminated"] = True
+    environ = chunked_environ(
+        "/preferences",
+        b"csrf_token=x&filler=" + b"a" * 10_000,
+        {"Content-Type": "application/x-www-form-urlencoded"},
+    )
     answer, status, _ = run_wsgi_app(small_bodies.wsgi_app, environ)
     assert status.startswith("413")
     assert "<h1>Request too large</h1>" in b"".join(answer).decode()

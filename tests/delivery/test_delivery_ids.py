@@ -13,9 +13,7 @@ from portal.db import create_engine, db
 from portal.delivery.models import Delivery, DeliveryReceipt
 from portal.jobs import run_job
 from portal.migrate import downgrade, upgrade
-from portal.subscriptions.models import PushSubscription
-from portal.subscriptions.validation import endpoint_hash
-from tests.helpers import record_delivery
+from tests.helpers import record_delivery, subscribe_browser
 
 
 def test_a_late_click_on_a_folded_delivery_never_counts_for_a_later_campaign(
@@ -24,16 +22,8 @@ def test_a_late_click_on_a_folded_delivery_never_counts_for_a_later_campaign(
     """The newest deliveries are folded away (retention: SQLite deletes the rows,
     PostgreSQL drops a month's partition); the next campaign's ids are new ones, so the
     old notification's click is refused, not counted for that campaign."""
-    sub = subscriptions()
-    assert (
-        client.post("/api/push/subscribe", json={"subscription": sub.to_json()}).status_code == 201
-    )
+    subscription_id = subscribe_browser(app, client, subscriptions())
     with db.begin(app) as session:
-        subscription_id = session.execute(
-            sa.select(PushSubscription.id).where(
-                PushSubscription.endpoint_hash == endpoint_hash(sub.endpoint)
-            )
-        ).scalar_one()
         old_id = record_delivery(session, subscription_id, now=clock.now())
         old = session.scalars(sa.select(Campaign)).one()
         old.status, old.finished_at = "completed", clock.now()

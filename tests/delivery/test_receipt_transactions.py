@@ -20,10 +20,8 @@ import sqlalchemy as sa
 from portal.clock import FrozenClock
 from portal.config import RateLimitSettings, Settings
 from portal.db import db
-from portal.subscriptions.models import PushSubscription
-from portal.subscriptions.validation import endpoint_hash
 from tests.conftest import make_settings
-from tests.helpers import all_rows, count_rows, record_delivery
+from tests.helpers import all_rows, count_rows, record_delivery, subscribe_browser
 
 URL = "/api/push/receipt"
 PER_ADDRESS, PER_ENDPOINT = 6, 4
@@ -51,15 +49,8 @@ def sent(app, clock, subscriptions):
     """A subscribed browser's client, its subscription and one delivery sent to it."""
     client = app.test_client()
     sub = subscriptions()
-    assert (
-        client.post("/api/push/subscribe", json={"subscription": sub.to_json()}).status_code == 201
-    )
+    subscription_id = subscribe_browser(app, client, sub)
     with db.begin(app) as session:
-        subscription_id = session.execute(
-            sa.select(PushSubscription.id).where(
-                PushSubscription.endpoint_hash == endpoint_hash(sub.endpoint)
-            )
-        ).scalar_one()
         delivery_id = record_delivery(session, subscription_id, now=clock.now())
     with app.extensions["portal.db"].engine.begin() as conn:
         conn.execute(sa.text("DELETE FROM rate_limit_counter"))  # the subscribe's counts

@@ -9,6 +9,7 @@ sent — gets the same refusal and writes nothing.
 from __future__ import annotations
 
 import hashlib
+import uuid
 from dataclasses import dataclass
 
 import pytest
@@ -16,10 +17,8 @@ import sqlalchemy as sa
 from flask.testing import FlaskClient
 
 from portal.db import db
-from portal.subscriptions.models import PushSubscription
-from portal.subscriptions.validation import endpoint_hash
 from tests.factories import BrowserSubscription
-from tests.helpers import all_rows, count_rows, record_delivery
+from tests.helpers import all_rows, count_rows, record_delivery, subscribe_browser
 
 URL = "/api/push/receipt"
 REFUSAL = {
@@ -36,6 +35,7 @@ class Browser:
     client: FlaskClient
     sub: BrowserSubscription
     delivery_id: str
+    subscription_id: uuid.UUID
 
 
 @pytest.fixture
@@ -43,17 +43,10 @@ def browser(app, clock, subscriptions) -> Browser:
     """A subscribed browser (its cookies in the client) and one delivery sent to it."""
     client = app.test_client()
     sub = subscriptions()
-    assert (
-        client.post("/api/push/subscribe", json={"subscription": sub.to_json()}).status_code == 201
-    )
+    subscription_id = subscribe_browser(app, client, sub)
     with db.begin(app) as session:
-        subscription_id = session.execute(
-            sa.select(PushSubscription.id).where(
-                PushSubscription.endpoint_hash == endpoint_hash(sub.endpoint)
-            )
-        ).scalar_one()
         delivery_id = record_delivery(session, subscription_id, now=clock.now())
-    return Browser(client, sub, delivery_id)
+    return Browser(client, sub, delivery_id, subscription_id)
 
 
 def test_a_shown_receipt_from_the_browser_it_went_to_is_recorded_once(browser, engine):
@@ -82,13 +75,8 @@ def test_shown_and_clicked_are_separate_facts(browser, engine):
 def _delivery_with_buttons(app, browser, clock, count: int) -> str:
     buttons = [{"action": f"action-{n}", "title": f"Button {n}", "url": "/"} for n in (1, 2)]
     with db.begin(app) as session:
-        subscription_id = session.execute(
-            sa.select(PushSubscription.id).where(
-                PushSubscription.endpoint_hash == endpoint_hash(browser.sub.endpoint)
-            )
-        ).scalar_one()
         return record_delivery(
-            session, subscription_id, now=clock.now(), actions=buttons[:count] or None
+            session, browser.subscription_id, now=clock.now(), actions=buttons[:count] or None
         )
 
 

@@ -3,20 +3,19 @@
 from __future__ import annotations
 
 import datetime as dt
-import io
 import json
 
 import pytest
 import sqlalchemy as sa
 from prometheus_client import REGISTRY
 from sqlalchemy.exc import OperationalError
-from werkzeug.test import EnvironBuilder, run_wsgi_app
+from werkzeug.test import run_wsgi_app
 
 from portal import create_app
 from portal.consent.tree import verify_chain
 from portal.feedback import services
 from tests.feedback.conftest import HEADER, SECRET, URL, Sender, digest, invalid_target
-from tests.helpers import all_rows, count_rows
+from tests.helpers import all_rows, chunked_environ, count_rows
 
 
 def _subscription(engine, endpoint: str) -> dict:
@@ -426,15 +425,9 @@ def test_a_chunked_body_over_the_limit_is_too_large_not_a_forgery(settings, cloc
         raw = digest([invalid_target("https://x.example/" + "a" * 300)])
         sender = Sender(small.test_client(), clock)
         before = _metric("portal_feedback_rejections_total", reason="too_large")
-        environ = EnvironBuilder(
-            path=URL,
-            method="POST",
-            input_stream=io.BytesIO(raw),
-            headers={"Content-Type": "application/json", HEADER: sender.signature(raw)},
-        ).get_environ()
-        environ.pop("CONTENT_LENGTH", None)
-        environ["HTTP_TRANSFER_ENCODING"] = "chunked"
-        environ["wsgi.input_terminated"] = True
+        environ = chunked_environ(
+            URL, raw, {"Content-Type": "application/json", HEADER: sender.signature(raw)}
+        )
         answer, status, _ = run_wsgi_app(small.wsgi_app, environ)
         assert status.startswith("413")
         assert json.loads(b"".join(answer))["error"]["code"] == "request_entity_too_large"

@@ -200,17 +200,19 @@ def test_the_staff_list_is_an_accessible_table(app, admin_browser, make_staff):
     assert 'autocomplete="new-password"' in html
 
 
+def _password_change(current: str = PASSWORD) -> dict[str, str]:
+    """The password form, filled in to replace ``current`` by NEW_PASSWORD."""
+    return {
+        "current_password": current,
+        "new_password": NEW_PASSWORD,
+        "confirm_password": NEW_PASSWORD,
+    }
+
+
 def test_changing_ones_password(app, engine, admin_browser, browser):
     other = browser()
     other.sign_in("admin@example.test")
-    wrong = admin_browser.post(
-        "/staff/password",
-        {
-            "current_password": "not it at all",
-            "new_password": NEW_PASSWORD,
-            "confirm_password": NEW_PASSWORD,
-        },
-    )
+    wrong = admin_browser.post("/staff/password", _password_change(current="not it at all"))
     assert wrong.status_code == 422
     assert '<a href="#current_password">Your current password is wrong</a>' in wrong.text
     mismatch = admin_browser.post(
@@ -218,14 +220,7 @@ def test_changing_ones_password(app, engine, admin_browser, browser):
         {"current_password": PASSWORD, "new_password": NEW_PASSWORD, "confirm_password": "other"},
     )
     assert "The new passwords do not match" in mismatch.text
-    ok = admin_browser.post(
-        "/staff/password",
-        {
-            "current_password": PASSWORD,
-            "new_password": NEW_PASSWORD,
-            "confirm_password": NEW_PASSWORD,
-        },
-    )
+    ok = admin_browser.post("/staff/password", _password_change())
     assert ok.status_code == 303
     assert admin_browser.get("/staff/").status_code == 200  # this browser stays signed in
     assert other.get("/staff/").status_code == 302  # the others are signed out
@@ -245,14 +240,7 @@ def test_a_password_change_ends_the_session_it_was_made_in_and_gives_a_new_one(
     assert thief.get("/staff/").status_code == 200
     with engine.connect() as connection:
         (ends,) = connection.execute(sa.text("SELECT expires_at FROM staff_session")).scalars()
-    ok = admin_browser.post(
-        "/staff/password",
-        {
-            "current_password": PASSWORD,
-            "new_password": NEW_PASSWORD,
-            "confirm_password": NEW_PASSWORD,
-        },
-    )
+    ok = admin_browser.post("/staff/password", _password_change())
     assert ok.status_code == 303
     assert admin_browser.cookie not in (None, stolen)
     assert admin_browser.get("/staff/").status_code == 200
