@@ -623,10 +623,14 @@ class SubscriptionEnded(ApiError):
         )
 
 
-def ended_by_choice(sub: PushSubscription) -> bool:
+def ended_by_choice(session: Session, sub: PushSubscription) -> bool:
     """Whether someone ended this subscription (its person unsubscribed, or was erased),
-    rather than its push service."""
-    return sub.deleted_at is not None or sub.end_reason in _ENDED_BY_CHOICE
+    rather than its push service. A tombstone keeps how it ended; one that had ended
+    otherwise before its person was erased is the erased person's all the same."""
+    if sub.end_reason in _ENDED_BY_CHOICE:
+        return True
+    person = session.get(Subscriber, sub.subscriber_id) if sub.subscriber_id else None
+    return person is not None and person.erased_at is not None
 
 
 def refuse_renewal_of_an_ended_device(session: Session, registration: Registration) -> None:
@@ -637,7 +641,7 @@ def refuse_renewal_of_an_ended_device(session: Session, registration: Registrati
     if registration.source != Source.SERVICE_WORKER.value or registration.device_id is None:
         return
     device = session.get(PushSubscription, registration.device_id)
-    if device is not None and ended_by_choice(device):
+    if device is not None and ended_by_choice(session, device):
         raise SubscriptionEnded("subscription")
 
 
@@ -661,7 +665,7 @@ def change_endpoint(
     """
     old = held_by_endpoint(session, old_endpoint, proof, keys=keys, field="oldEndpoint")
     _lock_row(session, old)
-    if ended_by_choice(old):
+    if ended_by_choice(session, old):
         # The person (or erasure) ended it: no consent carries over, and none is new.
         raise SubscriptionEnded("oldEndpoint")
     carry = None

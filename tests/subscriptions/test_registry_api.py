@@ -165,17 +165,26 @@ def _end_by_unsubscribe(client, old):
     assert client.post("/api/push/unsubscribe", json={"endpoint": old.endpoint}).status_code == 200
 
 
-@pytest.mark.parametrize("ending", ["unsubscribed", "erased"])
+@pytest.mark.parametrize("ending", ["unsubscribed", "erased", "erased after a technical end"])
 def test_a_subscription_its_person_ended_is_not_brought_back_by_a_rotation(
     app, client, engine, subscriptions, clock, ending
 ):
     """The browser still holds the old push subscription (the person ended it from another
-    device, or was erased); its push service rotates it and the worker asks to move it.
-    Nobody chose the new one: 410, and nothing is registered or logged."""
+    device, or was erased, even after its push service had ended it and it became a
+    tombstone); its push service rotates it and the worker asks to move it. Nobody chose
+    the new one: 410, and nothing is registered or logged."""
     old = subscriptions()
     subscribed = client.post(SUBSCRIBE, json={"subscription": old.to_json()})
     assert subscribed.status_code == 201
-    if ending == "erased":
+    if ending == "erased after a technical end":
+        with engine.begin() as connection:
+            connection.execute(
+                sa.text(
+                    "UPDATE push_subscription SET state = 'revoked', "
+                    "end_reason = 'revoked_by_push_service', deleted_at = created_at"
+                )
+            )
+    if ending.startswith("erased"):
         _end_by_erasure(app, engine, clock)
     else:
         _end_by_unsubscribe(client, old)
