@@ -94,7 +94,7 @@ class PushChannel:
         context: BrowserContext,
         page: Page,
         origin: str,
-        sent: Callable[[str], None] | None = None,
+        sent: Callable[..., None] | None = None,
     ) -> None:
         self.origin = origin
         self.page = page
@@ -155,7 +155,7 @@ class PushChannel:
     def push(self, message: dict[str, Any]) -> None:
         delivery_id = message.get("deliveryId")
         if self.sent and delivery_id and delivery_id not in self.recorded:
-            self.sent(str(delivery_id))
+            self.sent(str(delivery_id), message.get("actions"))
             self.recorded.add(str(delivery_id))
         self.deliver(json.dumps(message))
 
@@ -181,18 +181,25 @@ class PushChannel:
         return self.ended(count)[-1]
 
 
-def deliveries_to(server, subscription: BrowserSubscription) -> Callable[[str], None]:
-    """Records a delivery (with the push's id) to the browser's subscription: only a
-    delivery sent to the browser may be reported by it."""
+def deliveries_to(server, subscription: BrowserSubscription) -> Callable[..., None]:
+    """Records a delivery (with the push's id, of a campaign with the push's buttons) to
+    the browser's subscription: only a delivery sent to the browser may be reported by
+    it, and a button only when its notification had it."""
 
-    def record(delivery_id: str) -> None:
+    def record(delivery_id: str, actions: list[dict[str, str]] | None = None) -> None:
         with server.session() as session, session.begin():
             held = session.execute(
                 sa.select(PushSubscription.id).where(
                     PushSubscription.endpoint_hash == endpoint_hash(subscription.endpoint)
                 )
             ).scalar_one()
-            record_delivery(session, held, now=SystemClock().now(), delivery_id=int(delivery_id))
+            record_delivery(
+                session,
+                held,
+                now=SystemClock().now(),
+                delivery_id=int(delivery_id),
+                actions=actions if isinstance(actions, list) else None,
+            )
 
     return record
 
