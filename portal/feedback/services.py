@@ -41,8 +41,8 @@ from portal.feedback import signature
 from portal.feedback.models import DigestResult, FeedbackApplied, FeedbackDigest, Outcome
 from portal.seams import current_portal
 from portal.subscriptions.models import EndReason, PushSubscription, SubscriptionState
-from portal.subscriptions.services import end_subscriptions, ending
-from portal.subscriptions.validation import endpoint_hash, lookup_hashes
+from portal.subscriptions.services import end_subscriptions, ending, find_by_endpoint
+from portal.subscriptions.validation import endpoint_hash
 
 if TYPE_CHECKING:
     from flask import Flask
@@ -241,19 +241,12 @@ def subscription_for_delivery(session: Session, delivery_id: str) -> uuid.UUID |
 def _target(session: Session, event: CleanupEvent) -> PushSubscription | None:
     """The subscription the failed delivery went to.
 
-    Matched on the SHA-256 of the target's canonical form, the subscription's identity
-    (as every look-up by endpoint is: ``lookup_hashes``). A browser
+    Found as every look-up by endpoint finds its row, however the push service spells
+    it (:func:`portal.subscriptions.services.find_by_endpoint`). A browser
     that registered a replacement since has a new endpoint and so a new row: the old
     failure can only ever reach the old row, never "whatever this person has now".
     """
-    hashes = lookup_hashes(event.target)  # the canonical form's, then the exact text's
-    found = session.scalars(
-        sa.select(PushSubscription)
-        .where(PushSubscription.endpoint_hash.in_(hashes))
-        .with_for_update()
-        .execution_options(populate_existing=True)
-    ).all()
-    sub = min(found, key=lambda row: hashes.index(row.endpoint_hash), default=None)
+    sub = find_by_endpoint(session, event.target, lock=True)
     if event.delivery_id is None:
         return sub
     delivered_to = subscription_for_delivery(session, event.delivery_id)

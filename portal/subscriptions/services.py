@@ -94,17 +94,17 @@ def _next_state_on_register() -> sa.ColumnElement[Any]:
     )
 
 
-def find_by_endpoint(session: Session, endpoint: str) -> PushSubscription | None:
+def find_by_endpoint(
+    session: Session, endpoint: str, *, lock: bool = False
+) -> PushSubscription | None:
     """The subscription an endpoint names, however it is spelled: the row with the hash
     of its canonical form, else one stored with exactly this text before endpoints were
-    canonical."""
+    canonical. With ``lock``, the rows found are locked until COMMIT and read afresh."""
     hashes = lookup_hashes(endpoint)
-    found = {
-        row.endpoint_hash: row
-        for row in session.scalars(
-            sa.select(PushSubscription).where(PushSubscription.endpoint_hash.in_(hashes))
-        )
-    }
+    query = sa.select(PushSubscription).where(PushSubscription.endpoint_hash.in_(hashes))
+    if lock:
+        query = query.with_for_update().execution_options(populate_existing=True)
+    found = {row.endpoint_hash: row for row in session.scalars(query)}
     return next((found[h] for h in hashes if h in found), None)
 
 
