@@ -122,6 +122,18 @@ def forget_link_visit() -> None:
     signed_session.pop(LINK_VISITOR, None)
 
 
+def _still_theirs(subscriber: Subscriber | None, linked: uuid.UUID | None) -> bool:
+    """Whether the visitor found has a preference centre: not erased, and, when a link
+    named them, one the link still manages (an identity merged into an account during
+    the visit ends the visit)."""
+    if subscriber is None or subscriber.erased_at is not None:
+        return False
+    if linked is not None and not link_manages(db.session, subscriber):
+        forget_link_visit()
+        return False
+    return True
+
+
 def _visitor() -> tuple[Subscriber | None, dict[int, TopicPreference]]:
     """The subscriber at the browser and their stored preferences, in one query."""
     linked = _link_visitor()
@@ -129,12 +141,7 @@ def _visitor() -> tuple[Subscriber | None, dict[int, TopicPreference]]:
     if subscriber_id is None:
         return None, {}
     subscriber, rows = subscriber_with_preferences(db.session, subscriber_id)
-    if subscriber is None or subscriber.erased_at is not None:
-        return None, {}
-    if linked is not None and not link_manages(db.session, subscriber):
-        forget_link_visit()  # merged into an account during the visit
-        return None, {}
-    return subscriber, rows
+    return (subscriber, rows) if _still_theirs(subscriber, linked) else (None, {})
 
 
 def _current_subscriber(*, browser_only: bool = False) -> Subscriber | None:
@@ -145,12 +152,7 @@ def _current_subscriber(*, browser_only: bool = False) -> Subscriber | None:
     if subscriber_id is None:
         return None
     subscriber = db.session.get(Subscriber, subscriber_id)
-    if subscriber is None or subscriber.erased_at is not None:
-        return None
-    if linked is not None and not link_manages(db.session, subscriber):
-        forget_link_visit()
-        return None
-    return subscriber
+    return subscriber if _still_theirs(subscriber, linked) else None
 
 
 def _current_policy() -> PolicyVersion | None:
