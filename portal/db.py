@@ -343,9 +343,12 @@ def affected_rows(session: Session, statement: sa.Executable) -> int:
     """Execute an INSERT, UPDATE or DELETE; the number of rows it wrote (or matched).
 
     ``Session.execute`` is typed as returning a plain ``Result``; for these statements it
-    is a ``CursorResult``, which carries the count.
+    is a ``CursorResult``, which carries the count. SQLAlchemy keeps the count of an
+    UPDATE or DELETE only, unless told to: without ``preserve_rowcount`` an INSERT's count
+    is -1 on PostgreSQL (psycopg forgets it when the cursor closes) and right on SQLite.
     """
-    return cast(sa.CursorResult[Any], session.execute(statement)).rowcount
+    result = session.execute(statement, execution_options={"preserve_rowcount": True})
+    return cast(sa.CursorResult[Any], result).rowcount
 
 
 @dataclass

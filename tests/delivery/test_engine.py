@@ -521,6 +521,27 @@ def test_a_circuit_opened_by_one_batch_holds_back_the_next(
     assert circuit["reason"] == "2 of 2 answers were 429/5xx"
 
 
+def test_one_tick_materialises_and_sends_an_audience_of_several_batches(
+    push_app, dispatcher, fake_push, clock
+):
+    """A tick goes on while a campaign has more of its audience to write: each
+    materialisation batch says how many deliveries it wrote, and a tick ends only when one
+    writes none (on PostgreSQL the count was lost once, and a tick stopped after the
+    second batch, leaving the rest to later ticks)."""
+    subscribed = [_subscribe(push_app, fake_push, topics=["weekly-digest"]) for _ in range(5)]
+    campaign_id = _launch(push_app, clock)
+    report = Dispatcher(
+        push_app,
+        dispatcher.transport,
+        settings=EngineSettings(batch_size=2, materialise_batch=2),
+        rand=lambda: 0.0,
+    ).tick()
+    assert (report.materialised, report.accepted) == (5, 5)
+    assert all(len(fake_push.received(sub)) == 1 for sub in subscribed)
+    with db.begin(push_app) as session:
+        assert session.get(Campaign, campaign_id).status == "completed"
+
+
 def test_a_campaign_that_cannot_be_materialised_fails_alone(
     push_app, dispatcher, fake_push, clock, monkeypatch, caplog
 ):
