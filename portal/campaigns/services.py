@@ -885,6 +885,10 @@ def materialise_batch(
     ).where(ids.c.id <= upper)
     if lower is not None:
         chosen = chosen.where(ids.c.id > lower)
+    # Delivery ids, and so the claims' order, follow the audience's order whatever plan
+    # reads it: an engine test of circuits (the first batch's answers hold back the next)
+    # failed once under load, when the rows came out in another order.
+    chosen = chosen.order_by(ids.c.id)
     dialect_insert = postgresql.insert if is_postgres(session) else sqlite.insert
     statement = dialect_insert(_d).from_select(list(_MATERIALISED), chosen).on_conflict_do_nothing()
     inserted = affected_rows(session, statement)

@@ -14,7 +14,7 @@ from portal.campaigns.services import CampaignDraft
 from portal.db import db
 from portal.delivery.models import Delivery
 from portal.errors import ValidationError
-from portal.subscriptions.models import PushSubscription
+from portal.subscriptions.models import PushSubscription, Subscriber
 from tests.factories import SubscriptionFactory
 
 
@@ -178,3 +178,43 @@ def test_create_campaign_takes_a_chosen_id(catalogue_ready, clock):
             session, draft(), created_by="x", now=clock.now(), campaign_id=chosen
         )
         assert made.id == chosen
+
+
+def test_deliveries_are_numbered_in_the_audience_s_order_whatever_the_table_s(
+    catalogue_ready, clock
+):
+    """A campaign's deliveries are claimed in id order, so their ids follow the
+    subscriptions' ids, not the order the database happens to read the audience in: here
+    the first three subscriptions and their people were written again, which moves their
+    rows to the end of PostgreSQL's tables, and the audience is written in batches of four."""
+    app = catalogue_ready
+    subscribed, subscribers = zip(*(_subscribe(app) for _ in range(6)), strict=True)
+    with db.begin(app) as session:
+        session.execute(
+            sa.update(PushSubscription)
+            .where(PushSubscription.id.in_(subscribed[:3]))
+            .values(consecutive_failures=PushSubscription.consecutive_failures)
+        )
+        session.execute(
+            sa.update(Subscriber)
+            .where(Subscriber.id.in_(subscribers[:3]))
+            .values(time_zone=Subscriber.time_zone)
+        )
+        campaign = services.create_campaign(
+            session, draft(topic="security-alerts"), created_by="x", now=clock.now()
+        )
+        campaign.status = "sending"
+        session.flush()
+        if session.get_bind().dialect.name == "postgresql":
+            # The plan a big table gets: the tables read in the order their rows lie.
+            for scan in ("indexscan", "indexonlyscan", "bitmapscan"):
+                session.execute(sa.text(f"SET LOCAL enable_{scan} = off"))
+        batches = [
+            services.materialise_batch(session, campaign, now=clock.now(), batch=4)
+            for _ in range(3)
+        ]
+        assert batches == [4, 2, 0]  # each batch says how many it wrote; 0 when complete
+        deliveries = session.execute(
+            sa.select(Delivery.subscription_id).order_by(Delivery.id)
+        ).scalars()
+        assert list(deliveries) == sorted(subscribed)
