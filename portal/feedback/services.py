@@ -297,7 +297,8 @@ def _mark(
         digest_id=digest_id,
         applied_at=now,
     ).on_conflict_do_nothing(index_elements=[_applied.c.organization, _applied.c.event_key_hash])
-    # RETURNING, not rowcount: psycopg reports no rowcount for ON CONFLICT DO NOTHING.
+    # RETURNING says whether this insert wrote the row (an INSERT's rowcount needs
+    # preserve_rowcount on PostgreSQL: portal.db.affected_rows).
     return session.execute(statement.returning(_applied.c.id)).first() is not None
 
 
