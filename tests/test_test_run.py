@@ -99,3 +99,13 @@ def test_a_test_that_reaches_no_database_runs_on_one_backend(tmp_path, request):
 @pytest.mark.postgres_only
 def test_a_postgres_only_test_is_never_left_out_of_the_postgres_pass(request):
     assert request.node.get_closest_marker("no_database") is None
+
+
+def test_auto_starts_one_worker_more_than_the_cpus(monkeypatch, pytestconfig):
+    from tests.conftest import pytest_xdist_auto_num_workers
+
+    monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS", raising=False)
+    cpus = len(os.sched_getaffinity(0))
+    assert pytest_xdist_auto_num_workers(pytestconfig) == cpus + 1
+    monkeypatch.setenv("PYTEST_XDIST_AUTO_NUM_WORKERS", "5")
+    assert pytest_xdist_auto_num_workers(pytestconfig) == 5
