@@ -79,6 +79,10 @@ _s = cast(sa.Table, PushSubscription.__table__)
 _c = cast(sa.Table, Campaign.__table__)
 # ix_delivery_due's predicate as the claim repeats it, qualified (campaign has a status).
 _DUE = sa.text(f"{_d.name}.{DUE_SQL}")
+# PostgreSQL: where a delivery row lies (its partition and its place in it). The claim's
+# update finds the rows its choice locked by these, a TID scan whatever the statistics.
+_PARTITION: sa.ColumnClause[Any] = sa.column("tableoid", _selectable=_d)
+_PLACE: sa.ColumnClause[Any] = sa.column("ctid", _selectable=_d)
 
 
 @dataclass
@@ -388,16 +392,19 @@ class Dispatcher:
                 # are chosen once (a materialised CTE: as a subquery of an update of a
                 # partitioned table their LIMIT would hold per partition scanned), and the
                 # update names the sending campaigns again to touch only their partitions.
+                # It finds the locked rows by their place, not by id: for a campaign newer
+                # than the table's statistics the planner believed the campaign empty and
+                # read all of it for each row of the batch (1.9 s a claim at 45,000 rows).
                 picked = (
-                    candidates.add_columns(_d.c.campaign_id.label("campaign"))
+                    candidates.add_columns(_PARTITION.label("partition"), _PLACE.label("place"))
                     .where(among(session, _d.c.campaign_id, sending))
                     .with_for_update(of=_d, skip_locked=True)
                     .cte("picked")
                     .prefix_with("MATERIALIZED")
                 )
                 chosen = sa.and_(
-                    _d.c.id == picked.c.id,
-                    _d.c.campaign_id == picked.c.campaign,
+                    picked.c.place == _PLACE,
+                    picked.c.partition == _PARTITION,
                     among(session, _d.c.campaign_id, sending),
                 )
             else:
