@@ -93,14 +93,6 @@ def _plan(app, backend: str, statement: str, parameters: Any) -> str:
 def _rows_read(app, statement: str, parameters: Any) -> int:
     """PostgreSQL: how many ``delivery`` index entries and rows the claim's choice read
     (EXPLAIN ANALYZE, rolled back), the UPDATE's own look-up by primary key left out."""
-    raw = app.extensions["portal.db"].engine.raw_connection()
-    try:
-        cursor = raw.cursor()
-        cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + statement, parameters)
-        ((document,),) = cursor.fetchall()
-        raw.rollback()
-    finally:
-        raw.close()
     read = 0
 
     def walk(node: dict) -> None:
@@ -119,8 +111,21 @@ def _rows_read(app, statement: str, parameters: Any) -> int:
         for child in node.get("Plans", []):
             walk(child)
 
-    walk(document[0]["Plan"])
+    walk(_analysed_plan(app, statement, parameters))
     return read
+
+
+def _analysed_plan(app, statement: str, parameters: Any) -> dict:
+    """PostgreSQL: the statement's plan as run (EXPLAIN ANALYZE, JSON), rolled back."""
+    raw = app.extensions["portal.db"].engine.raw_connection()
+    try:
+        cursor = raw.cursor()
+        cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + statement, parameters)
+        ((document,),) = cursor.fetchall()
+        raw.rollback()
+    finally:
+        raw.close()
+    return document[0]["Plan"]
 
 
 def test_the_claim_reads_the_due_rows_index(push_app, dispatcher, clock, backend):
@@ -257,14 +262,6 @@ def test_a_claim_reads_a_batch_not_the_campaign_when_the_statistics_predate_it(
 def _rows_handled(app, statement: str, parameters: Any) -> int:
     """PostgreSQL: the rows every node of the claim's plan produced or filtered out, times
     its loops (EXPLAIN ANALYZE, rolled back)."""
-    raw = app.extensions["portal.db"].engine.raw_connection()
-    try:
-        cursor = raw.cursor()
-        cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + statement, parameters)
-        ((document,),) = cursor.fetchall()
-        raw.rollback()
-    finally:
-        raw.close()
 
     def handled(node: dict) -> int:
         rows = sum(
@@ -273,4 +270,4 @@ def _rows_handled(app, statement: str, parameters: Any) -> int:
         )
         return rows * node.get("Actual Loops", 1) + sum(map(handled, node.get("Plans", [])))
 
-    return handled(document[0]["Plan"])
+    return handled(_analysed_plan(app, statement, parameters))
