@@ -91,17 +91,20 @@ def parse_receipt(body: dict[str, Any], *, endpoint_max_length: int) -> Receipt:
 _NEVER_SENT = frozenset({DeliveryStatus.SKIPPED.value, DeliveryStatus.REVOKED.value})
 
 
-def sent_to_caller(session: Session, delivery_id: str, proof: Proof, *, keys: KeyRing) -> bool:
-    """Whether ``delivery_id`` is one of our deliveries and went to the browser that
-    shows ``proof`` (its device cookie names the delivery's subscription, or it carries
-    that subscription's auth secret).
+def buttons_sent_to_caller(
+    session: Session, delivery_id: str, proof: Proof, *, keys: KeyRing
+) -> int | None:
+    """How many buttons the notification of ``delivery_id`` had, when it is one of our
+    deliveries and went to the browser that shows ``proof`` (its device cookie names the
+    delivery's subscription, or it carries that subscription's auth secret); None when
+    not. One read: the check and the buttons a receipt may name.
 
     A delivery never sent (skipped: over a cap, keys unreadable; revoked: consent or the
     subscription ended first, or its push service said it is gone) reached no browser:
     a report of it would count on the funnel as shown where nothing could show. One whose
     answer is not in yet, or was lost (queued again, sending, failed), may have shown."""
     if not _OUR_DELIVERY_ID.fullmatch(delivery_id):
-        return False
+        return None
     row = session.execute(
         sa.select(
             Delivery.status,
@@ -109,39 +112,35 @@ def sent_to_caller(session: Session, delivery_id: str, proof: Proof, *, keys: Ke
             PushSubscription.auth_sealed,
             PushSubscription.auth_key_version,
             PushSubscription.deleted_at,
+            Campaign.actions,
         )
         .select_from(Delivery)
+        .join(Campaign, Campaign.id == Delivery.campaign_id)
         .outerjoin(PushSubscription, PushSubscription.id == Delivery.subscription_id)
         .where(Delivery.id == int(delivery_id))
     ).one_or_none()
     if row is None or row.status in _NEVER_SENT:
-        return False
+        return None
     if row.deleted_at is not None:
-        return False  # a tombstone (erased, or its data purged): nothing more is collected
-    return holds(
+        return None  # a tombstone (erased, or its data purged): nothing more is collected
+    held = holds(
         proof,
         subscription_id=row.subscription_id,
         auth_sealed=row.auth_sealed,
         auth_key_version=row.auth_key_version or 0,
         keys=keys,
     )
+    return len(row.actions or ()) if held else None
 
 
 _BUTTONS = {ReceiptEvent.ACTION_1: 1, ReceiptEvent.ACTION_2: 2}
 
 
-def check_button(session: Session, receipt: Receipt) -> None:
+def check_button(receipt: Receipt, buttons: int) -> None:
     """A button's receipt names a button the delivery's notification had (422 otherwise):
     a campaign's funnel counts clicks on its buttons, never on ones it never showed."""
     number = _BUTTONS.get(receipt.event)
-    if number is None:
-        return
-    actions = session.execute(
-        sa.select(Campaign.actions)
-        .join(Delivery, Delivery.campaign_id == Campaign.id)
-        .where(Delivery.id == int(receipt.delivery_id))
-    ).scalar_one_or_none()
-    if len(actions or ()) < number:
+    if number is not None and buttons < number:
         raise ValidationError(
             "no_such_button", f"this notification had no button {receipt.event.value}", "event"
         )
@@ -185,9 +184,10 @@ def receipt() -> tuple[Response, int]:
     session = db.session
     # The rate-limit counts, the check and the write share one transaction: one commit
     # per receipt. A refusal writes nothing but its counts (portal.ratelimit).
-    if not sent_to_caller(session, parsed.delivery_id, proof, keys=portal.keys):
+    buttons = buttons_sent_to_caller(session, parsed.delivery_id, proof, keys=portal.keys)
+    if buttons is None:
         raise NotYourDelivery()
-    check_button(session, parsed)
+    check_button(parsed, buttons)
     created = record(session, parsed, now=portal.clock.now())
     session.commit()
     return jsonify(
