@@ -257,7 +257,6 @@ def require_not_superseded(session: Session, policy_version: str, decided_at: dt
     if (
         claimed is not None
         and in_force is not None
-        and in_force.version != claimed.version
         and (in_force.published_at, in_force.version) > (claimed.published_at, claimed.version)
     ):
         raise Conflict(
