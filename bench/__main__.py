@@ -50,6 +50,7 @@ BENCHMARKS = (
     "dispatch",
     "claims",
     "waiting_claims",
+    "paused_claims",
     "delivery_retention",
     "funnel",
     "consent_log",

@@ -160,9 +160,12 @@ def populate(
     waiting: int = 0,
     *,
     month_ids: bool = True,
+    paused: int = 0,
 ) -> Population:
     """``waiting``: the percentage of the sending campaign's deliveries due 12 hours from
     now (spread evenly over its ids), as a local-time campaign's other zones are.
+    ``paused``: a campaign of that many queued deliveries, paused, made before the sending
+    one (lower ids, due an hour earlier).
     ``month_ids``: campaign ids are UUIDv7 of their creation, as the app makes them (each
     campaign's deliveries in its month's partition on PostgreSQL); otherwise random ids,
     whose deliveries the default partition holds."""
@@ -200,17 +203,19 @@ def populate(
     def made(at: dt.datetime) -> uuid.UUID:
         return uuid7(at=at) if month_ids else uuid.uuid4()
 
-    campaigns: list[tuple[uuid.UUID, bool, int, str]] = [
+    campaigns: list[tuple[uuid.UUID, str, int, str]] = [
         (
             made(now - dt.timedelta(days=(finished - n) * 7 + 7)),
-            True,
+            "completed",
             finished_size,
             f"{(finished - n) * 7 + 7} days",
         )
         for n in range(finished)
     ]
+    if paused:
+        campaigns.append((made(now - dt.timedelta(hours=2)), "paused", paused, "2 hours"))
     sending = made(now - dt.timedelta(hours=1))
-    campaigns.append((sending, False, sending_size, "1 hour"))
+    campaigns.append((sending, "sending", sending_size, "1 hour"))
     with Session(engine) as session, session.begin():
         have = set(partitions.months(session))
         finished_months = {
@@ -219,7 +224,8 @@ def populate(
         }
         for month in sorted((finished_months | {partitions.Month.of(now)}) - have):
             partitions.create(session, month, lock_timeout_ms=60_000)
-    for number, (campaign, done, size, age) in enumerate(campaigns):
+    for number, (campaign, status, size, age) in enumerate(campaigns):
+        done = status == "completed"
         with engine.begin() as conn:
             finished_at = (
                 conn.execute(
@@ -236,7 +242,7 @@ def populate(
                     "topic": topic,
                     "title": f"Campaign {number + 1}",
                     "age": age,
-                    "status": "completed" if done else "sending",
+                    "status": status,
                     "finished_at": finished_at,
                 },
             )
@@ -254,7 +260,7 @@ def populate(
                         "age": age,
                         "lo": lo,
                         "hi": hi,
-                        "waiting": waiting,
+                        "waiting": waiting if status == "sending" else 0,
                     },
                 )
             print(f"  campaign {number + 1}: {hi + 1:,} of {size:,} rows", flush=True)

@@ -16,8 +16,9 @@ flight under their lease, with its ``EXPLAIN (ANALYZE, BUFFERS)``.
 
 Both sides in one run, on the same database at the same point:
 
-- *0026*: ``Dispatcher.claim()`` as the project has it — ``ix_delivery_due`` on
-  (next_attempt_at, id) and the claim asking for ``next_attempt_at <= now`` in that order;
+- *0026*: ``Dispatcher.claim()`` as the project has it — the claim asking for
+  ``next_attempt_at <= now`` in due order from ``ix_delivery_due`` (on (next_attempt_at,
+  id) at migration 0026; by campaign first since 0033, ``bench/paused_claims.py``);
 - *0017*: the index as migration 0017 made it (id only) and the claim statement of that
   time (due rows in id order), written out below as it was compiled then.
 

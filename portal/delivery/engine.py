@@ -350,65 +350,71 @@ class Dispatcher:
                 ),
             )
             if not is_postgres(session):
-                # Both planners read ix_delivery_due (only the rows still to send, by due
-                # time), so a claim costs the same at the first and the last delivery and
-                # whatever waits for later (SPEC §7). PostgreSQL proves from the OR that
-                # the index's predicate holds; SQLite only sees it when the query repeats
-                # it word for word. (Repeated on PostgreSQL it would be counted twice in
-                # the row estimates.)
+                # PostgreSQL proves from the OR that ix_delivery_due's predicate holds;
+                # SQLite only sees it when the query repeats it word for word. (Repeated
+                # on PostgreSQL it would be counted twice in the row estimates.)
                 due = sa.and_(_DUE, due)
-            candidates = (
-                sa.select(_d.c.id)
-                .where(due)
-                .order_by(_d.c.next_attempt_at, _d.c.id)
+            if blocked:
+                due = sa.and_(due, _d.c.push_service.not_in(blocked))
+            # The sending campaigns. On PostgreSQL their rows are held (shared) until the
+            # claim commits: a pause or cancel (which locks the row for update) waits for
+            # the claim, then sees what it took; a claim never takes a delivery of a
+            # campaign whose pause or cancel is being written (SKIP LOCKED passes it by).
+            # On SQLite the write lock the transaction began with serialises the two.
+            sending = (
+                session.execute(
+                    sa.select(_c.c.id)
+                    .where(_c.c.status == CampaignStatus.SENDING.value)
+                    .order_by(_c.c.id)
+                    .with_for_update(key_share=True, read=True, skip_locked=True)
+                )
+                .scalars()
+                .all()
+            )
+            if not sending:
+                return []
+            # Each sending campaign's next batch in due order, read from its own part of
+            # ix_delivery_due (campaign, due time, id), and the earliest of them merged:
+            # a claim reads about a batch per sending campaign, whatever was sent, waits
+            # for later, or belongs to a campaign paused with its deliveries due (walking
+            # the due rows of every campaign in time order read all of those first).
+            columns: list[sa.ColumnElement[Any]] = [_d.c.id, _d.c.next_attempt_at]
+            if is_postgres(session):
+                columns += [_PARTITION.label("partition"), _PLACE.label("place")]
+
+            def next_batch(campaign_id: uuid.UUID) -> sa.Select[Any]:
+                batch = (
+                    sa.select(*columns)
+                    .where(_d.c.campaign_id == campaign_id, due)
+                    .order_by(_d.c.next_attempt_at, _d.c.id)
+                    .limit(self.settings.batch_size)
+                )
+                if is_postgres(session):
+                    batch = batch.with_for_update(of=_d, skip_locked=True)
+                return sa.select(batch.subquery())
+
+            merged = sa.union_all(*map(next_batch, sending)).subquery("due")
+            earliest = (
+                sa.select(*(c for c in merged.c if c.key != "next_attempt_at"))
+                .order_by(merged.c.next_attempt_at, merged.c.id)
                 .limit(self.settings.batch_size)
             )
-            if not is_postgres(session):
-                # On PostgreSQL the sending campaigns are read first (below) and named.
-                candidates = candidates.join(_c, _c.c.id == _d.c.campaign_id).where(
-                    _c.c.status == CampaignStatus.SENDING.value
-                )
-            if blocked:
-                candidates = candidates.where(_d.c.push_service.not_in(blocked))
             if is_postgres(session):
-                # The sending campaigns' rows held (shared) until the claim commits: a
-                # pause or cancel (which locks the row for update) waits for the claim,
-                # then sees what it took; a claim never takes a delivery of a campaign
-                # whose pause or cancel is being written (SKIP LOCKED passes it by). On
-                # SQLite the write lock serialises the two.
-                sending = (
-                    session.execute(
-                        sa.select(_c.c.id)
-                        .where(_c.c.status == CampaignStatus.SENDING.value)
-                        .order_by(_c.c.id)
-                        .with_for_update(key_share=True, read=True, skip_locked=True)
-                    )
-                    .scalars()
-                    .all()
-                )
-                if not sending:
-                    return []
-                # delivery is partitioned by campaign (migration 0031). The candidates
-                # are chosen once (a materialised CTE: as a subquery of an update of a
-                # partitioned table their LIMIT would hold per partition scanned), and the
-                # update names the sending campaigns again to touch only their partitions.
-                # It finds the locked rows by their place, not by id: for a campaign newer
-                # than the table's statistics the planner believed the campaign empty and
-                # read all of it for each row of the batch (1.9 s a claim at 45,000 rows).
-                picked = (
-                    candidates.add_columns(_PARTITION.label("partition"), _PLACE.label("place"))
-                    .where(among(session, _d.c.campaign_id, sending))
-                    .with_for_update(of=_d, skip_locked=True)
-                    .cte("picked")
-                    .prefix_with("MATERIALIZED")
-                )
+                # delivery is partitioned (migration 0031). The batch is chosen once (a
+                # materialised CTE: as a subquery of an update of a partitioned table
+                # its LIMIT would hold per partition scanned), and the update names the
+                # sending campaigns again to touch only their partitions. It finds the
+                # locked rows by their place, not by id: for a campaign newer than the
+                # table's statistics the planner believed the campaign empty and read
+                # all of it for each row of the batch (1.9 s a claim at 45,000 rows).
+                picked = earliest.cte("picked").prefix_with("MATERIALIZED")
                 chosen = sa.and_(
                     picked.c.place == _PLACE,
                     picked.c.partition == _PARTITION,
                     among(session, _d.c.campaign_id, sending),
                 )
             else:
-                chosen = _d.c.id.in_(candidates.scalar_subquery())
+                chosen = _d.c.id.in_(earliest.scalar_subquery())
             # One statement: the candidates are chosen, locked and leased in one round trip.
             rows = session.execute(
                 sa.update(_d)

@@ -87,12 +87,14 @@ class Delivery(Base):
         # The claim query: a campaign's due work.
         # A campaign's progress counts and "anything left?" checks (its prefix).
         sa.Index("ix_delivery_claim", "campaign_id", "status", "next_attempt_at"),
-        # The claim query: the rows still to send, by when they are due, then id
-        # (migrations 0017, 0026). A row leaves it once answered, so a claim's cost does
-        # not grow with what was sent; and it reads only the rows already due, so nor
-        # with what waits for later (a local time, a retry).
+        # The claim query: each campaign's rows still to send, by when they are due,
+        # then id (migrations 0017, 0026, 0033). A row leaves it once answered, so a
+        # claim's cost does not grow with what was sent; it reads only the rows already
+        # due, so nor with what waits for later (a local time, a retry); and only the
+        # sending campaigns' part, so nor with a paused campaign's queue.
         sa.Index(
             "ix_delivery_due",
+            "campaign_id",
             "next_attempt_at",
             "id",
             postgresql_where=sa.text(DUE_SQL),

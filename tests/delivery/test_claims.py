@@ -1,4 +1,5 @@
-"""The claim reads only the rows still to send (``ix_delivery_due``, migration 0017).
+"""The claim reads only the rows still to send (``ix_delivery_due``, migrations 0017,
+0026 and 0033: each campaign's due rows by due time).
 
 Its cost must not grow with what was already sent, in this campaign or earlier ones
 (SPEC §7; the figures are ``bench/claims.py``'s). Here: the plan both databases choose for
@@ -155,8 +156,8 @@ def test_the_claim_reads_the_due_rows_index(push_app, dispatcher, clock, backend
 
 def test_the_claim_reads_only_the_rows_already_due(push_app, dispatcher, clock, backend):
     """A local-time campaign: most deliveries wait for a later hour, with the lowest ids.
-    The claim takes the due ones, and its plan bounds the index scan by the due time
-    instead of reading past every row that waits (migration 0026)."""
+    The claim takes the due ones, and its plan bounds the index scan by the campaign and
+    the due time instead of reading past every row that waits (migrations 0026, 0033)."""
     now = clock.now()
     sending = _campaign(push_app, clock, "sending")
     _insert(push_app, _rows(sending, 6000, now, next_attempt_at=now + dt.timedelta(hours=5)))
@@ -171,7 +172,7 @@ def test_the_claim_reads_only_the_rows_already_due(push_app, dispatcher, clock, 
         assert _rows_read(push_app, statement, parameters) <= 6 * len(due)
     else:
         plan = _plan(push_app, backend, statement, parameters)
-        assert "USING INDEX ix_delivery_due (next_attempt_at<?)" in plan, plan
+        assert "USING INDEX ix_delivery_due (campaign_id=? AND next_attempt_at<?)" in plan, plan
 
 
 def test_the_index_holds_only_the_rows_still_to_send(engine, backend, push_app):
@@ -271,3 +272,53 @@ def _rows_handled(app, statement: str, parameters: Any) -> int:
         return rows * node.get("Actual Loops", 1) + sum(map(handled, node.get("Plans", [])))
 
     return handled(_analysed_plan(app, statement, parameters))
+
+
+@pytest.mark.postgres_only
+@pytest.mark.parametrize("analysed", [True, False], ids=["analysed", "statistics-predate-it"])
+def test_a_paused_campaign_s_queue_is_not_read_by_every_claim(
+    push_app, dispatcher, clock, analysed
+):
+    """A large campaign paused with its deliveries due (earlier than another's, with lower
+    ids) while another campaign sends: each claim of the sending one must read its own
+    batch, not walk the paused queue first. Walking the due rows in time order and
+    dropping the paused ones read all of them for every batch of every other campaign."""
+    now = clock.now()
+    paused = _campaign(push_app, clock, "paused")
+    _insert(push_app, _rows(paused, 6000, now, next_attempt_at=now - dt.timedelta(hours=1)))
+    if analysed:
+        with db.begin(push_app) as session:
+            session.execute(sa.text("ANALYZE delivery"))
+    sending = _campaign(push_app, clock, "sending")
+    due = _insert(push_app, _rows(sending, 800, now))
+    if analysed:
+        with db.begin(push_app) as session:
+            session.execute(sa.text("ANALYZE delivery"))
+
+    statement, parameters, claimed = _captured_claim(push_app, dispatcher)
+    assert claimed == due[: dispatcher.settings.batch_size]
+    # The batch and a few times more, not the 6,000 paused rows.
+    assert _rows_handled(push_app, statement, parameters) <= 3 * len(due)
+
+
+def test_a_claim_takes_the_earliest_due_across_the_sending_campaigns(push_app, dispatcher, clock):
+    """Each sending campaign's batch is read from its own part of the index; the claim
+    takes the earliest due of them all, one batch in all, and passes a paused one by."""
+    now = clock.now()
+    later = _campaign(push_app, clock, "sending")
+    earlier = _campaign(push_app, clock, "sending")
+    paused = _campaign(push_app, clock, "paused")
+    size = dispatcher.settings.batch_size
+    later_rows = _insert(
+        push_app, _rows(later, size, now, next_attempt_at=now - dt.timedelta(minutes=1))
+    )
+    earlier_rows = _insert(
+        push_app, _rows(earlier, size // 2, now, next_attempt_at=now - dt.timedelta(minutes=2))
+    )
+    _insert(push_app, _rows(paused, size, now, next_attempt_at=now - dt.timedelta(minutes=3)))
+
+    first = [c.delivery_id for c in dispatcher.claim()]
+    assert first == sorted(earlier_rows + later_rows[: size - size // 2])
+    second = [c.delivery_id for c in dispatcher.claim()]
+    assert second == later_rows[size - size // 2 :]
+    assert dispatcher.claim() == []
