@@ -16,9 +16,10 @@ flight under their lease, with its ``EXPLAIN (ANALYZE, BUFFERS)``.
 
 Both sides in one run, on the same database at the same point:
 
-- *0026*: ``Dispatcher.claim()`` as the project has it — the claim asking for
+- *new*: ``Dispatcher.claim()`` as the project has it — the claim asking for
   ``next_attempt_at <= now`` in due order from ``ix_delivery_due`` (on (next_attempt_at,
-  id) at migration 0026; by campaign first since 0033, ``bench/paused_claims.py``);
+  id) since migration 0026; on (campaign_id, next_attempt_at, id) since 0033,
+  ``bench/paused_claims.py``);
 - *0017*: the index as migration 0017 made it (id only) and the claim statement of that
   time (due rows in id order), written out below as it was compiled then.
 
@@ -180,7 +181,7 @@ def measure(claimer: Claimer, side: str, fraction: float, sent: int, claims: int
     return point
 
 
-_SIDES = {"new": "0026 (by due time)", "before": "0017 (id order)"}
+_SIDES = {"new": "0033 (by campaign and due time)", "before": "0017 (id order)"}
 
 
 def table(points: list[Point]) -> str:
@@ -230,7 +231,7 @@ def figures(points: list[Point], waiting: int) -> list[Figure]:
             out.append(
                 Figure(
                     f"claim with {waiting}% waiting at {p.fraction:.0%} of the due sent, "
-                    "0026 vs 0017",
+                    "0033 vs 0017",
                     _ms(news[p.fraction].median),
                     "ms",
                     _ms(p.median),
@@ -325,8 +326,10 @@ def main() -> int:
         f"ids) are due 12 hours later, as a local-time campaign's other zones are, and "
         f"{due_rows:,} due now. At each point the lowest due ids up to that fraction of "
         "the campaign are marked accepted and the table vacuumed; then each side's claim "
-        f"({BATCH} rows) is timed {args.claims} times after one untimed claim. *0026*: "
-        "`Dispatcher.claim()` with `ix_delivery_due` on (next_attempt_at, id). *0017*: the "
+        f"({BATCH} rows) is timed {args.claims} times after one untimed claim. *0033*: "
+        "`Dispatcher.claim()` with `ix_delivery_due` on (campaign_id, next_attempt_at, id) "
+        "(on (next_attempt_at, id) from 0026 to 0033: the same shape here, one sending "
+        "campaign). *0017*: the "
         "index on (id) as migration 0017 made it, and the claim statement of that time, "
         "due rows in id order (`bench/waiting_claims.py` `CLAIM_0017`). Load average "
         f"{' / '.join(f'{v:.2f}' for v in load_before)} before, "
