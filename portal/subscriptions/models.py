@@ -159,13 +159,10 @@ class PushSubscription(Base):
             postgresql_where=sa.text(_LIVE),
             sqlite_where=sa.text(_LIVE),
         ),
-        # A person's devices, stale ones included (the preference centre).
-        sa.Index(
-            "ix_push_subscription_subscriber",
-            "subscriber_id",
-            postgresql_where=sa.text("deleted_at IS NULL"),
-            sqlite_where=sa.text("deleted_at IS NULL"),
-        ),
+        # A person's devices, stale ones included (the preference centre), and whether an
+        # identity still holds any subscription, ended ones included (a preference link
+        # to it, portal.consent.accounts.link_manages): every row (migration 0034).
+        sa.Index("ix_push_subscription_subscriber", "subscriber_id"),
         # Ageing sweeps: rows that have gone quiet. Tombstones stay out.
         sa.Index(
             "ix_push_subscription_sweep",
