@@ -197,3 +197,32 @@ def test_a_subscribe_and_an_account_link_read_no_growing_table_whole(
     assert moved == 3  # the other browser's device and this browser's two
     problems = _whole_table_reads(engine, statements)
     assert not problems, "\n\n".join(problems)
+
+
+def test_a_device_s_own_calls_read_no_growing_table_whole(
+    app, client, engine, person, subscriptions, clock
+):
+    """What a subscribed browser's page and service worker send: its status, a heartbeat,
+    preferences by JSON, a rotation of its endpoint, and an unsubscribe."""
+    with engine.connect() as conn:
+        endpoint = conn.execute(
+            sa.text("SELECT endpoint FROM push_subscription WHERE subscriber_id = :p"),
+            {"p": person},
+        ).scalar_one()
+    rotated = subscriptions()
+    with _statements(engine) as statements:
+        assert client.post("/api/push/status", json={"endpoint": endpoint}).status_code == 200
+        assert client.post("/api/push/heartbeat", json={"endpoint": endpoint}).status_code == 200
+        chosen = {
+            "endpoint": endpoint,
+            "decisions": [{"slug": "weekly-digest", "state": "opt_in"}],
+            "policyVersion": "v1",
+            "decidedAt": clock.now().isoformat(),
+        }
+        assert client.post("/api/push/preferences", json=chosen).status_code == 200
+        change = {"oldEndpoint": endpoint, "subscription": rotated.to_json()}
+        assert client.post("/api/push/change", json=change).status_code in (200, 201)
+        gone = {"endpoint": rotated.endpoint}
+        assert client.post("/api/push/unsubscribe", json=gone).status_code == 200
+    problems = _whole_table_reads(engine, statements)
+    assert not problems, "\n\n".join(problems)
