@@ -17,8 +17,8 @@ lease, with its ``EXPLAIN (ANALYZE, BUFFERS)``.
 Both sides in one run, on the same database at the same point:
 
 - *0033*: ``Dispatcher.claim()`` as the project has it: ``ix_delivery_due`` on
-  (campaign_id, next_attempt_at, id), each sending campaign's next batch read from its
-  own part of the index and the earliest of them taken;
+  (campaign_id, next_attempt_at, id), the sending campaigns asked one at a time, each
+  from its own part of the index, until the batch is full;
 - *0026*: the index as migration 0026 made it, on (next_attempt_at, id) for every
   campaign, and the claim statement of that time (the due rows of every campaign in due
   order, those of campaigns not sending dropped), written out below as it was compiled.

@@ -4,9 +4,9 @@ Migration 0026's index held the rows still to send by (next_attempt_at, id) acro
 campaign. A claim walked it in that order and dropped the rows of campaigns not sending,
 so a large campaign paused with its deliveries due (earlier than another's) was read
 through on every claim of every other campaign: 6,000 paused rows read to take 500. The
-same predicate, now on (campaign_id, next_attempt_at, id): the claim takes each sending
-campaign's next batch in due order from its own part of the index and merges them, so it
-reads about a batch per sending campaign whatever is paused, sent or waiting for later.
+same predicate, now on (campaign_id, next_attempt_at, id): the claim asks the sending
+campaigns one at a time for their next deliveries in due order, each from its own part
+of the index, so it reads about a batch whatever is paused, sent or waiting for later.
 
 Built in the migration's transaction, not CONCURRENTLY, as 0017 explains.
 
