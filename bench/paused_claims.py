@@ -57,7 +57,7 @@ from bench.claims import (  # noqa: E402
     populate,
 )
 from bench.contract import Figure, add_arguments, write  # noqa: E402
-from bench.waiting_claims import LEASE, SENDING_CAMPAIGNS, swap_index  # noqa: E402
+from bench.waiting_claims import LEASE, SENDING_CAMPAIGNS, both_sides  # noqa: E402
 from portal.config import normalise_database_url  # noqa: E402
 from portal.db import create_engine  # noqa: E402
 from portal.migrate import upgrade  # noqa: E402
@@ -212,19 +212,17 @@ def main() -> int:
         if held != args.paused:
             raise SystemExit(f"{held:,} paused deliveries due, not {args.paused:,}")
         with tempfile.TemporaryDirectory() as instance:
-            new, before = Claimer(url, instance), Claimer0026(url, instance)
-            try:
-                for fraction in fractions:
-                    sent = mark_sent(engine, population, fraction)
-                    points.append(measure(new, "new", fraction, sent, args.claims))
-                    new.engine.dispose()
-                    swap_index(engine, INDEX_0026)
-                    points.append(measure(before, "before", fraction, sent, args.claims))
-                    before.engine.dispose()
-                    swap_index(engine, definition)
-            finally:
-                new.engine.dispose()
-                before.engine.dispose()
+            points = both_sides(
+                engine,
+                Claimer(url, instance),
+                Claimer0026(url, instance),
+                fractions,
+                lambda fraction: mark_sent(engine, population, fraction),
+                then=definition,
+                before=INDEX_0026,
+                claims=args.claims,
+                measure=measure,
+            )
     finally:
         engine.dispose()
         with psycopg.connect(admin, autocommit=True) as conn:

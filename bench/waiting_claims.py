@@ -35,6 +35,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -149,6 +150,37 @@ def swap_index(engine: sa.Engine, definition: str) -> None:
         conn.execute(sa.text(f"DROP INDEX {DUE_INDEX}"))
         conn.execute(sa.text(definition))
         conn.execute(sa.text("ANALYZE delivery"))
+
+
+def both_sides(
+    engine: sa.Engine,
+    new: Claimer,
+    old: Claimer,
+    fractions: list[float],
+    mark: Callable[[float], int],
+    *,
+    then: str,
+    before: str,
+    claims: int,
+    measure: Callable[[Claimer, str, float, int, int], Point],
+) -> list[Point]:
+    """At each fraction (``mark`` answers that much and says how many are sent), the new
+    claim with ``ix_delivery_due`` as the migrations made it (``then``), then the old
+    claim with the index as it was (``before``), which is put back afterwards."""
+    points: list[Point] = []
+    try:
+        for fraction in fractions:
+            sent = mark(fraction)
+            points.append(measure(new, "new", fraction, sent, claims))
+            new.engine.dispose()  # no plan cached with the index about to go
+            swap_index(engine, before)
+            points.append(measure(old, "before", fraction, sent, claims))
+            old.engine.dispose()
+            swap_index(engine, then)
+    finally:
+        new.engine.dispose()
+        old.engine.dispose()
+    return points
 
 
 @dataclass
@@ -289,21 +321,19 @@ def main() -> int:
             ).scalar_one()
         due_rows = population.size - waiting_rows
         with tempfile.TemporaryDirectory() as instance:
-            new, before = Claimer(url, instance), Claimer0017(url, instance)
-            try:
-                for fraction in fractions:
-                    sent = mark_due_sent(
-                        engine, population.sending, population.first_id, population.size, fraction
-                    )
-                    points.append(measure(new, "new", fraction, sent, args.claims))
-                    new.engine.dispose()
-                    swap_index(engine, INDEX_0017)
-                    points.append(measure(before, "before", fraction, sent, args.claims))
-                    before.engine.dispose()
-                    swap_index(engine, definition)
-            finally:
-                new.engine.dispose()
-                before.engine.dispose()
+            points = both_sides(
+                engine,
+                Claimer(url, instance),
+                Claimer0017(url, instance),
+                fractions,
+                lambda fraction: mark_due_sent(
+                    engine, population.sending, population.first_id, population.size, fraction
+                ),
+                then=definition,
+                before=INDEX_0017,
+                claims=args.claims,
+                measure=measure,
+            )
     finally:
         engine.dispose()
         with psycopg.connect(admin, autocommit=True) as conn:

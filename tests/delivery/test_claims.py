@@ -57,14 +57,20 @@ def _insert(app, rows: list[dict]) -> list[int]:
         return list(session.execute(sa.insert(_d).returning(_d.c.id), rows).scalars())
 
 
-def _captured_claim(app, dispatcher: Dispatcher) -> tuple[str, Any, list[int]]:
-    """Run the engine's claim; return its UPDATE statement, its parameters and the ids."""
+# PostgreSQL: WITH picked AS MATERIALIZED (...) UPDATE delivery ...
+_CLAIM_UPDATE = re.compile(r"\s*(WITH\b.*\))?\s*UPDATE DELIVERY", re.I | re.S)
+
+
+def _claim_statements(
+    app, dispatcher: Dispatcher, pattern: re.Pattern[str] = _CLAIM_UPDATE
+) -> tuple[list[tuple[str, Any]], list[int]]:
+    """Run the engine's claim; return the statements it sent that match ``pattern``
+    (its UPDATEs by default), with their parameters, and the ids it claimed."""
     engine = app.extensions["portal.db"].engine
     seen: list[tuple[str, Any]] = []
 
     def capture(_conn, _cursor, statement, parameters, *_):
-        # PostgreSQL: WITH picked AS MATERIALIZED (...) UPDATE delivery ...
-        if re.match(r"\s*(WITH\b.*\))?\s*UPDATE DELIVERY", statement, re.I | re.S):
+        if pattern.match(statement):
             seen.append((statement, parameters))
 
     sa.event.listen(engine, "before_cursor_execute", capture)
@@ -72,8 +78,13 @@ def _captured_claim(app, dispatcher: Dispatcher) -> tuple[str, Any, list[int]]:
         claimed = dispatcher.claim()
     finally:
         sa.event.remove(engine, "before_cursor_execute", capture)
-    ((statement, parameters),) = seen
-    return statement, parameters, [c.delivery_id for c in claimed]
+    return seen, [c.delivery_id for c in claimed]
+
+
+def _captured_claim(app, dispatcher: Dispatcher) -> tuple[str, Any, list[int]]:
+    """Run the engine's claim of one statement; return it, its parameters and the ids."""
+    ((statement, parameters),), claimed = _claim_statements(app, dispatcher)
+    return statement, parameters, claimed
 
 
 def _plan(app, backend: str, statement: str, parameters: Any) -> str:
@@ -391,18 +402,8 @@ def test_claims_beside_many_campaigns_newer_than_the_statistics_read_a_batch(
         campaign = _campaign(push_app, clock, "sending")
         _insert(push_app, _rows(campaign, 200, now, next_attempt_at=now - dt.timedelta(seconds=n)))
 
-    engine = push_app.extensions["portal.db"].engine
-    seen: list[tuple[str, Any]] = []
-
-    def capture(_conn, _cursor, statement, parameters, *_):
-        if re.match(r"\s*(WITH\b|SELECT\b|UPDATE\b)", statement, re.I) and "delivery" in statement:
-            seen.append((statement, parameters))
-
-    sa.event.listen(engine, "before_cursor_execute", capture)
-    try:
-        claimed = dispatcher.claim()
-    finally:
-        sa.event.remove(engine, "before_cursor_execute", capture)
+    reading = re.compile(r"\s*(WITH\b|SELECT\b|UPDATE\b).*\bdelivery\b", re.I | re.S)
+    seen, claimed = _claim_statements(push_app, dispatcher, reading)
     assert len(claimed) == size
     with db.begin(push_app) as session:  # as they were, for the plans below
         session.execute(
