@@ -4,9 +4,9 @@ A statement that reads a table growing with the audience from end to end costs e
 request more with every subscriber: a look-up of "has this identity any device?" that no
 index served took 20–100 ms at 116,000 subscriptions and cut the page from 513 to 62
 requests a second (bench/beside_campaign.py). Here the tables that grow with the audience
-hold a few thousand people, as the planner's statistics say, and every statement the
-preference centre sends for a page, a link visit and a save is planned: none may read one
-of those tables with a sequential scan.
+hold a few thousand people, as the planner's statistics say, and every statement sent for
+a page, a save, a link visit, a subscribe, an account link and a device's own calls is
+planned: none may read one of those tables with a sequential scan.
 """
 
 from __future__ import annotations
