@@ -4,9 +4,33 @@ from __future__ import annotations
 
 import re
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import sqlalchemy as sa
+
+# Every statement but transaction control (SQLite's BEGIN IMMEDIATE, portal/db.py).
+QUERIES = re.compile(r"(?!BEGIN)")
+
+
+@contextmanager
+def sent_statements(
+    engine: sa.Engine, pattern: re.Pattern[str] = QUERIES
+) -> Iterator[list[tuple[str, Any]]]:
+    """The statements ``engine`` sends inside the block that ``pattern`` matches (from
+    their start), each with its parameters, in order."""
+    seen: list[tuple[str, Any]] = []
+
+    def capture(_conn: Any, _cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
+        if pattern.match(statement):
+            seen.append((statement, parameters))
+
+    sa.event.listen(engine, "before_cursor_execute", capture)
+    try:
+        yield seen
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", capture)
 
 
 def count_rows(engine: sa.Engine, table: str) -> int:

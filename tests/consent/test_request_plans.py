@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -24,7 +22,7 @@ from portal.consent.models import ConsentEvent, TopicPreference
 from portal.identity import preference_link_token, sign_assertion
 from portal.seams import current_portal
 from portal.subscriptions.models import PushSubscription
-from tests.helpers import confirm_account_link, csrf_token
+from tests.helpers import confirm_account_link, csrf_token, sent_statements
 
 pytestmark = pytest.mark.postgres_only
 
@@ -97,21 +95,8 @@ def _assertion(subject: str) -> str:
     return sign_assertion({"sub": subject, "exp": time.time() + 60}, SECRET)
 
 
-@contextmanager
-def _statements(engine: sa.Engine) -> Iterator[list[tuple[str, Any]]]:
-    seen: list[tuple[str, Any]] = []
-
-    def capture(_conn: Any, _cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
-        if re.match(
-            r"\s*(WITH\b|SELECT\b|UPDATE\b|DELETE\b|INSERT\b.*\bSELECT\b)", statement, re.S | re.I
-        ):
-            seen.append((statement, parameters))
-
-    sa.event.listen(engine, "before_cursor_execute", capture)
-    try:
-        yield seen
-    finally:
-        sa.event.remove(engine, "before_cursor_execute", capture)
+# The statements a plan is asked of: queries and writes that read a table.
+_PLANNED = re.compile(r"\s*(WITH\b|SELECT\b|UPDATE\b|DELETE\b|INSERT\b.*\bSELECT\b)", re.S | re.I)
 
 
 def _whole_table_reads(engine: sa.Engine, statements: list[tuple[str, Any]]) -> list[str]:
@@ -144,7 +129,7 @@ def person(app, client, engine, subscriptions, catalogue_ready):
 
 
 def test_the_preference_centre_reads_no_growing_table_whole(app, client, engine, person):
-    with _statements(engine) as statements:
+    with sent_statements(engine, _PLANNED) as statements:
         page = client.get("/preferences")
         assert page.status_code == 200
         saved = client.post(
@@ -179,7 +164,7 @@ def test_a_subscribe_and_an_account_link_read_no_growing_table_whole(
     other = {"subscription": subscriptions().to_json(), "topics": ["offers"], "policyVersion": "v1"}
     assert elsewhere.post("/api/push/subscribe", json=other).status_code == 201
     assert confirm_account_link(elsewhere, _assertion("user-7")).status_code == 303
-    with _statements(engine) as statements:
+    with sent_statements(engine, _PLANNED) as statements:
         device = {
             "subscription": subscriptions().to_json(),
             "topics": ["offers"],
@@ -210,7 +195,7 @@ def test_a_device_s_own_calls_read_no_growing_table_whole(
             {"p": person},
         ).scalar_one()
     rotated = subscriptions()
-    with _statements(engine) as statements:
+    with sent_statements(engine, _PLANNED) as statements:
         assert client.post("/api/push/status", json={"endpoint": endpoint}).status_code == 200
         assert client.post("/api/push/heartbeat", json={"endpoint": endpoint}).status_code == 200
         chosen = {

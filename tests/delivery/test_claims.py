@@ -25,6 +25,7 @@ from portal.db import db
 from portal.delivery import partitions
 from portal.delivery.engine import Dispatcher
 from portal.delivery.models import Delivery
+from tests.helpers import sent_statements
 
 _d = Delivery.__table__
 
@@ -66,18 +67,8 @@ def _claim_statements(
 ) -> tuple[list[tuple[str, Any]], list[int]]:
     """Run the engine's claim; return the statements it sent that match ``pattern``
     (its UPDATEs by default), with their parameters, and the ids it claimed."""
-    engine = app.extensions["portal.db"].engine
-    seen: list[tuple[str, Any]] = []
-
-    def capture(_conn, _cursor, statement, parameters, *_):
-        if pattern.match(statement):
-            seen.append((statement, parameters))
-
-    sa.event.listen(engine, "before_cursor_execute", capture)
-    try:
+    with sent_statements(app.extensions["portal.db"].engine, pattern) as seen:
         claimed = dispatcher.claim()
-    finally:
-        sa.event.remove(engine, "before_cursor_execute", capture)
     return seen, [c.delivery_id for c in claimed]
 
 

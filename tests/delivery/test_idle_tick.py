@@ -8,40 +8,21 @@ meanwhile.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-
-import sqlalchemy as sa
-
 from portal.campaigns.models import Campaign
 from portal.db import db
 from tests.delivery.test_engine import _launch, _subscribe
-
-
-@contextmanager
-def statements(engine: sa.Engine) -> Iterator[list[str]]:
-    seen: list[str] = []
-
-    def count(_conn, _cursor, statement, *_):
-        # Transaction control is not a query (SQLite's BEGIN IMMEDIATE, portal/db.py).
-        if not statement.startswith("BEGIN"):
-            seen.append(statement)
-
-    sa.event.listen(engine, "before_cursor_execute", count)
-    try:
-        yield seen
-    finally:
-        sa.event.remove(engine, "before_cursor_execute", count)
+from tests.helpers import sent_statements
 
 
 def test_an_idle_tick_is_one_query(push_app, dispatcher):
     engine = push_app.extensions["portal.db"].engine
     dispatcher.tick()  # the first refreshes the gauges too
-    with statements(engine) as seen:
+    with sent_statements(engine) as seen:
         report = dispatcher.tick()
     assert report.claimed == 0
     assert len(seen) == 1, seen
-    assert "campaign" in seen[0] and "delivery" not in seen[0]
+    ((statement, _),) = seen
+    assert "campaign" in statement and "delivery" not in statement
 
 
 def test_a_due_campaign_still_starts_and_finishes_after_idle_ticks(
@@ -57,6 +38,6 @@ def test_a_due_campaign_still_starts_and_finishes_after_idle_ticks(
     assert len(fake_push.received(sub)) == 1
     with db.begin(push_app) as session:
         assert session.get(Campaign, campaign_id).status == "completed"
-    with statements(engine) as seen:
+    with sent_statements(engine) as seen:
         dispatcher.tick()
     assert len(seen) == 1  # idle again once it completed
