@@ -77,7 +77,7 @@ audit = logging.getLogger("portal.audit")
 _d = cast(sa.Table, Delivery.__table__)
 _s = cast(sa.Table, PushSubscription.__table__)
 _c = cast(sa.Table, Campaign.__table__)
-# ix_delivery_due's predicate as the claim repeats it, qualified (campaign has a status).
+# ix_delivery_due's predicate as SQLite's claim repeats it, qualified by the table.
 _DUE = sa.text(f"{_d.name}.{DUE_SQL}")
 # PostgreSQL: where a delivery row lies (its partition and its place in it). The claim's
 # update finds the rows its choice locked by these, a TID scan whatever the statistics.
@@ -361,10 +361,10 @@ class Dispatcher:
             # the claim, then sees what it took; a claim never takes a delivery of a
             # campaign whose pause or cancel is being written (SKIP LOCKED passes it by).
             # On SQLite the write lock the transaction began with serialises the two.
-            sending = session.execute(
-                sa.select(_c.c.id, _c.c.send_at)
+            sending = session.scalars(
+                sa.select(_c.c.id)
                 .where(_c.c.status == CampaignStatus.SENDING.value)
-                .order_by(_c.c.id)
+                .order_by(_c.c.send_at, _c.c.id)
                 .with_for_update(key_share=True, read=True, skip_locked=True)
             ).all()
             # Each campaign's next deliveries in due order, the campaigns in the order
@@ -378,7 +378,7 @@ class Dispatcher:
             # its per-campaign parts, planned for runtime partition pruning, sorted all
             # of a campaign's due rows to find its first.
             rows: list[Any] = []
-            for campaign_id, _ in sorted(sending, key=lambda c: (c.send_at, c.id)):
+            for campaign_id in sending:
                 wanted = self.settings.batch_size - len(rows)
                 if wanted <= 0:
                     break
