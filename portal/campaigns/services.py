@@ -806,6 +806,11 @@ def control(session: Session, campaign_id: uuid.UUID, action: str, *, now: dt.da
     return campaign
 
 
+class MaterialisingElsewhere(Exception):
+    """Another process is writing this campaign's next batch of deliveries: they will be
+    there once its transaction commits."""
+
+
 def _campaign_lock(session: Session, campaign_id: uuid.UUID) -> bool:
     """Only one process materialises a campaign at a time (SQLite: its write lock)."""
     if not is_postgres(session):
@@ -822,16 +827,15 @@ def materialise_batch(
     """Insert the next batch of deliveries from the recipient query; 0 when complete.
 
     Set-based (INSERT … SELECT), keyset-paginated by subscription id, one batch per
-    transaction, resumable from ``materialised_through`` after a crash.
+    transaction, resumable from ``materialised_through`` after a crash. Raises
+    :class:`MaterialisingElsewhere` while another process writes the campaign's batch.
     """
     # A test campaign's one delivery is written at creation; its topic's audience is
     # never its audience.
-    if (
-        campaign.is_test
-        or campaign.materialised_at is not None
-        or not _campaign_lock(session, campaign.id)
-    ):
+    if campaign.is_test or campaign.materialised_at is not None:
         return 0
+    if not _campaign_lock(session, campaign.id):
+        raise MaterialisingElsewhere(campaign.id)
     # A batch and a change of the campaign (cancel, pause, expiry) or of its topic (retired)
     # exclude each other: the batch holds the campaign row and a share of the topic row
     # until it commits, so a change waits for the batch and the batch after it sees the

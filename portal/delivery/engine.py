@@ -31,6 +31,7 @@ from sqlalchemy.orm import Session
 from portal.campaigns import metrics, variants
 from portal.campaigns.models import Campaign, CampaignStatus, CircuitState
 from portal.campaigns.services import (
+    MaterialisingElsewhere,
     PayloadTemplate,
     live_subscription_query,
     materialise_batch,
@@ -85,11 +86,18 @@ _PARTITION: sa.ColumnClause[Any] = sa.column("tableoid", _selectable=_d)
 _PLACE: sa.ColumnClause[Any] = sa.column("ctid", _selectable=_d)
 
 
+# How often a sender waiting for another process's batch of deliveries claims again.
+MATERIALISE_POLL_SECONDS = 0.05
+
+
 @dataclass
 class EngineSettings:
     batch_size: int = 500
     lease_seconds: float = 60.0
     materialise_batch: int = 5000
+    # How long a sender with nothing to claim waits for another process writing a
+    # campaign's next batch before its tick ends (seconds).
+    materialise_wait: float = 10.0
     # A push service answering 429/5xx to this share of a batch (at least `circuit_min`
     # answers) is left alone for `circuit_seconds`, while the others go on.
     circuit_ratio: float = 0.5
@@ -128,6 +136,7 @@ class Pace:
         """Rest as long as the batch's CPU asks (less if ``stop`` is set); the seconds."""
         wait = self.due_rest(written_cpu)
         if wait > 0:
+            metrics.sender_rested.inc(wait)
             if stop is not None:
                 stop.wait(wait)
             else:
@@ -206,8 +215,12 @@ class Dispatcher:
 
     def advance_campaigns(self) -> int:
         """Start due campaigns, materialise some of their audience, close finished ones."""
+        return self._advance()[0]
+
+    def _advance(self) -> tuple[int, bool]:
+        """``advance_campaigns``: the deliveries materialised, and whether another process
+        was writing a campaign's next batch meanwhile (its rows are on their way)."""
         now = self.clock.now()
-        materialised = 0
         with db.begin(self.app) as session:
             session.execute(
                 sa.update(_c)
@@ -253,6 +266,31 @@ class Dispatcher:
                     )
                 )
         self._send_winners(now)
+        materialised, elsewhere = self._materialise(now)
+        with db.begin(self.app) as session:
+            busy = (
+                sa.select(_d.c.id)
+                .where(
+                    _d.c.campaign_id == _c.c.id,
+                    _d.c.status.in_([DeliveryStatus.QUEUED.value, DeliveryStatus.SENDING.value]),
+                )
+                .exists()
+            )
+            session.execute(
+                sa.update(_c)
+                .where(
+                    _c.c.status == CampaignStatus.SENDING.value,
+                    _c.c.materialised_at.is_not(None),
+                    ~busy,
+                )
+                .values(status=CampaignStatus.COMPLETED.value, finished_at=now)
+            )
+        return materialised, elsewhere
+
+    def _materialise(self, now: dt.datetime) -> tuple[int, bool]:
+        """The next batch of each sending campaign's audience still to be written: the
+        deliveries written, and whether another process was writing one meanwhile."""
+        materialised, elsewhere = 0, False
         with db.begin(self.app) as session:
             pending = session.scalars(
                 sa.select(Campaign)
@@ -273,27 +311,11 @@ class Dispatcher:
                         materialised += materialise_batch(
                             session, fresh, now=now, batch=self.settings.materialise_batch
                         )
+            except MaterialisingElsewhere:
+                elsewhere = True
             except (ArithmeticError, ValueError, LookupError):
                 log.exception("campaign %s: its audience could not be materialised", campaign.id)
-        with db.begin(self.app) as session:
-            busy = (
-                sa.select(_d.c.id)
-                .where(
-                    _d.c.campaign_id == _c.c.id,
-                    _d.c.status.in_([DeliveryStatus.QUEUED.value, DeliveryStatus.SENDING.value]),
-                )
-                .exists()
-            )
-            session.execute(
-                sa.update(_c)
-                .where(
-                    _c.c.status == CampaignStatus.SENDING.value,
-                    _c.c.materialised_at.is_not(None),
-                    ~busy,
-                )
-                .values(status=CampaignStatus.COMPLETED.value, finished_at=now)
-            )
-        return materialised
+        return materialised, elsewhere
 
     def _send_winners(self, now: dt.datetime) -> None:
         """A/B tests whose test time is over: the winner to the held deliveries
@@ -473,6 +495,7 @@ class Dispatcher:
             return report
         report.materialised += self.advance_campaigns()
         batches = 0
+        waiting = _Waiting(self.settings.materialise_wait)
         overlap = self._overlap()
         recorder = ThreadPoolExecutor(1, thread_name_prefix="dispatch-record") if overlap else None
         recording: _Recording | None = None  # the previous batch's answers, being written
@@ -485,11 +508,10 @@ class Dispatcher:
                     # Everything written before materialising more or closing campaigns.
                     done, recording = recording, None
                     _finish(done)
-                    more = self.advance_campaigns()
-                    report.materialised += more
-                    if more == 0:
-                        break
-                    continue
+                    if self._more_to_claim(report, waiting, stop):
+                        continue
+                    break
+                waiting.since = None
                 report.claimed += len(claimed)
                 plan, lease = self._send_leased(claimed, report, recording)
                 previous, recording = recording, _Recording(plan, lease)
@@ -497,10 +519,8 @@ class Dispatcher:
                     _finish(previous)
                 finally:
                     recording.start(recorder, self._write)
-                rested = pace.rest(previous.cpu if previous else 0.0, stop)
-                if rested:
-                    report.rested += rested
-                    metrics.sender_rested.inc(rested)
+                self._materialise_ahead(claimed, report)
+                report.rested += pace.rest(previous.cpu if previous else 0.0, stop)
                 batches += 1
                 if max_batches is not None and batches >= max_batches:
                     break
@@ -518,6 +538,29 @@ class Dispatcher:
         self.advance_campaigns()
         self._update_gauges()
         return report
+
+    def _more_to_claim(
+        self, report: TickReport, waiting: _Waiting, stop: threading.Event | None
+    ) -> bool:
+        """With nothing to claim: campaigns advanced (more of an audience written, finished
+        ones closed); whether there may now be something to claim."""
+        more, elsewhere = self._advance()
+        report.materialised += more
+        if more:
+            waiting.since = None
+            return True
+        # Another process writing a campaign's next batch: its rows are claimable once it
+        # commits. Ending the tick here left this process idle until its next tick
+        # (seconds), at every batch of every campaign.
+        return elsewhere and waiting.wait(stop)
+
+    def _materialise_ahead(self, claimed: list[_Claimed], report: TickReport) -> None:
+        """After a short claim (the queue running dry), the next batch of any audience
+        still being written: now, while that batch's answers are recorded and the other
+        senders still hold theirs, rather than once every sender finds the queue empty
+        and all wait for one of them to write it."""
+        if len(claimed) < self.settings.batch_size:
+            report.materialised += self._materialise(self.clock.now())[0]
 
     def _send_leased(
         self, claimed: list[_Claimed], report: TickReport, recording: _Recording | None
@@ -1204,6 +1247,27 @@ class _Recording:
             self.future.set_exception(error)
         else:
             self.future.set_result(None)
+
+
+@dataclass
+class _Waiting:
+    """A sender waiting for another process's batch of deliveries, for at most ``limit``
+    seconds in a row."""
+
+    limit: float
+    since: float | None = None  # time.monotonic() when the wait began
+
+    def wait(self, stop: threading.Event | None) -> bool:
+        """Wait a moment; False once the wait has lasted ``limit`` (the tick ends)."""
+        now = time.monotonic()
+        self.since = self.since if self.since is not None else now
+        if now - self.since >= self.limit:
+            return False
+        if stop is not None:
+            stop.wait(MATERIALISE_POLL_SECONDS)
+        else:
+            time.sleep(MATERIALISE_POLL_SECONDS)
+        return True
 
 
 def _finish(recording: _Recording | None) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import threading
 import time
 
 import pytest
@@ -540,6 +541,99 @@ def test_one_tick_materialises_and_sends_an_audience_of_several_batches(
     assert all(len(fake_push.received(sub)) == 1 for sub in subscribed)
     with db.begin(push_app) as session:
         assert session.get(Campaign, campaign_id).status == "completed"
+
+
+def test_a_short_claim_writes_the_next_batch_of_the_audience_ahead(
+    push_app, dispatcher, fake_push, clock
+):
+    """When a claim comes back short (the queue running dry) the next batch of the
+    audience is written there and then, while the batch in hand is sent and recorded,
+    not only once some sender finds the queue empty and every sender waits for it."""
+    for _ in range(7):
+        _subscribe(push_app, fake_push, topics=["weekly-digest"])
+    _launch(push_app, clock)
+    sender = Dispatcher(
+        push_app,
+        dispatcher.transport,
+        settings=EngineSettings(batch_size=4, materialise_batch=3),
+        rand=lambda: 0.0,
+    )
+    report = sender.tick(max_batches=1)
+    # 3 written as the tick began; the claim took those 3 of the 4 it asked for, so 3 more
+    # were written before the next claim.
+    assert (report.claimed, report.materialised) == (3, 6)
+
+
+@pytest.mark.postgres_only
+def test_a_sender_waits_for_the_batch_another_process_is_writing(
+    push_app, dispatcher, fake_push, clock
+):
+    """A sender whose queue is empty while another process writes the campaign's next
+    batch waits for it and goes on sending (its tick used to end there, leaving it idle
+    until its next tick, seconds later, at every batch of every campaign)."""
+    subscribed = [_subscribe(push_app, fake_push, topics=["weekly-digest"]) for _ in range(5)]
+    campaign_id = _launch(push_app, clock)
+    held, release = threading.Event(), threading.Event()
+
+    def other_process() -> None:
+        with db.begin(push_app) as session:
+            assert campaigns._campaign_lock(session, campaign_id)
+            held.set()
+            release.wait(10)
+
+    other = threading.Thread(target=other_process)
+    other.start()
+    assert held.wait(10)
+    threading.Timer(0.5, release.set).start()
+    sender = Dispatcher(
+        push_app,
+        dispatcher.transport,
+        settings=EngineSettings(batch_size=2, materialise_batch=2),
+        rand=lambda: 0.0,
+    )
+    report = sender.tick()
+    other.join(10)
+    assert (report.materialised, report.accepted) == (5, 5)
+    assert all(len(fake_push.received(sub)) == 1 for sub in subscribed)
+    with db.begin(push_app) as session:
+        assert session.get(Campaign, campaign_id).status == "completed"
+
+
+@pytest.mark.postgres_only
+def test_a_sender_waits_for_another_process_s_batch_only_so_long(
+    push_app, dispatcher, fake_push, clock
+):
+    """The wait is bounded: a batch another process takes longer than
+    ``materialise_wait`` to write ends this sender's tick (the next tick tries again)."""
+    _subscribe(push_app, fake_push, topics=["weekly-digest"])
+    campaign_id = _launch(push_app, clock)
+    held, release = threading.Event(), threading.Event()
+
+    def other_process() -> None:
+        with db.begin(push_app) as session:
+            assert campaigns._campaign_lock(session, campaign_id)
+            held.set()
+            release.wait(10)
+
+    other = threading.Thread(target=other_process)
+    other.start()
+    try:
+        assert held.wait(10)
+        sender = Dispatcher(
+            push_app,
+            dispatcher.transport,
+            settings=EngineSettings(materialise_wait=0.3),
+            rand=lambda: 0.0,
+        )
+        started = time.monotonic()
+        report = sender.tick()
+        took = time.monotonic() - started
+    finally:
+        release.set()
+        other.join(10)
+    assert (report.materialised, report.accepted) == (0, 0)
+    assert 0.3 <= took < 5
+    assert fake_push.received() == []
 
 
 def test_a_campaign_that_cannot_be_materialised_fails_alone(
