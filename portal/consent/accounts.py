@@ -116,15 +116,20 @@ def link_account(
     return account
 
 
-def link_manages(session: Session, subscriber: Subscriber | None) -> bool:
+def link_manages(
+    session: Session, subscriber: Subscriber | None, *, has_devices: bool | None = None
+) -> bool:
     """Whether a preference link to ``subscriber`` has choices to manage: not when the
     person was erased, nor when it names an anonymous browser identity whose devices all
     moved to an account (account linking merges it; the account's own links and its
     devices manage them now), so that the old link never shows, saves or "erases" an
-    identity that governs no device while the person's account and devices go on."""
+    identity that governs no device while the person's account and devices go on.
+    ``has_devices`` is whether they have a device, when the caller read it with them."""
     if subscriber is None or subscriber.erased_at is not None:
         return False
     if subscriber.external_user_id is not None:
         return True
-    has_devices = sa.exists().where(PushSubscription.subscriber_id == subscriber.id)
-    return bool(session.scalar(sa.select(has_devices)))
+    if has_devices is not None:
+        return has_devices
+    devices = sa.exists().where(PushSubscription.subscriber_id == subscriber.id)
+    return bool(session.scalar(sa.select(devices)))

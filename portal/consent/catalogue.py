@@ -318,6 +318,47 @@ _TOPICS_FOR_WRITE = (
 )
 
 
+# The current policy's version alone (not its text): what a page's consent write records.
+_CURRENT_VERSION = (
+    sa.select(PolicyVersion.version)
+    .order_by(PolicyVersion.published_at.desc(), PolicyVersion.version.desc())
+    .limit(1)
+)
+# Built once: the topics as _TOPICS_FOR_WRITE reads and locks them, each row carrying the
+# current policy's version, so that a page's save reads both in one statement.
+_WRITE_BASIS = (
+    sa.select(Topic, _CURRENT_VERSION.scalar_subquery().label("current_version"))
+    .where(Topic.retired_at.is_(None))
+    .order_by(Topic.position, Topic.id)
+    .with_for_update(read=True, of=Topic)
+    .execution_options(populate_existing=True)
+)
+
+
+@dataclass(frozen=True)
+class WriteBasis:
+    """What a consent write from a page decides against, as committed now."""
+
+    policy_version: str | None  # the current policy's; None before any is published
+    topics: dict[str, Topic]  # the active topics by slug (see topics_for_write)
+
+
+def write_basis(session: Session) -> WriteBasis:
+    """The current policy version and the active topics, read (and the topics locked) as
+    :func:`current_policy` and :func:`topics_for_write` do, in one statement when any
+    topic is active. A shared copy of :func:`current` that differs is forgotten."""
+    rows = session.execute(_WRITE_BASIS).all()
+    version = rows[0][1] if rows else session.scalar(_CURRENT_VERSION)
+    topics = {topic.slug: topic for topic, _ in rows}
+    shown = _cached.get(session.get_bind())  # type: ignore[arg-type]
+    if shown is not None and (
+        {t.slug for t in shown.topics} != topics.keys()
+        or (shown.policy and shown.policy.version) != version
+    ):
+        forget(session)  # the pages' copy is behind: the next page reads it afresh
+    return WriteBasis(version, topics)
+
+
 def topics_for_write(session: Session) -> dict[str, Topic]:
     """The active topics by slug as committed now, read in the caller's transaction: the
     topics a consent write may name. Never the shared copy of :func:`current`, which may be

@@ -25,7 +25,7 @@ from portal.consent.catalogue import active_topics
 from portal.consent.models import EventKind, PreferenceState, Source, Topic, TopicPreference
 from portal.db import is_postgres
 from portal.errors import Conflict, ValidationError
-from portal.subscriptions.models import Subscriber
+from portal.subscriptions.models import PushSubscription, Subscriber
 
 # Marketing defaults never apply here. An unknown region is treated the same way: we
 # only presume agreement where we know the law allows it.
@@ -139,7 +139,11 @@ _PREFERENCE_ROWS = sa.select(TopicPreference).where(
 )
 _FRESH_PREFERENCE_ROWS = _PREFERENCE_ROWS.execution_options(populate_existing=True)
 _SUBSCRIBER_WITH_PREFERENCES = (
-    sa.select(Subscriber, TopicPreference)
+    sa.select(
+        Subscriber,
+        TopicPreference,
+        sa.exists().where(PushSubscription.subscriber_id == Subscriber.id).label("has_devices"),
+    )
     .outerjoin(TopicPreference, TopicPreference.subscriber_id == Subscriber.id)
     .where(Subscriber.id == sa.bindparam("subscriber_id"))
 )
@@ -157,12 +161,14 @@ def preference_rows(
 
 def subscriber_with_preferences(
     session: Session, subscriber_id: uuid.UUID
-) -> tuple[Subscriber | None, dict[int, TopicPreference]]:
-    """The subscriber and their stored preferences (by topic id), in one statement."""
+) -> tuple[Subscriber | None, dict[int, TopicPreference], bool]:
+    """The subscriber, their stored preferences (by topic id) and whether they have a
+    device (what :func:`portal.consent.accounts.link_manages` asks), in one statement."""
     found = session.execute(_SUBSCRIBER_WITH_PREFERENCES, {"subscriber_id": subscriber_id}).all()
     if not found:
-        return None, {}
-    return found[0][0], {row.topic_id: row for _, row in found if row is not None}
+        return None, {}, False
+    rows = {row.topic_id: row for _, row, _ in found if row is not None}
+    return found[0][0], rows, bool(found[0][2])
 
 
 def topic_views(

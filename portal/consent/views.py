@@ -30,10 +30,8 @@ from portal.consent import catalogue, receipts, tree
 from portal.consent.accounts import link_account, link_manages
 from portal.consent.log import Context
 from portal.consent.models import (
-    PolicyVersion,
     PreferenceState,
     Source,
-    Topic,
     TopicPreference,
 )
 from portal.consent.preferences import (
@@ -122,13 +120,15 @@ def forget_link_visit() -> None:
     signed_session.pop(LINK_VISITOR, None)
 
 
-def _still_theirs(subscriber: Subscriber | None, linked: uuid.UUID | None) -> bool:
+def _still_theirs(
+    subscriber: Subscriber | None, linked: uuid.UUID | None, *, has_devices: bool | None = None
+) -> bool:
     """Whether the visitor found has a preference centre: not erased, and, when a link
     named them, one the link still manages (an identity merged into an account during
     the visit ends the visit)."""
     if subscriber is None or subscriber.erased_at is not None:
         return False
-    if linked is not None and not link_manages(db.session, subscriber):
+    if linked is not None and not link_manages(db.session, subscriber, has_devices=has_devices):
         forget_link_visit()
         return False
     return True
@@ -140,8 +140,9 @@ def _visitor() -> tuple[Subscriber | None, dict[int, TopicPreference]]:
     subscriber_id = linked or subscriber_from_cookie(request)
     if subscriber_id is None:
         return None, {}
-    subscriber, rows = subscriber_with_preferences(db.session, subscriber_id)
-    return (subscriber, rows) if _still_theirs(subscriber, linked) else (None, {})
+    subscriber, rows, has_devices = subscriber_with_preferences(db.session, subscriber_id)
+    theirs = _still_theirs(subscriber, linked, has_devices=has_devices)
+    return (subscriber, rows) if theirs else (None, {})
 
 
 def _current_subscriber(*, browser_only: bool = False) -> Subscriber | None:
@@ -155,21 +156,12 @@ def _current_subscriber(*, browser_only: bool = False) -> Subscriber | None:
     return subscriber if _still_theirs(subscriber, linked) else None
 
 
-def _current_policy() -> PolicyVersion | None:
-    """The current policy read from the database, not the shared copy: a decision is
-    recorded against the notice in force when it is saved. A newer one than the shared
-    copy refreshes it, so the next page shows it."""
-    session = db.session
-    current = catalogue.current_policy(session)
-    shown = catalogue.current(session).policy
-    if (current and current.version) != (shown and shown.version):
-        catalogue.forget(session)
-    return current
-
-
-def _write_topics() -> list[Topic]:
-    """The active topics a save may decide, read in the save's own transaction."""
-    return list(catalogue.topics_for_write(db.session).values())
+def _write_basis() -> catalogue.WriteBasis:
+    """The current policy version and the active topics a save may decide, read in the
+    save's own transaction, not the shared copy: a decision is recorded against the
+    notice in force when it is saved (a newer one than the shared copy refreshes it, so
+    the next page shows it), and a topic retired since the page was shown gets none."""
+    return catalogue.write_basis(db.session)
 
 
 def _devices(subscriber: Subscriber) -> list[PushSubscription]:
@@ -384,12 +376,12 @@ def save() -> Any:
         return _render(None, status=403)
     session = db.session
     version = request.form.get("policy_version", "")
-    current = _current_policy()
+    basis = _write_basis()
     visible = set(request.form.getlist("visible"))
     checked = set(request.form.getlist("topics"))
-    if current is None:
+    if basis.policy_version is None:
         abort(409)
-    stale = version != current.version
+    stale = version != basis.policy_version
     unconfirmed = request.form.get("ack_required") == "1" and request.form.get("policy_ack") != "1"
     if stale or unconfirmed:
         # Keep what they ticked; ask them to read the notice they are agreeing to.
@@ -405,16 +397,16 @@ def save() -> Any:
         )
     # The topics as committed now, not the page's copy: a topic retired since the page
     # was shown gets no decision, and the person is told so.
-    active = _write_topics()
+    active = list(basis.topics.values())
     views = [v for v in topic_views(session, subscriber, active, rows) if v.topic.slug in visible]
-    gone = catalogue.retired_labels(session, visible - {t.slug for t in active})
+    gone = catalogue.retired_labels(session, visible - basis.topics.keys())
     now = current_portal().clock.now()
     changes = apply_decisions(
         session,
         subscriber.id,
         form_decisions(views, checked),
         source=Source.PREFERENCE_CENTRE.value,
-        policy_version=current.version,
+        policy_version=basis.policy_version,
         decided_at=now,
         recorded_at=now,
         context=_context("preference-centre"),
@@ -448,10 +440,11 @@ def confirm_notice() -> Any:
         return _render(None, status=403)
     session = db.session
     version = request.form.get("policy_version", "")
-    current = _current_policy()
+    basis = _write_basis()
+    current = basis.policy_version
     if current is None:
         abort(409)
-    if version != current.version:
+    if version != current:
         # Confirming a notice that is no longer the current one (or none at all).
         known = bool(version) and catalogue.policy(session, version) is not None
         return _render(
@@ -469,14 +462,14 @@ def confirm_notice() -> Any:
             rows=rows,
         )
     # The topics as committed now (see save): a retired one is not confirmed again.
-    views = topic_views(session, subscriber, _write_topics(), rows)
+    views = topic_views(session, subscriber, list(basis.topics.values()), rows)
     now = current_portal().clock.now()
     changes = apply_decisions(
         session,
         subscriber.id,
-        choices_to_reconfirm(views, current.version),
+        choices_to_reconfirm(views, current),
         source=Source.PREFERENCE_CENTRE.value,
-        policy_version=current.version,
+        policy_version=current,
         decided_at=now,
         recorded_at=now,
         context=_context("preference-centre:confirm-notice"),
@@ -484,7 +477,7 @@ def confirm_notice() -> Any:
     )
     session.commit()
     flash(
-        f"Your choices are kept under notice version {current.version}."
+        f"Your choices are kept under notice version {current}."
         if changes
         else "Your choices were already made under the current notice.",
         SAVED,
@@ -498,14 +491,16 @@ def marketing_off() -> Any:
     if subscriber is None:
         return _render(None, status=403)
     session = db.session
-    current = _current_policy()
+    basis = _write_basis()
     now = current_portal().clock.now()
     apply_decisions(
         session,
         subscriber.id,
-        marketing_off_decisions(topic_views(session, subscriber, _write_topics(), rows)),
+        marketing_off_decisions(
+            topic_views(session, subscriber, list(basis.topics.values()), rows)
+        ),
         source=Source.PREFERENCE_CENTRE.value,
-        policy_version=current.version if current else None,
+        policy_version=basis.policy_version,
         decided_at=now,
         recorded_at=now,
         context=_context("preference-centre:marketing-off"),

@@ -9,6 +9,7 @@ app's copy still lists it, and the app is asked at once to record a decision for
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import subprocess
 import sys
@@ -23,9 +24,10 @@ import sqlalchemy.exc
 from sqlalchemy.pool import NullPool
 
 from portal.consent import catalogue
+from portal.consent.models import PolicyVersion
 from portal.consent.preferences import Choice, chosen_topics
 from portal.db import create_engine, db
-from tests.helpers import count_rows, csrf_token
+from tests.helpers import count_rows, csrf_token, sent_statements
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 URL = "/api/push/preferences"
@@ -212,6 +214,72 @@ def test_a_write_holds_its_topics_until_it_commits(app, engine, catalogue_ready)
             conn.execute(sa.text("SELECT retired_at FROM topic WHERE slug = 'offers'")).scalar_one()
             is None
         )
+
+
+@pytest.mark.postgres_only
+def test_a_page_save_s_basis_holds_its_topics_until_it_commits(app, engine, catalogue_ready):
+    """``write_basis`` (the preference centre's forms) locks the topics it reads as
+    ``topics_for_write`` does: a retire elsewhere waits for the save."""
+    other = create_engine(engine.url.render_as_string(hide_password=False), poolclass=NullPool)
+    with app.app_context():
+        session = db.session
+        basis = catalogue.write_basis(session)
+        assert "offers" in basis.topics
+        try:
+            with other.connect() as retiring, retiring.begin():
+                retiring.exec_driver_sql("SET LOCAL lock_timeout = '300ms'")
+                with pytest.raises(sqlalchemy.exc.OperationalError) as refused:
+                    retiring.execute(
+                        sa.text("UPDATE topic SET retired_at = now() WHERE slug = 'offers'")
+                    )
+                assert isinstance(refused.value.orig, psycopg.errors.LockNotAvailable)
+        finally:
+            session.rollback()
+            other.dispose()
+
+
+def test_a_page_save_s_basis_is_what_is_committed_now_in_one_statement(
+    app, engine, clock, catalogue_ready
+):
+    """The current policy's version and the active topics, as ``current_policy`` and
+    ``topics_for_write`` read them, in one statement; with no active topic, the version
+    all the same."""
+    with app.app_context():
+        session = db.session
+        with sent_statements(engine) as sent:
+            basis = catalogue.write_basis(session)
+        assert len(sent) == 1
+        assert basis.policy_version == catalogue.current_policy(session).version
+        assert basis.topics.keys() == catalogue.topics_for_write(session).keys()
+        catalogue.publish_policy(session, version="v9", text="Newer.", now=clock.now())
+        for slug in list(basis.topics):
+            catalogue.retire_topic(session, slug, now=clock.now())
+        session.commit()
+        assert catalogue.write_basis(session) == catalogue.WriteBasis("v9", {})
+        session.rollback()
+
+
+def test_a_page_save_finds_the_pages_copy_behind_and_drops_it(app, engine, clock, catalogue_ready):
+    """A newer policy committed elsewhere: the save's basis has it, and the pages' copy of
+    the catalogue, which has the older one, is read afresh next time."""
+    with app.app_context():
+        session = db.session
+        assert catalogue.current(session).policy.version == "v1"
+        session.rollback()  # SQLite: a transaction holds the write lock from its start
+        with engine.begin() as elsewhere:
+            # Core, not the ORM: no flush of this process's sessions sees it.
+            elsewhere.execute(
+                sa.insert(PolicyVersion.__table__).values(
+                    version="v2",
+                    published_at=clock.now() + dt.timedelta(minutes=1),
+                    text="Newer.",
+                    text_sha256=catalogue.text_digest("Newer."),
+                )
+            )
+        assert catalogue.current(session).policy.version == "v1"  # the copy, still
+        assert catalogue.write_basis(session).policy_version == "v2"
+        assert catalogue.current(session).policy.version == "v2"
+        session.rollback()
 
 
 def test_slugs_no_topic_could_have_are_left_out_without_asking_the_database(
