@@ -19,7 +19,7 @@ import time
 import traceback
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -87,7 +87,7 @@ _PLACE: sa.ColumnClause[Any] = sa.column("ctid", _selectable=_d)
 
 
 # How often a sender waiting for another process's batch of deliveries claims again.
-MATERIALISE_POLL_SECONDS = 0.05
+MATERIALISE_POLL_SECONDS = 0.1
 
 
 @dataclass
@@ -217,9 +217,9 @@ class Dispatcher:
         """Start due campaigns, materialise some of their audience, close finished ones."""
         return self._advance()[0]
 
-    def _advance(self) -> tuple[int, bool]:
-        """``advance_campaigns``: the deliveries materialised, and whether another process
-        was writing a campaign's next batch meanwhile (its rows are on their way)."""
+    def _advance(self) -> tuple[int, set[uuid.UUID]]:
+        """``advance_campaigns``: the deliveries materialised, and the campaigns whose next
+        batch another process was writing meanwhile (their rows are on their way)."""
         now = self.clock.now()
         with db.begin(self.app) as session:
             session.execute(
@@ -287,34 +287,42 @@ class Dispatcher:
             )
         return materialised, elsewhere
 
-    def _materialise(self, now: dt.datetime) -> tuple[int, bool]:
-        """The next batch of each sending campaign's audience still to be written: the
-        deliveries written, and whether another process was writing one meanwhile."""
-        materialised, elsewhere = 0, False
-        with db.begin(self.app) as session:
-            pending = session.scalars(
-                sa.select(Campaign)
-                .where(
-                    Campaign.status == CampaignStatus.SENDING.value,
-                    Campaign.materialised_at.is_(None),
+    def _materialise(
+        self, now: dt.datetime, only: Collection[uuid.UUID] = ()
+    ) -> tuple[int, set[uuid.UUID]]:
+        """The next batch of each sending campaign's audience still to be written (of
+        ``only`` those campaigns, if given): the deliveries written, and the campaigns
+        whose batch another process was writing meanwhile."""
+        materialised, elsewhere = 0, set()
+        if only:
+            pending = list(only)
+        else:
+            with db.begin(self.app) as session:
+                pending = list(
+                    session.scalars(
+                        sa.select(Campaign.id)
+                        .where(
+                            Campaign.status == CampaignStatus.SENDING.value,
+                            Campaign.materialised_at.is_(None),
+                        )
+                        .order_by(Campaign.send_at, Campaign.id)  # ids are in creation order
+                    )
                 )
-                .order_by(Campaign.send_at, Campaign.id)  # ids are in creation order
-            ).all()
-        for campaign in pending:
+        for campaign_id in pending:
             # One campaign that cannot be materialised (a bug, a time off the calendar in
             # a row from before its rule) fails alone, said in the log each run; the
             # others go on (SPEC §7: no input stalls the engine).
             try:
                 with db.begin(self.app) as session:
-                    fresh = session.get(Campaign, campaign.id)
+                    fresh = session.get(Campaign, campaign_id)
                     if fresh is not None and fresh.status == CampaignStatus.SENDING.value:
                         materialised += materialise_batch(
                             session, fresh, now=now, batch=self.settings.materialise_batch
                         )
             except MaterialisingElsewhere:
-                elsewhere = True
+                elsewhere.add(campaign_id)
             except (ArithmeticError, ValueError, LookupError):
-                log.exception("campaign %s: its audience could not be materialised", campaign.id)
+                log.exception("campaign %s: its audience could not be materialised", campaign_id)
         return materialised, elsewhere
 
     def _send_winners(self, now: dt.datetime) -> None:
@@ -511,7 +519,7 @@ class Dispatcher:
                     if self._more_to_claim(report, waiting, stop):
                         continue
                     break
-                waiting.since = None
+                waiting.reset()
                 report.claimed += len(claimed)
                 plan, lease = self._send_leased(claimed, report, recording)
                 previous, recording = recording, _Recording(plan, lease)
@@ -519,7 +527,7 @@ class Dispatcher:
                     _finish(previous)
                 finally:
                     recording.start(recorder, self._write)
-                self._materialise_ahead(claimed, report)
+                self._materialise_ahead(claimed, report, stop)
                 report.rested += pace.rest(previous.cpu if previous else 0.0, stop)
                 batches += 1
                 if max_batches is not None and batches >= max_batches:
@@ -544,22 +552,31 @@ class Dispatcher:
     ) -> bool:
         """With nothing to claim: campaigns advanced (more of an audience written, finished
         ones closed); whether there may now be something to claim."""
-        more, elsewhere = self._advance()
+        if waiting.campaigns:
+            # Waiting already: only whether those batches are written yet, not every step
+            # of advancing campaigns again (nor a campaign that fails to materialise
+            # tried, and said in the log, again) at each look.
+            more, elsewhere = self._materialise(self.clock.now(), only=waiting.campaigns)
+        else:
+            more, elsewhere = self._advance()
         report.materialised += more
         if more:
-            waiting.since = None
+            waiting.reset()
             return True
         # Another process writing a campaign's next batch: its rows are claimable once it
         # commits. Ending the tick here left this process idle until its next tick
         # (seconds), at every batch of every campaign.
-        return elsewhere and waiting.wait(stop)
+        waiting.campaigns = elsewhere
+        return bool(elsewhere) and waiting.wait(stop)
 
-    def _materialise_ahead(self, claimed: list[_Claimed], report: TickReport) -> None:
+    def _materialise_ahead(
+        self, claimed: list[_Claimed], report: TickReport, stop: threading.Event | None
+    ) -> None:
         """After a short claim (the queue running dry), the next batch of any audience
         still being written: now, while that batch's answers are recorded and the other
         senders still hold theirs, rather than once every sender finds the queue empty
-        and all wait for one of them to write it."""
-        if len(claimed) < self.settings.batch_size:
+        and all wait for one of them to write it. Not once the tick is being stopped."""
+        if len(claimed) < self.settings.batch_size and not (stop and stop.is_set()):
             report.materialised += self._materialise(self.clock.now())[0]
 
     def _send_leased(
@@ -1256,6 +1273,10 @@ class _Waiting:
 
     limit: float
     since: float | None = None  # time.monotonic() when the wait began
+    campaigns: set[uuid.UUID] = field(default_factory=set)  # whose batches it waits for
+
+    def reset(self) -> None:
+        self.since, self.campaigns = None, set()
 
     def wait(self, stop: threading.Event | None) -> bool:
         """Wait a moment; False once the wait has lasted ``limit`` (the tick ends)."""

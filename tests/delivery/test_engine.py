@@ -19,6 +19,7 @@ from portal.delivery.models import Delivery
 from portal.jobs import run_job
 from portal.subscriptions.models import PushSubscription
 from tests.fakepush import Answer
+from tests.helpers import sent_statements
 
 
 def _subscribe(app, fake_push, *, region=None, topics=None):
@@ -634,6 +635,90 @@ def test_a_sender_waits_for_another_process_s_batch_only_so_long(
     assert (report.materialised, report.accepted) == (0, 0)
     assert 0.3 <= took < 5
     assert fake_push.received() == []
+
+
+def test_no_batch_is_written_ahead_once_the_tick_is_being_stopped(
+    push_app, dispatcher, fake_push, clock
+):
+    """A short claim writes the next batch ahead only while the tick goes on: a worker
+    being stopped sends what it holds and leaves the rest of the audience alone."""
+    for _ in range(7):
+        _subscribe(push_app, fake_push, topics=["weekly-digest"])
+    _launch(push_app, clock)
+    sender = Dispatcher(
+        push_app,
+        dispatcher.transport,
+        settings=EngineSettings(batch_size=4, materialise_batch=3),
+        rand=lambda: 0.0,
+    )
+    stop = threading.Event()
+    send = sender._send_leased
+
+    def send_then_stop(*args, **kwargs):
+        sent = send(*args, **kwargs)
+        stop.set()  # the worker is told to stop while this batch is out
+        return sent
+
+    sender._send_leased = send_then_stop
+    report = sender.tick(stop=stop)
+    assert (report.claimed, report.materialised) == (3, 3)
+
+
+def _hold_the_batch_of(app, campaign_id, seconds: float) -> threading.Thread:
+    """Another process writing ``campaign_id``'s next batch for ``seconds``: its
+    materialisation lock held that long."""
+    held = threading.Event()
+
+    def other_process() -> None:
+        with db.begin(app) as session:
+            assert campaigns._campaign_lock(session, campaign_id)
+            held.set()
+            time.sleep(seconds)
+
+    other = threading.Thread(target=other_process)
+    other.start()
+    assert held.wait(10)
+    return other
+
+
+@pytest.mark.postgres_only
+def test_a_wait_for_another_s_batch_asks_little_and_retries_no_failing_campaign(
+    push_app, dispatcher, fake_push, clock, monkeypatch, caplog, engine
+):
+    """While a sender waits for another process's batch it looks only at that batch
+    (a few statements a look, ten looks a second), not at every step of advancing
+    campaigns again: a campaign that cannot be materialised is tried, and said in the
+    log, once per wait, not at every look."""
+    import portal.delivery.engine as engine_module
+
+    _subscribe(push_app, fake_push, topics=["weekly-digest"])
+    written = _launch(push_app, clock)
+    broken = _launch(push_app, clock)
+    real = engine_module.materialise_batch
+
+    def materialise(session, campaign, **kwargs):
+        if campaign.id == broken:
+            raise ValueError("date value out of range")
+        return real(session, campaign, **kwargs)
+
+    monkeypatch.setattr(engine_module, "materialise_batch", materialise)
+    other = _hold_the_batch_of(push_app, written, 1.0)
+    sender = Dispatcher(push_app, dispatcher.transport, rand=lambda: 0.0)
+    with sent_statements(engine) as sent:
+        started = time.monotonic()
+        report = sender.tick()
+        took = time.monotonic() - started
+    other.join(10)
+    assert report.accepted == 1  # the batch it waited for
+    assert took >= 0.9
+    tries = caplog.text.count(f"campaign {broken}: its audience could not be materialised")
+    # Tried as the tick begins, as the wait begins, ahead of the batch waited for, when
+    # the queue is empty again and as the tick ends: never at the wait's ten looks.
+    assert 1 <= tries <= 5, tries
+    # A look: the claim (the circuits, the sending campaigns, each campaign's rows) and
+    # whether that batch's lock is free yet. The rest of the tick: under 70 statements.
+    looks = took / engine_module.MATERIALISE_POLL_SECONDS
+    assert len(sent) <= 70 + 8 * looks, (len(sent), looks)
 
 
 def test_a_campaign_that_cannot_be_materialised_fails_alone(
