@@ -535,8 +535,17 @@ def engine_child() -> None:
         print("ready", flush=True)
         campaign_id = uuid.UUID(sys.stdin.readline().strip())
         rss_ready = _status_kb("VmRSS")
-        # (wall time, VmHWM) every few seconds: the peak by any point of the campaign.
+        # (wall time, VmHWM) every few seconds: the peak by any point of the campaign. Read
+        # by a thread of its own: one dispatch run may last the whole campaign.
         peaks: list[tuple[float, int]] = [(time.time(), _status_kb("VmHWM"))]
+        sampled = threading.Event()
+
+        def sample() -> None:
+            while not sampled.wait(RSS_EVERY):
+                peaks.append((time.time(), _status_kb("VmHWM")))
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
         cpu0 = time.process_time()
         runs = claimed = answered = 0
         while True:
@@ -544,8 +553,6 @@ def engine_child() -> None:
             runs += 1
             claimed += report.processed
             answered += report.changed
-            if time.time() - peaks[-1][0] >= RSS_EVERY:
-                peaks.append((time.time(), _status_kb("VmHWM")))
             with db.begin(app) as session:
                 status = session.scalars(
                     sa.select(Campaign.status).where(Campaign.id == campaign_id)
@@ -558,6 +565,8 @@ def engine_child() -> None:
                 time.sleep(IDLE_PAUSE)
         finished = time.monotonic()
         cpu = time.process_time() - cpu0
+        sampled.set()
+        sampler.join()
         app.extensions["portal.db"].engine.dispose()
         close_dispatcher(app)
     peaks.append((time.time(), _status_kb("VmHWM")))
@@ -756,6 +765,9 @@ PROFILE_FUNCTIONS = (
     ("encrypt_and_send", "portal/delivery/engine.py", "_encrypt_and_send"),
     ("claim", "portal/delivery/engine.py", "claim"),
     ("advance", "portal/delivery/engine.py", "advance_campaigns"),
+    # The same work inside the sending loop: a sender whose claim came back short or empty.
+    ("advance", "portal/delivery/engine.py", "_advance"),
+    ("advance", "portal/delivery/engine.py", "_materialise"),
 )
 PROFILE_LABELS = {
     "encrypt": "encryption (RFC 8291: ECDH, HKDF, AES-GCM; `encrypt`)",
