@@ -139,6 +139,12 @@ _PREFERENCE_ROWS = sa.select(TopicPreference).where(
 )
 _FRESH_PREFERENCE_ROWS = _PREFERENCE_ROWS.execution_options(populate_existing=True)
 _SUBSCRIBER_WITH_PREFERENCES = (
+    sa.select(Subscriber, TopicPreference, sa.null())
+    .outerjoin(TopicPreference, TopicPreference.subscriber_id == Subscriber.id)
+    .where(Subscriber.id == sa.bindparam("subscriber_id"))
+)
+# The same with whether they have a device (a preference link's visit asks it).
+_SUBSCRIBER_WITH_PREFERENCES_AND_DEVICES = (
     sa.select(
         Subscriber,
         TopicPreference,
@@ -160,15 +166,18 @@ def preference_rows(
 
 
 def subscriber_with_preferences(
-    session: Session, subscriber_id: uuid.UUID
-) -> tuple[Subscriber | None, dict[int, TopicPreference], bool]:
-    """The subscriber, their stored preferences (by topic id) and whether they have a
-    device (what :func:`portal.consent.accounts.link_manages` asks), in one statement."""
-    found = session.execute(_SUBSCRIBER_WITH_PREFERENCES, {"subscriber_id": subscriber_id}).all()
+    session: Session, subscriber_id: uuid.UUID, *, devices: bool = False
+) -> tuple[Subscriber | None, dict[int, TopicPreference], bool | None]:
+    """The subscriber and their stored preferences (by topic id), in one statement; with
+    ``devices``, whether they have a device too (what
+    :func:`portal.consent.accounts.link_manages` asks; None without)."""
+    query = _SUBSCRIBER_WITH_PREFERENCES_AND_DEVICES if devices else _SUBSCRIBER_WITH_PREFERENCES
+    found = session.execute(query, {"subscriber_id": subscriber_id}).all()
     if not found:
-        return None, {}, False
+        return None, {}, None
     rows = {row.topic_id: row for _, row, _ in found if row is not None}
-    return found[0][0], rows, bool(found[0][2])
+    has_devices = found[0][2]
+    return found[0][0], rows, None if has_devices is None else bool(has_devices)
 
 
 def topic_views(

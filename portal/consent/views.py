@@ -140,7 +140,9 @@ def _visitor() -> tuple[Subscriber | None, dict[int, TopicPreference]]:
     subscriber_id = linked or subscriber_from_cookie(request)
     if subscriber_id is None:
         return None, {}
-    subscriber, rows, has_devices = subscriber_with_preferences(db.session, subscriber_id)
+    subscriber, rows, has_devices = subscriber_with_preferences(
+        db.session, subscriber_id, devices=linked is not None
+    )
     theirs = _still_theirs(subscriber, linked, has_devices=has_devices)
     return (subscriber, rows) if theirs else (None, {})
 

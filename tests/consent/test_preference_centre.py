@@ -10,7 +10,13 @@ import sqlalchemy as sa
 
 from portal.identity import preference_link_token, sign_assertion
 from portal.seams import current_portal
-from tests.helpers import all_rows, confirm_account_link, count_rows, csrf_token
+from tests.helpers import (
+    all_rows,
+    confirm_account_link,
+    count_rows,
+    csrf_token,
+    sent_statements,
+)
 
 
 def _prefs(engine):
@@ -289,6 +295,30 @@ def test_a_preference_link_visit_ends_with_the_browsers_session(app, engine, sub
     assert "topic-offers" in browser.get("/preferences").text
     browser.delete_cookie("session")  # the browser closed: session cookies are gone
     assert "We do not know who you are" in browser.get("/preferences").text
+
+
+def test_only_a_link_visit_asks_whether_the_person_has_a_device_and_with_them(
+    app, client, engine, subscribed
+):
+    """A preference link's visit asks whether its person still has a device (an identity
+    whose devices moved to an account is no longer the link's to manage) in the statement
+    that reads the person; the browser's own subscriber is never asked it."""
+    devices = re.compile(r"(?s).*EXISTS \(SELECT \*\s+FROM push_subscription")
+
+    def page_statements(browser) -> list[str]:
+        with sent_statements(engine) as sent:
+            assert "topic-offers" in browser.get("/preferences").text
+        return [statement for statement, _ in sent if devices.match(statement)]
+
+    assert page_statements(client) == []
+    with engine.connect() as conn:
+        (person,) = conn.execute(sa.text("SELECT id FROM subscriber")).scalars()
+    with app.test_request_context():
+        token = preference_link_token(person)
+    visitor = app.test_client()
+    assert visitor.get(f"/preferences?token={token}").status_code == 303
+    (asked,) = page_statements(visitor)
+    assert "FROM subscriber" in asked and "EXISTS" in asked
 
 
 def test_identity_assertion_links_the_account_and_merges_device_preferences(
