@@ -779,7 +779,8 @@ PROFILE_LABELS = {
     "encrypt_and_send": "re-checking consent, reading the subscriptions, caps and quiet "
     "hours (`_encrypt_and_send`)",
     "claim": "claiming (`claim`)",
-    "advance": "advancing campaigns: materialisation, completion (`advance_campaigns`)",
+    "advance": "advancing campaigns: materialisation, completion (`advance_campaigns`, "
+    "and `_materialise` in the sending loop)",
     "other": "the rest of the sending thread (the job, planning the writes, scheduling)",
     "threads": "the process's other threads (recording the answers, renewing leases)",
 }
