@@ -544,25 +544,35 @@ def test_one_tick_materialises_and_sends_an_audience_of_several_batches(
         assert session.get(Campaign, campaign_id).status == "completed"
 
 
-def test_a_short_claim_writes_the_next_batch_of_the_audience_ahead(
-    push_app, dispatcher, fake_push, clock
-):
-    """When a claim comes back short (the queue running dry) the next batch of the
-    audience is written there and then, while the batch in hand is sent and recorded,
-    not only once some sender finds the queue empty and every sender waits for it."""
-    for _ in range(7):
-        _subscribe(push_app, fake_push, topics=["weekly-digest"])
-    _launch(push_app, clock)
-    sender = Dispatcher(
-        push_app,
-        dispatcher.transport,
-        settings=EngineSettings(batch_size=4, materialise_batch=3),
-        rand=lambda: 0.0,
-    )
-    report = sender.tick(max_batches=1)
-    # 3 written as the tick began; the claim took those 3 of the 4 it asked for, so 3 more
-    # were written before the next claim.
-    assert (report.claimed, report.materialised) == (3, 6)
+def _cannot_be_materialised(monkeypatch, campaign_id, error: Exception) -> None:
+    """Materialising ``campaign_id``'s audience raises ``error`` (the others' goes on)."""
+    import portal.delivery.engine as engine_module
+
+    real = engine_module.materialise_batch
+
+    def materialise(session, campaign, **kwargs):
+        if campaign.id == campaign_id:
+            raise error
+        return real(session, campaign, **kwargs)
+
+    monkeypatch.setattr(engine_module, "materialise_batch", materialise)
+
+
+def _hold_the_batch_of(app, campaign_id, release: threading.Event) -> threading.Thread:
+    """Another process writing ``campaign_id``'s next batch until ``release`` is set: its
+    materialisation lock held that long (10 s at most)."""
+    held = threading.Event()
+
+    def other_process() -> None:
+        with db.begin(app) as session:
+            assert campaigns._campaign_lock(session, campaign_id)
+            held.set()
+            release.wait(10)
+
+    other = threading.Thread(target=other_process)
+    other.start()
+    assert held.wait(10)
+    return other
 
 
 @pytest.mark.postgres_only
@@ -574,17 +584,8 @@ def test_a_sender_waits_for_the_batch_another_process_is_writing(
     until its next tick, seconds later, at every batch of every campaign)."""
     subscribed = [_subscribe(push_app, fake_push, topics=["weekly-digest"]) for _ in range(5)]
     campaign_id = _launch(push_app, clock)
-    held, release = threading.Event(), threading.Event()
-
-    def other_process() -> None:
-        with db.begin(push_app) as session:
-            assert campaigns._campaign_lock(session, campaign_id)
-            held.set()
-            release.wait(10)
-
-    other = threading.Thread(target=other_process)
-    other.start()
-    assert held.wait(10)
+    release = threading.Event()
+    other = _hold_the_batch_of(push_app, campaign_id, release)
     threading.Timer(0.5, release.set).start()
     sender = Dispatcher(
         push_app,
@@ -608,18 +609,9 @@ def test_a_sender_waits_for_another_process_s_batch_only_so_long(
     ``materialise_wait`` to write ends this sender's tick (the next tick tries again)."""
     _subscribe(push_app, fake_push, topics=["weekly-digest"])
     campaign_id = _launch(push_app, clock)
-    held, release = threading.Event(), threading.Event()
-
-    def other_process() -> None:
-        with db.begin(push_app) as session:
-            assert campaigns._campaign_lock(session, campaign_id)
-            held.set()
-            release.wait(10)
-
-    other = threading.Thread(target=other_process)
-    other.start()
+    release = threading.Event()
+    other = _hold_the_batch_of(push_app, campaign_id, release)
     try:
-        assert held.wait(10)
         sender = Dispatcher(
             push_app,
             dispatcher.transport,
@@ -637,11 +629,14 @@ def test_a_sender_waits_for_another_process_s_batch_only_so_long(
     assert fake_push.received() == []
 
 
-def test_no_batch_is_written_ahead_once_the_tick_is_being_stopped(
-    push_app, dispatcher, fake_push, clock
+@pytest.mark.parametrize("stopping", [False, True], ids=["going-on", "being-stopped"])
+def test_a_short_claim_writes_the_next_batch_of_the_audience_ahead(
+    push_app, dispatcher, fake_push, clock, stopping
 ):
-    """A short claim writes the next batch ahead only while the tick goes on: a worker
-    being stopped sends what it holds and leaves the rest of the audience alone."""
+    """When a claim comes back short (the queue running dry) the next batch of the
+    audience is written there and then, while the batch in hand is sent and recorded,
+    not only once some sender finds the queue empty and every sender waits for it; not
+    by a worker being stopped, which sends what it holds and leaves the rest alone."""
     for _ in range(7):
         _subscribe(push_app, fake_push, topics=["weekly-digest"])
     _launch(push_app, clock)
@@ -656,29 +651,15 @@ def test_no_batch_is_written_ahead_once_the_tick_is_being_stopped(
 
     def send_then_stop(*args, **kwargs):
         sent = send(*args, **kwargs)
-        stop.set()  # the worker is told to stop while this batch is out
+        if stopping:
+            stop.set()  # the worker is told to stop while this batch is out
         return sent
 
     sender._send_leased = send_then_stop
-    report = sender.tick(stop=stop)
-    assert (report.claimed, report.materialised) == (3, 3)
-
-
-def _hold_the_batch_of(app, campaign_id, seconds: float) -> threading.Thread:
-    """Another process writing ``campaign_id``'s next batch for ``seconds``: its
-    materialisation lock held that long."""
-    held = threading.Event()
-
-    def other_process() -> None:
-        with db.begin(app) as session:
-            assert campaigns._campaign_lock(session, campaign_id)
-            held.set()
-            time.sleep(seconds)
-
-    other = threading.Thread(target=other_process)
-    other.start()
-    assert held.wait(10)
-    return other
+    report = sender.tick(stop=stop, max_batches=1)
+    # 3 written as the tick began; the claim took those 3 of the 4 it asked for, so 3 more
+    # were written before the next claim, unless the tick was being stopped.
+    assert (report.claimed, report.materialised) == (3, 3 if stopping else 6)
 
 
 @pytest.mark.postgres_only
@@ -694,15 +675,10 @@ def test_a_wait_for_another_s_batch_asks_little_and_retries_no_failing_campaign(
     _subscribe(push_app, fake_push, topics=["weekly-digest"])
     written = _launch(push_app, clock)
     broken = _launch(push_app, clock)
-    real = engine_module.materialise_batch
-
-    def materialise(session, campaign, **kwargs):
-        if campaign.id == broken:
-            raise ValueError("date value out of range")
-        return real(session, campaign, **kwargs)
-
-    monkeypatch.setattr(engine_module, "materialise_batch", materialise)
-    other = _hold_the_batch_of(push_app, written, 1.0)
+    _cannot_be_materialised(monkeypatch, broken, ValueError("date value out of range"))
+    release = threading.Event()
+    other = _hold_the_batch_of(push_app, written, release)
+    threading.Timer(1.0, release.set).start()
     sender = Dispatcher(push_app, dispatcher.transport, rand=lambda: 0.0)
     with sent_statements(engine) as sent:
         started = time.monotonic()
@@ -727,20 +703,11 @@ def test_a_campaign_that_cannot_be_materialised_fails_alone(
     """One campaign whose audience cannot be worked out (here: a time off the calendar,
     as rows from before the two-year rule could hold) is said in the log each run; the
     other campaigns are materialised and sent all the same."""
-    import portal.delivery.engine as engine_module
-
     for _ in range(2):
         _subscribe(push_app, fake_push, topics=["weekly-digest"])
     broken = _launch(push_app, clock)
     fine = _launch(push_app, clock)
-    real = engine_module.materialise_batch
-
-    def materialise(session, campaign, **kwargs):
-        if campaign.id == broken:
-            raise OverflowError("date value out of range")
-        return real(session, campaign, **kwargs)
-
-    monkeypatch.setattr(engine_module, "materialise_batch", materialise)
+    _cannot_be_materialised(monkeypatch, broken, OverflowError("date value out of range"))
     dispatcher.tick()
     dispatcher.tick()
     sent = [d for d in _rows(push_app, Delivery) if d["status"] == "accepted"]
