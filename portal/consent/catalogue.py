@@ -324,14 +324,10 @@ _CURRENT_VERSION = (
     .order_by(PolicyVersion.published_at.desc(), PolicyVersion.version.desc())
     .limit(1)
 )
-# Built once: the topics as _TOPICS_FOR_WRITE reads and locks them, each row carrying the
-# current policy's version, so that a page's save reads both in one statement.
-_WRITE_BASIS = (
-    sa.select(Topic, _CURRENT_VERSION.scalar_subquery().label("current_version"))
-    .where(Topic.retired_at.is_(None))
-    .order_by(Topic.position, Topic.id)
-    .with_for_update(read=True, of=Topic)
-    .execution_options(populate_existing=True)
+# Built once: _TOPICS_FOR_WRITE, each row carrying the current policy's version, so that
+# a page's save reads both in one statement (the subquery's table is not locked).
+_WRITE_BASIS = _TOPICS_FOR_WRITE.add_columns(
+    _CURRENT_VERSION.scalar_subquery().label("current_version")
 )
 
 
@@ -342,6 +338,11 @@ class WriteBasis:
     policy_version: str | None  # the current policy's; None before any is published
     topics: dict[str, Topic]  # the active topics by slug (see topics_for_write)
 
+    @property
+    def active(self) -> list[Topic]:
+        """The active topics in page order."""
+        return list(self.topics.values())
+
 
 def write_basis(session: Session) -> WriteBasis:
     """The current policy version and the active topics, read (and the topics locked) as
@@ -350,13 +351,28 @@ def write_basis(session: Session) -> WriteBasis:
     rows = session.execute(_WRITE_BASIS).all()
     version = rows[0][1] if rows else session.scalar(_CURRENT_VERSION)
     topics = {topic.slug: topic for topic, _ in rows}
+    _forget_if_behind(session, topics, version)
+    return WriteBasis(version, topics)
+
+
+_UNREAD = object()  # a policy version not read by the caller
+
+
+def _forget_if_behind(
+    session: Session, topics: dict[str, Topic], policy_version: object = _UNREAD
+) -> None:
+    """Forget the pages' shared copy of :func:`current` when the topics just read as
+    committed (and the policy version, when read) are not the ones it holds: the next
+    page reads the catalogue afresh."""
     shown = _cached.get(session.get_bind())  # type: ignore[arg-type]
     if shown is not None and (
         {t.slug for t in shown.topics} != topics.keys()
-        or (shown.policy and shown.policy.version) != version
+        or (
+            policy_version is not _UNREAD
+            and (shown.policy and shown.policy.version) != policy_version
+        )
     ):
-        forget(session)  # the pages' copy is behind: the next page reads it afresh
-    return WriteBasis(version, topics)
+        forget(session)
 
 
 def topics_for_write(session: Session) -> dict[str, Topic]:
@@ -371,9 +387,7 @@ def topics_for_write(session: Session) -> dict[str, Topic]:
     """
     rows = session.scalars(_TOPICS_FOR_WRITE).all()
     found = {topic.slug: topic for topic in rows}
-    shown = _cached.get(session.get_bind())  # type: ignore[arg-type]
-    if shown is not None and {t.slug for t in shown.topics} != found.keys():
-        forget(session)  # the pages' copy is behind: the next page reads it afresh
+    _forget_if_behind(session, found)
     return found
 
 

@@ -12,7 +12,7 @@ import enum
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
@@ -138,20 +138,21 @@ _PREFERENCE_ROWS = sa.select(TopicPreference).where(
     TopicPreference.subscriber_id == sa.bindparam("subscriber_id")
 )
 _FRESH_PREFERENCE_ROWS = _PREFERENCE_ROWS.execution_options(populate_existing=True)
-_SUBSCRIBER_WITH_PREFERENCES = (
-    sa.select(Subscriber, TopicPreference, sa.null())
-    .outerjoin(TopicPreference, TopicPreference.subscriber_id == Subscriber.id)
-    .where(Subscriber.id == sa.bindparam("subscriber_id"))
-)
-# The same with whether they have a device (a preference link's visit asks it).
-_SUBSCRIBER_WITH_PREFERENCES_AND_DEVICES = (
-    sa.select(
-        Subscriber,
-        TopicPreference,
-        sa.exists().where(PushSubscription.subscriber_id == Subscriber.id).label("has_devices"),
+
+
+def _subscriber_with_preferences(has_devices: sa.ColumnElement[Any]) -> sa.Select[Any]:
+    """The subscriber joined with their preferences, each row carrying ``has_devices``."""
+    return (
+        sa.select(Subscriber, TopicPreference, has_devices)
+        .outerjoin(TopicPreference, TopicPreference.subscriber_id == Subscriber.id)
+        .where(Subscriber.id == sa.bindparam("subscriber_id"))
     )
-    .outerjoin(TopicPreference, TopicPreference.subscriber_id == Subscriber.id)
-    .where(Subscriber.id == sa.bindparam("subscriber_id"))
+
+
+_SUBSCRIBER_WITH_PREFERENCES = _subscriber_with_preferences(sa.null())
+# The same with whether they have a device (a preference link's visit asks it).
+_SUBSCRIBER_WITH_PREFERENCES_AND_DEVICES = _subscriber_with_preferences(
+    sa.exists().where(PushSubscription.subscriber_id == Subscriber.id).label("has_devices")
 )
 
 

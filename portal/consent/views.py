@@ -399,7 +399,7 @@ def save() -> Any:
         )
     # The topics as committed now, not the page's copy: a topic retired since the page
     # was shown gets no decision, and the person is told so.
-    active = list(basis.topics.values())
+    active = basis.active
     views = [v for v in topic_views(session, subscriber, active, rows) if v.topic.slug in visible]
     gone = catalogue.retired_labels(session, visible - basis.topics.keys())
     now = current_portal().clock.now()
@@ -464,7 +464,7 @@ def confirm_notice() -> Any:
             rows=rows,
         )
     # The topics as committed now (see save): a retired one is not confirmed again.
-    views = topic_views(session, subscriber, list(basis.topics.values()), rows)
+    views = topic_views(session, subscriber, basis.active, rows)
     now = current_portal().clock.now()
     changes = apply_decisions(
         session,
@@ -498,9 +498,7 @@ def marketing_off() -> Any:
     apply_decisions(
         session,
         subscriber.id,
-        marketing_off_decisions(
-            topic_views(session, subscriber, list(basis.topics.values()), rows)
-        ),
+        marketing_off_decisions(topic_views(session, subscriber, basis.active, rows)),
         source=Source.PREFERENCE_CENTRE.value,
         policy_version=basis.policy_version,
         decided_at=now,

@@ -137,11 +137,16 @@ class Pace:
         wait = self.due_rest(written_cpu)
         if wait > 0:
             metrics.sender_rested.inc(wait)
-            if stop is not None:
-                stop.wait(wait)
-            else:
-                time.sleep(wait)
+            _pause(wait, stop)
         return wait
+
+
+def _pause(seconds: float, stop: threading.Event | None) -> None:
+    """Sleep, or less if ``stop`` is set meanwhile."""
+    if stop is not None:
+        stop.wait(seconds)
+    else:
+        time.sleep(seconds)
 
 
 @dataclass
@@ -1284,10 +1289,7 @@ class _Waiting:
         self.since = self.since if self.since is not None else now
         if now - self.since >= self.limit:
             return False
-        if stop is not None:
-            stop.wait(MATERIALISE_POLL_SECONDS)
-        else:
-            time.sleep(MATERIALISE_POLL_SECONDS)
+        _pause(MATERIALISE_POLL_SECONDS, stop)
         return True
 
 

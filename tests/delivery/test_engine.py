@@ -452,15 +452,17 @@ def test_a_row_sealed_under_an_unknown_key_version_fails_alone(
     assert "no data key for auth_key_version 9" in caplog.text
 
 
+def _sender(push_app, dispatcher, **settings):
+    """A dispatcher on the same transport with these engine settings, without jitter."""
+    return Dispatcher(
+        push_app, dispatcher.transport, settings=EngineSettings(**settings), rand=lambda: 0.0
+    )
+
+
 def _one_at_a_time(push_app, dispatcher, **settings):
     """A dispatcher on the same transport sending one delivery per batch, so consecutive
     batches meet: on PostgreSQL a batch is planned while the previous one is written."""
-    return Dispatcher(
-        push_app,
-        dispatcher.transport,
-        settings=EngineSettings(batch_size=1, **settings),
-        rand=lambda: 0.0,
-    )
+    return _sender(push_app, dispatcher, batch_size=1, **settings)
 
 
 def test_a_410_is_seen_by_the_next_batch_before_it_is_written(
@@ -507,12 +509,7 @@ def test_a_circuit_opened_by_one_batch_holds_back_the_next(
     for sub in throttled:
         fake_push.script(sub, Answer.of(429, retry_after=30))
     _launch(push_app, clock)
-    engine_ = Dispatcher(
-        push_app,
-        dispatcher.transport,
-        settings=EngineSettings(batch_size=2, circuit_min=2, circuit_ratio=0.5),
-        rand=lambda: 0.0,
-    )
+    engine_ = _sender(push_app, dispatcher, batch_size=2, circuit_min=2, circuit_ratio=0.5)
     report = engine_.tick()
     assert report.retried == 2
     assert report.accepted == 0
@@ -532,12 +529,7 @@ def test_one_tick_materialises_and_sends_an_audience_of_several_batches(
     second batch, leaving the rest to later ticks)."""
     subscribed = [_subscribe(push_app, fake_push, topics=["weekly-digest"]) for _ in range(5)]
     campaign_id = _launch(push_app, clock)
-    report = Dispatcher(
-        push_app,
-        dispatcher.transport,
-        settings=EngineSettings(batch_size=2, materialise_batch=2),
-        rand=lambda: 0.0,
-    ).tick()
+    report = _sender(push_app, dispatcher, batch_size=2, materialise_batch=2).tick()
     assert (report.materialised, report.accepted) == (5, 5)
     assert all(len(fake_push.received(sub)) == 1 for sub in subscribed)
     with db.begin(push_app) as session:
@@ -587,12 +579,7 @@ def test_a_sender_waits_for_the_batch_another_process_is_writing(
     release = threading.Event()
     other = _hold_the_batch_of(push_app, campaign_id, release)
     threading.Timer(0.5, release.set).start()
-    sender = Dispatcher(
-        push_app,
-        dispatcher.transport,
-        settings=EngineSettings(batch_size=2, materialise_batch=2),
-        rand=lambda: 0.0,
-    )
+    sender = _sender(push_app, dispatcher, batch_size=2, materialise_batch=2)
     report = sender.tick()
     other.join(10)
     assert (report.materialised, report.accepted) == (5, 5)
@@ -612,12 +599,7 @@ def test_a_sender_waits_for_another_process_s_batch_only_so_long(
     release = threading.Event()
     other = _hold_the_batch_of(push_app, campaign_id, release)
     try:
-        sender = Dispatcher(
-            push_app,
-            dispatcher.transport,
-            settings=EngineSettings(materialise_wait=0.3),
-            rand=lambda: 0.0,
-        )
+        sender = _sender(push_app, dispatcher, materialise_wait=0.3)
         started = time.monotonic()
         report = sender.tick()
         took = time.monotonic() - started
@@ -640,12 +622,7 @@ def test_a_short_claim_writes_the_next_batch_of_the_audience_ahead(
     for _ in range(7):
         _subscribe(push_app, fake_push, topics=["weekly-digest"])
     _launch(push_app, clock)
-    sender = Dispatcher(
-        push_app,
-        dispatcher.transport,
-        settings=EngineSettings(batch_size=4, materialise_batch=3),
-        rand=lambda: 0.0,
-    )
+    sender = _sender(push_app, dispatcher, batch_size=4, materialise_batch=3)
     stop = threading.Event()
     send = sender._send_leased
 
@@ -679,7 +656,7 @@ def test_a_wait_for_another_s_batch_asks_little_and_retries_no_failing_campaign(
     release = threading.Event()
     other = _hold_the_batch_of(push_app, written, release)
     threading.Timer(1.0, release.set).start()
-    sender = Dispatcher(push_app, dispatcher.transport, rand=lambda: 0.0)
+    sender = _sender(push_app, dispatcher)
     with sent_statements(engine) as sent:
         started = time.monotonic()
         report = sender.tick()
