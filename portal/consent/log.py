@@ -10,6 +10,7 @@ written before the tree (migration 0018) also keep their SHA-256 hash chain
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import hashlib
 import json
 import uuid
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 
 from portal.consent import merkle
@@ -212,15 +214,66 @@ class NewEvent:
     context: Context | None = None
 
 
-# Built once: run by every consent write.
+# Built once: run by every consent write of one event.
 _INSERT_RETURNING_SEQ = sa.insert(_t).returning(_t.c.seq, sort_by_parameter_order=True)
+# The columns an appended event sets (``seq`` comes from the sequence).
+_EVENT_COLUMNS = (
+    "subscriber_id",
+    "subscription_id",
+    "topic_id",
+    "kind",
+    "previous_state",
+    "new_state",
+    "source",
+    "policy_version",
+    "decided_at",
+    "recorded_at",
+    "actor",
+    "context",
+)
+
+
+@functools.lru_cache(maxsize=32)
+def _insert_in_order(count: int) -> sa.TextClause:
+    """One INSERT of ``count`` events on PostgreSQL, numbered in the order given.
+
+    Given many parameter sets, SQLAlchemy's INSERT … RETURNING sends one statement per
+    event when the returned rows must follow the parameters (nothing on the client tells
+    its rows apart). Here the rows carry their place (``ord``) and are sorted by it
+    before ``nextval`` runs: PostgreSQL evaluates volatile functions of a select list
+    after its ORDER BY, so the numbers rise in the events' order, and the caller sorts
+    what RETURNING gives back. Parameters are named ``<column>_<place>``.
+
+    Text, not a ``VALUES`` construct: SQLAlchemy cannot cache the compiled form of one,
+    and compiling it again for every save cost more than the statement it saved."""
+    dialect = postgresql.dialect()
+    types = {name: _t.c[name].type.compile(dialect=dialect) for name in _EVENT_COLUMNS}
+    rows = ", ".join(
+        f"({place}, "
+        + ", ".join(f"CAST(:{name}_{place} AS {types[name]})" for name in _EVENT_COLUMNS)
+        + ")"
+        for place in range(count)
+    )
+    columns = ", ".join(_EVENT_COLUMNS)
+    # Only this module's names and the column types are written into the text; every
+    # value is a bound parameter.
+    return sa.text(
+        f"INSERT INTO {_t.name} (seq, {columns}) "  # noqa: S608
+        f"SELECT nextval('{_SEQUENCE}'), {columns} "
+        f"FROM (VALUES {rows}) AS appended (ord, {columns}) "
+        "ORDER BY ord RETURNING seq"
+    )
+
+
+_SEQUENCE = cast(sa.Sequence, _t.c.seq.default).name
 
 
 def append_many(session: Session, events: Sequence[NewEvent]) -> list[int]:
     """Append events in order in the caller's transaction; returns their sequence numbers.
 
     No global lock: on PostgreSQL each event takes its ``seq`` from the sequence
-    ``consent_event_seq`` (one multi-row INSERT … RETURNING) and commits with the
+    ``consent_event_seq`` (one INSERT … RETURNING for all of them, numbered in the order
+    given: :func:`_insert_in_order`) and commits with the
     caller's transaction; the sequencer integrates it into the tree once every number
     before it is settled. A number taken by a transaction that rolls back is a gap the
     sequencer closes (``portal.consent.tree``). On SQLite, where the transaction holds
@@ -250,8 +303,16 @@ def append_many(session: Session, events: Sequence[NewEvent]) -> list[int]:
             }
         )
     if is_postgres(session):
-        result = session.execute(_INSERT_RETURNING_SEQ, rows)
-        return [int(seq) for seq in result.scalars()]
+        if len(rows) == 1:
+            return [int(session.execute(_INSERT_RETURNING_SEQ, rows[0]).scalar_one())]
+        numbered = {
+            f"{name}_{index}": value
+            for index, row in enumerate(rows)
+            for name, value in row.items()
+        }
+        return sorted(
+            int(seq) for seq in session.execute(_insert_in_order(len(rows)), numbered).scalars()
+        )
     last = session.execute(sa.select(sa.func.max(_t.c.seq))).scalar_one_or_none() or 0
     for offset, row in enumerate(rows, start=1):
         row["seq"] = last + offset

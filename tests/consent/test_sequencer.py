@@ -4,6 +4,7 @@ lost or doubled when a run dies; the public proofs, held against pymerkle."""
 from __future__ import annotations
 
 import base64
+import re
 import threading
 import uuid
 
@@ -20,7 +21,7 @@ from portal.consent.models import EventKind
 from portal.db import db, uuid7
 from portal.seams import current_portal
 from portal.subscriptions.models import Subscriber
-from tests.helpers import count_rows, sequence
+from tests.helpers import count_rows, sent_statements, sequence
 
 
 def _subscriber(app, clock) -> uuid.UUID:
@@ -74,6 +75,34 @@ def _public_key(app) -> ed25519.Ed25519PublicKey:
 
 def _b64(value: bytes) -> str:
     return base64.b64encode(value).decode()
+
+
+@pytest.mark.parametrize("count", [1, 2, 9])
+def test_events_appended_together_are_one_insert_numbered_in_the_order_given(
+    app, engine, clock, count
+):
+    """However many events one call appends, one INSERT writes them (on PostgreSQL: the
+    rows sorted by their place before the sequence numbers them), and the numbers rise in
+    the order the events were given: a topic decided twice in one save is two steps of
+    one chain, in that order."""
+    who = _subscriber(app, clock)
+    _append(app, clock, who, 3)  # numbers taken before: the call's are not the first
+    events = [_event(who, clock, actor=f"step-{place}") for place in range(count)]
+    inserting = re.compile(r"\s*INSERT INTO consent_event")
+    with sent_statements(engine, inserting) as inserts, db.begin(app) as session:
+        seqs = log.append_many(session, events)
+    if engine.dialect.name == "postgresql":
+        assert len(inserts) == 1
+    assert seqs == sorted(seqs) and len(set(seqs)) == count and seqs[0] > 3
+    with engine.connect() as conn:
+        stored = conn.execute(
+            sa.select(log._t.c.seq, log._t.c.actor)
+            .where(log._t.c.actor.like("step-%"))
+            .order_by(log._t.c.seq)
+        ).all()
+    assert [tuple(row) for row in stored] == [
+        (seq, f"step-{place}") for place, seq in enumerate(seqs)
+    ]
 
 
 def test_committed_events_become_leaves_in_seq_order_under_a_signed_head(app, engine, clock):
