@@ -10,6 +10,7 @@ tests run the real servers and read their real lines back.
 from __future__ import annotations
 
 import logging
+import re
 import secrets
 import socket
 import subprocess
@@ -272,3 +273,47 @@ def test_gunicorn_atoms_of_any_format_are_safe():
     assert safe["{authorization}i"] == REDACTED
     assert safe["a"] == "agent\\x1b[2J\\x0d\\x0aFORGED"
     assert safe["B"] == 1234
+
+
+_LINE_PARTS = st.sampled_from(
+    [" ", "/", "?", "&", "=", "%", "%2F", "%3d", "+", "token", "q", "assertion", "x", "GET"]
+) | st.sampled_from(["/preferences", "/erasure-receipt/", "erasure-receipt", "//", '"', "abc"])
+
+
+@given(st.lists(_LINE_PARTS | st.text(max_size=3)).map("".join))
+@example("GET /preferences/erasure-receipt/abc HTTP/1.1")
+@example('"GET /pr%65ferences/erasure-receipt/abc HTTP/1.1"')
+@example("ref /a?q=who")
+def test_a_line_with_nothing_to_redact_is_let_through_as_every_word_would_be(text):
+    """redact_words skips the word-by-word pass when the text holds no "=", "%" or
+    receipt path: whatever the text, its answer is that pass's answer."""
+    from portal.accesslog import redact_target, redact_words
+
+    assert redact_words(text) == re.sub(r"\S+", lambda m: redact_target(m.group(0)), text)
+
+
+def test_an_access_line_shows_each_atom_as_access_atoms_makes_it_and_quotes_escaped():
+    """gunicorn's access line reads only the atoms its format names: each is made safe as
+    it is read, as access_atoms would make it, then quoted as gunicorn's SafeAtoms does
+    (a "{header}" atom found whatever its case, a missing atom "-")."""
+    from portal.accesslog import SafeAccessAtoms, access_atoms
+
+    raw = {
+        "r": 'GET /preferences?token=abc"x HTTP/1.1',
+        "a": 'agent "quoted"\r\nFORGED',
+        "{cookie}i": "portal_subscriber=abc",
+        "{referer}i": "https://portal.example/preferences?assertion=abc",
+        "{x-request-id}i": "req-1",
+        "s": "303",
+        "B": 189,
+    }
+    safe = SafeAccessAtoms(raw)
+    made = access_atoms(raw)
+    for key in ("r", "a", "{cookie}i", "{referer}i", "{x-request-id}i", "s"):
+        assert safe[key] == made[key].replace('"', '\\"')
+    assert safe["{X-Request-ID}i"] == "req-1"
+    assert safe["B"] == 189
+    assert safe["{absent}i"] == "-" and safe["z"] == "-"
+    # As gunicorn writes the line: access_log_format % atoms.
+    line = "%(r)s %(a)s %({cookie}i)s %({Referer}i)s %(B)s" % safe  # noqa: UP031
+    assert "abc" not in line and "\r" not in line and "\n" not in line
