@@ -154,6 +154,15 @@ _SUBSCRIBER_WITH_PREFERENCES = _subscriber_with_preferences(sa.null())
 _SUBSCRIBER_WITH_PREFERENCES_AND_DEVICES = _subscriber_with_preferences(
     sa.exists().where(PushSubscription.subscriber_id == Subscriber.id).label("has_devices")
 )
+# Each, by whether the rows the session holds already are overwritten with what was read.
+_SUBSCRIBER_READS = {
+    (devices, fresh): query.execution_options(populate_existing=True) if fresh else query
+    for devices, query in (
+        (False, _SUBSCRIBER_WITH_PREFERENCES),
+        (True, _SUBSCRIBER_WITH_PREFERENCES_AND_DEVICES),
+    )
+    for fresh in (False, True)
+}
 
 
 def preference_rows(
@@ -167,12 +176,13 @@ def preference_rows(
 
 
 def subscriber_with_preferences(
-    session: Session, subscriber_id: uuid.UUID, *, devices: bool = False
+    session: Session, subscriber_id: uuid.UUID, *, devices: bool = False, fresh: bool = False
 ) -> tuple[Subscriber | None, dict[int, TopicPreference], bool | None]:
     """The subscriber and their stored preferences (by topic id), in one statement; with
     ``devices``, whether they have a device too (what
-    :func:`portal.consent.accounts.link_manages` asks; None without)."""
-    query = _SUBSCRIBER_WITH_PREFERENCES_AND_DEVICES if devices else _SUBSCRIBER_WITH_PREFERENCES
+    :func:`portal.consent.accounts.link_manages` asks; None without); ``fresh``
+    overwrites what the session holds already with what the database has now."""
+    query = _SUBSCRIBER_READS[devices, fresh]
     found = session.execute(query, {"subscriber_id": subscriber_id}).all()
     if not found:
         return None, {}, None
@@ -304,6 +314,7 @@ def apply_decisions(
     context: log.Context | None = None,
     subscription_id: uuid.UUID | None = None,
     reconfirm: bool = False,
+    read_under_lock: dict[int, TopicPreference] | None = None,
 ) -> list[Change]:
     """Apply a set of decisions in the caller's transaction.
 
@@ -312,11 +323,20 @@ def apply_decisions(
     ``reconfirm`` (the person confirming their choices under a newer notice), a decision
     equal to a stored choice made under another notice version is recorded too: the
     same state, now under ``policy_version``.
+
+    The transitions start from the person's stored preferences as read under their row
+    lock (:func:`portal.consent.log.lock_subscriber`). ``read_under_lock`` are those,
+    when the caller took the lock in this transaction and then read them fresh
+    (:func:`subscriber_with_preferences` with ``fresh``), as the preference centre's
+    forms do; otherwise the lock is taken and they are read here.
     """
-    log.lock_subscriber(session, subscriber_id)
-    # Read under the person's row lock, over whatever this session read before it: another save may
-    # have committed in between.
-    rows = preference_rows(session, subscriber_id, fresh=True)
+    if read_under_lock is not None:
+        rows = read_under_lock
+    else:
+        log.lock_subscriber(session, subscriber_id)
+        # Read under the person's row lock, over whatever this session read before it:
+        # another save may have committed in between.
+        rows = preference_rows(session, subscriber_id, fresh=True)
     # Each topic's state and notice version as the decisions so far leave it: a topic
     # decided twice in one call is two steps of one chain, never two events that both
     # start from the stored state.

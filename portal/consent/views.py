@@ -26,7 +26,7 @@ from portal import ratelimit
 from portal.api import check_same_origin, json_body
 from portal.campaigns.local_time import parse_local_time
 from portal.clock import day_in
-from portal.consent import catalogue, receipts, tree
+from portal.consent import catalogue, log, receipts, tree
 from portal.consent.accounts import link_account, link_manages
 from portal.consent.log import Context
 from portal.consent.models import (
@@ -134,14 +134,20 @@ def _still_theirs(
     return True
 
 
-def _visitor() -> tuple[Subscriber | None, dict[int, TopicPreference]]:
-    """The subscriber at the browser and their stored preferences, in one query."""
+def _visitor(*, to_decide: bool = False) -> tuple[Subscriber | None, dict[int, TopicPreference]]:
+    """The subscriber at the browser and their stored preferences, in one query.
+
+    ``to_decide``: a form that records decisions takes the person's row lock first and
+    then reads, so the preferences it answers are the ones its decisions start from
+    (``apply_decisions(read_under_lock=...)``) and need no second read."""
     linked = _link_visitor()
     subscriber_id = linked or subscriber_from_cookie(request)
     if subscriber_id is None:
         return None, {}
+    if to_decide:
+        log.lock_subscriber(db.session, subscriber_id)
     subscriber, rows, has_devices = subscriber_with_preferences(
-        db.session, subscriber_id, devices=linked is not None
+        db.session, subscriber_id, devices=linked is not None, fresh=to_decide
     )
     theirs = _still_theirs(subscriber, linked, has_devices=has_devices)
     return (subscriber, rows) if theirs else (None, {})
@@ -373,7 +379,7 @@ def link_account_confirmed() -> Any:
 
 @bp.post("/preferences")
 def save() -> Any:
-    subscriber, rows = _visitor()
+    subscriber, rows = _visitor(to_decide=True)
     if subscriber is None:
         return _render(None, status=403)
     session = db.session
@@ -412,6 +418,7 @@ def save() -> Any:
         decided_at=now,
         recorded_at=now,
         context=_context("preference-centre"),
+        read_under_lock=rows,
     )
     session.commit()
     message = (
@@ -437,7 +444,7 @@ def _and(words: list[str]) -> str:
 def confirm_notice() -> Any:
     """The person keeps their choices under the current notice: each choice made under
     an older one is recorded again, unchanged, under the version the page showed."""
-    subscriber, rows = _visitor()
+    subscriber, rows = _visitor(to_decide=True)
     if subscriber is None:
         return _render(None, status=403)
     session = db.session
@@ -476,6 +483,7 @@ def confirm_notice() -> Any:
         recorded_at=now,
         context=_context("preference-centre:confirm-notice"),
         reconfirm=True,
+        read_under_lock=rows,
     )
     session.commit()
     flash(
@@ -489,7 +497,7 @@ def confirm_notice() -> Any:
 
 @bp.post("/preferences/marketing-off")
 def marketing_off() -> Any:
-    subscriber, rows = _visitor()
+    subscriber, rows = _visitor(to_decide=True)
     if subscriber is None:
         return _render(None, status=403)
     session = db.session
@@ -504,6 +512,7 @@ def marketing_off() -> Any:
         decided_at=now,
         recorded_at=now,
         context=_context("preference-centre:marketing-off"),
+        read_under_lock=rows,
     )
     session.commit()
     flash("All marketing notifications are off. Account messages stay as they were.", SAVED)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import threading
 import time
 
 import pytest
@@ -436,3 +437,100 @@ def test_each_topic_explains_its_state_for_the_region(
     else:
         assert _prefs(engine) == {}
         assert explanation in after
+
+
+@pytest.mark.postgres_only
+def test_a_save_locks_the_person_then_reads_their_choices_once(client, engine, subscribed):
+    """The form's save takes the person's row lock before it reads their choices, so the
+    read it shows the decisions against is the one they start from: one read, not a read
+    for the page and another under the lock, then one INSERT of the events and one upsert
+    of the rows."""
+    html = client.get("/preferences").text
+    with sent_statements(engine) as sent:
+        saved = client.post(
+            "/preferences",
+            data={
+                "csrf_token": csrf_token(html),
+                "policy_version": "v1",
+                "visible": ["offers", "order-updates"],
+                "topics": ["offers", "order-updates"],
+            },
+        )
+    assert saved.status_code == 303
+    shapes = [" ".join(statement.split())[:60] for statement, _ in sent]
+    assert (
+        shapes[0].startswith("SELECT subscriber.id FROM subscriber")
+        and "FOR UPDATE" in (sent[0][0])
+    )
+    assert "topic_preference" in sent[1][0] and "FROM subscriber" in sent[1][0]
+    reads = [s for s, _ in sent if s.lstrip().startswith("SELECT") and "topic_preference" in s]
+    assert len(reads) == 1
+    assert [s.split(" (")[0] for s in shapes if s.startswith("INSERT")] == [
+        "INSERT INTO consent_event",
+        "INSERT INTO topic_preference",
+    ]
+    assert len(sent) == 5
+    assert _prefs(engine) == {"offers": "opt_in", "order-updates": "opt_in"}
+
+
+@pytest.mark.postgres_only
+def test_saves_of_one_person_from_many_browsers_at_once_keep_one_chain(
+    app, client, engine, subscribed
+):
+    """Twelve of one person's browsers save the form at the same moment, each ticking a
+    different set: every event starts from the state the one before it left (previous
+    state = the last new state), nothing is recorded twice, and the stored choices are
+    the fold of the events."""
+    html = client.get("/preferences").text
+    person = client.get_cookie("portal_subscriber")
+    assert person is not None
+    browsers = []
+    for _ in range(12):
+        browser = app.test_client()
+        browser.set_cookie("portal_subscriber", person.value)
+        browsers.append((browser, csrf_token(browser.get("/preferences").text)))
+    barrier = threading.Barrier(len(browsers))
+    answers: list[int] = []
+    failures: list[BaseException] = []
+
+    def save(index: int) -> None:
+        browser, token = browsers[index]
+        ticked = [["offers"], ["weekly-digest"], ["offers", "weekly-digest"], []][index % 4]
+        barrier.wait()
+        try:
+            answer = browser.post(
+                "/preferences",
+                data={
+                    "csrf_token": token,
+                    "policy_version": "v1",
+                    "visible": ["offers", "weekly-digest"],
+                    "topics": ticked,
+                },
+            )
+            answers.append(answer.status_code)
+        except BaseException as error:
+            failures.append(error)
+
+    threads = [threading.Thread(target=save, args=(i,)) for i in range(len(browsers))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == [] and answers == [303] * len(browsers)
+    assert html  # the first browser's page was read before the others saved
+    with engine.connect() as conn:
+        events = conn.execute(
+            sa.text(
+                "SELECT t.slug, e.previous_state, e.new_state FROM consent_event e "
+                "JOIN topic t ON t.id = e.topic_id WHERE e.kind = 'preference_changed' "
+                "ORDER BY e.seq"
+            )
+        ).all()
+    folded: dict[str, str] = {}
+    for slug, previous, new in events:
+        assert folded.get(slug, "unset") == previous, events
+        assert previous != new
+        folded[slug] = new
+    assert events and folded == {
+        slug: state for slug, state in _prefs(engine).items() if slug in folded
+    }
