@@ -60,6 +60,40 @@ def csrf_token(html: str) -> str:
     return match.group(1)
 
 
+def save_choices(
+    browser: Any,
+    html: str,
+    *,
+    visible: list[str],
+    topics: list[str],
+    policy_version: str = "v1",
+) -> Any:
+    """The preference centre's form as a browser sends it from the page ``html``: its
+    CSRF token, the notice version it showed, the topics it showed and those ticked."""
+    return browser.post(
+        "/preferences",
+        data={
+            "csrf_token": csrf_token(html),
+            "policy_version": policy_version,
+            "visible": visible,
+            "topics": topics,
+        },
+    )
+
+
+def stored_preferences(engine: sa.Engine) -> dict[str, str]:
+    """Every stored preference as topic slug → state (one person's, in tests of one)."""
+    with engine.connect() as conn:
+        return dict(
+            conn.execute(
+                sa.text(
+                    "SELECT t.slug, p.state FROM topic_preference p "
+                    "JOIN topic t ON t.id = p.topic_id"
+                )
+            ).all()
+        )
+
+
 class StopAfterFirstBatch:
     """A job's progress hook that asks the job to stop once its first batch is done, as
     the scheduler does when its process shuts down mid-run."""

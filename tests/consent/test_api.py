@@ -12,7 +12,7 @@ from portal.consent import catalogue
 from portal.consent.recipients import recipients
 from portal.db import db
 from portal.seams import current_portal
-from tests.helpers import count_rows, csrf_token
+from tests.helpers import count_rows, csrf_token, stored_preferences
 
 URL = "/api/push/preferences"
 
@@ -267,14 +267,8 @@ def test_subscribe_with_topics_records_choices_and_grant(
         },
     )
     assert response.status_code == 201
+    prefs = stored_preferences(engine)
     with engine.connect() as conn:
-        prefs = dict(
-            conn.execute(
-                sa.text(
-                    "SELECT t.slug, p.state FROM topic_preference p JOIN topic t ON t.id = p.topic_id"
-                )
-            ).all()
-        )
         kinds = conn.execute(sa.text("SELECT kind, source FROM consent_event ORDER BY seq")).all()
         versions = conn.execute(sa.text("SELECT policy_version FROM consent_event")).scalars()
         grant = conn.execute(sa.text("SELECT grant_event_seq FROM push_subscription")).scalar_one()

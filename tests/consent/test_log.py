@@ -19,7 +19,13 @@ from portal.db import db, uuid7
 from portal.identity import sign_assertion
 from portal.seams import current_portal
 from portal.subscriptions.models import Subscriber
-from tests.helpers import confirm_account_link, count_rows, csrf_token, sequence
+from tests.helpers import (
+    confirm_account_link,
+    count_rows,
+    csrf_token,
+    sequence,
+    stored_preferences,
+)
 
 
 def _subscriber(app, clock):
@@ -303,15 +309,11 @@ def test_a_save_of_several_topics_writes_each_table_with_one_statement(
         ]
     else:  # numbered by the transaction holding SQLite's write lock: one batch
         assert sent[-1] == ("INSERT INTO topic_preference", False)
-    with engine.connect() as conn:
-        stored = dict(
-            conn.execute(
-                sa.text(
-                    "SELECT t.slug, p.state FROM topic_preference p JOIN topic t ON t.id = p.topic_id"
-                )
-            ).all()
-        )
-    assert stored == {"offers": "opt_out", "weekly-digest": "opt_out", "order-updates": "opt_in"}
+    assert stored_preferences(engine) == {
+        "offers": "opt_out",
+        "weekly-digest": "opt_out",
+        "order-updates": "opt_in",
+    }
 
 
 def test_a_topic_decided_twice_in_one_save_is_one_chain(catalogue_ready, engine, clock):

@@ -16,19 +16,10 @@ from tests.helpers import (
     confirm_account_link,
     count_rows,
     csrf_token,
+    save_choices,
     sent_statements,
+    stored_preferences,
 )
-
-
-def _prefs(engine):
-    with engine.connect() as conn:
-        return dict(
-            conn.execute(
-                sa.text(
-                    "SELECT t.slug, p.state FROM topic_preference p JOIN topic t ON t.id = p.topic_id"
-                )
-            ).all()
-        )
 
 
 def test_a_visitor_without_identity_gets_an_explanation(client, catalogue_ready):
@@ -94,7 +85,7 @@ def test_round_trip_load_change_save_banner(client, engine, subscribed):
     # security-alerts was ticked by default and saved untouched: it stays unset, never
     # turned into an opt-in nobody made. weekly-digest was shown off (an unknown region
     # gets no marketing default) and left off: unset too.
-    assert _prefs(engine) == {"offers": "opt_in"}
+    assert stored_preferences(engine) == {"offers": "opt_in"}
     assert "On: you chose this on" in after.text
 
 
@@ -109,7 +100,7 @@ def test_unticking_a_default_on_topic_is_an_explicit_opt_out(client, engine, sub
             "topics": [],
         },
     )
-    assert _prefs(engine) == {"security-alerts": "opt_out"}
+    assert stored_preferences(engine) == {"security-alerts": "opt_out"}
     with engine.connect() as conn:
         event = conn.execute(
             sa.text(
@@ -125,7 +116,7 @@ def test_post_without_csrf_token_is_refused(client, engine, subscribed):
         "/preferences", data={"policy_version": "v1", "visible": ["offers"], "topics": ["offers"]}
     )
     assert response.status_code == 400
-    assert _prefs(engine) == {}
+    assert stored_preferences(engine) == {}
     for path in ("/preferences/marketing-off", "/preferences/stop-device"):
         assert client.post(path).status_code == 400
 
@@ -159,7 +150,7 @@ def test_a_stale_policy_asks_for_confirmation_and_keeps_the_choices(
     assert 'id="policy-ack"' in page
     assert "and now weekly" in page
     assert re.search(r'id="topic-offers"[^>]*\bchecked\b', page)  # what they ticked is kept
-    assert _prefs(engine) == {}
+    assert stored_preferences(engine) == {}
     # Saving again without ticking the confirmation: still an error.
     again = client.post(
         "/preferences",
@@ -172,7 +163,7 @@ def test_a_stale_policy_asks_for_confirmation_and_keeps_the_choices(
         },
     )
     assert again.status_code == 400
-    assert _prefs(engine) == {}
+    assert stored_preferences(engine) == {}
     confirmed = client.post(
         "/preferences",
         data={
@@ -194,19 +185,13 @@ def test_a_stale_policy_asks_for_confirmation_and_keeps_the_choices(
 
 def test_turn_off_all_marketing_in_one_click(client, engine, subscribed):
     html = client.get("/preferences").text
-    client.post(
-        "/preferences",
-        data={
-            "csrf_token": csrf_token(html),
-            "policy_version": "v1",
-            "visible": ["offers", "weekly-digest"],
-            "topics": ["offers", "weekly-digest"],
-        },
+    save_choices(
+        client, html, visible=["offers", "weekly-digest"], topics=["offers", "weekly-digest"]
     )
     response = client.post("/preferences/marketing-off", data={"csrf_token": csrf_token(html)})
     assert response.status_code == 303
     assert "All marketing notifications are off" in client.get("/preferences").text
-    assert _prefs(engine) == {
+    assert stored_preferences(engine) == {
         "offers": "opt_out",
         "weekly-digest": "opt_out",
     }  # account topics untouched
@@ -432,10 +417,10 @@ def test_each_topic_explains_its_state_for_the_region(
     )
     after = _topic_block(client.get("/preferences").text, "weekly-digest")
     if on:
-        assert _prefs(engine) == {"weekly-digest": "opt_out"}
+        assert stored_preferences(engine) == {"weekly-digest": "opt_out"}
         assert "Off: you said no to this on 01 January 2026, under notice version v1." in after
     else:
-        assert _prefs(engine) == {}
+        assert stored_preferences(engine) == {}
         assert explanation in after
 
 
@@ -446,16 +431,9 @@ def test_a_save_locks_the_person_then_reads_their_choices_once(client, engine, s
     for the page and another under the lock, then one INSERT of the events and one upsert
     of the rows."""
     html = client.get("/preferences").text
+    chosen = ["offers", "order-updates"]
     with sent_statements(engine) as sent:
-        saved = client.post(
-            "/preferences",
-            data={
-                "csrf_token": csrf_token(html),
-                "policy_version": "v1",
-                "visible": ["offers", "order-updates"],
-                "topics": ["offers", "order-updates"],
-            },
-        )
+        saved = save_choices(client, html, visible=chosen, topics=chosen)
     assert saved.status_code == 303
     shapes = [" ".join(statement.split())[:60] for statement, _ in sent]
     assert (
@@ -470,7 +448,7 @@ def test_a_save_locks_the_person_then_reads_their_choices_once(client, engine, s
         "INSERT INTO topic_preference",
     ]
     assert len(sent) == 5
-    assert _prefs(engine) == {"offers": "opt_in", "order-updates": "opt_in"}
+    assert stored_preferences(engine) == {"offers": "opt_in", "order-updates": "opt_in"}
 
 
 @pytest.mark.postgres_only
@@ -488,25 +466,17 @@ def test_saves_of_one_person_from_many_browsers_at_once_keep_one_chain(
     for _ in range(12):
         browser = app.test_client()
         browser.set_cookie("portal_subscriber", person.value)
-        browsers.append((browser, csrf_token(browser.get("/preferences").text)))
+        browsers.append((browser, browser.get("/preferences").text))
     barrier = threading.Barrier(len(browsers))
     answers: list[int] = []
     failures: list[BaseException] = []
 
     def save(index: int) -> None:
-        browser, token = browsers[index]
+        browser, page = browsers[index]
         ticked = [["offers"], ["weekly-digest"], ["offers", "weekly-digest"], []][index % 4]
         barrier.wait()
         try:
-            answer = browser.post(
-                "/preferences",
-                data={
-                    "csrf_token": token,
-                    "policy_version": "v1",
-                    "visible": ["offers", "weekly-digest"],
-                    "topics": ticked,
-                },
-            )
+            answer = save_choices(browser, page, visible=["offers", "weekly-digest"], topics=ticked)
             answers.append(answer.status_code)
         except BaseException as error:
             failures.append(error)
@@ -532,5 +502,5 @@ def test_saves_of_one_person_from_many_browsers_at_once_keep_one_chain(
         assert previous != new
         folded[slug] = new
     assert events and folded == {
-        slug: state for slug, state in _prefs(engine).items() if slug in folded
+        slug: state for slug, state in stored_preferences(engine).items() if slug in folded
     }
