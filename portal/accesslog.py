@@ -131,10 +131,11 @@ def redact_words(text: str) -> str:
 def access_atoms(atoms: dict[str, Any]) -> dict[str, Any]:
     """gunicorn's access-log atoms made safe to write: tokens redacted, credentials
     dropped, control characters escaped (gunicorn itself escapes only quotes)."""
-    return {
-        key: escape_log_text(_atom(key, value)) if isinstance(value, str) else value
-        for key, value in atoms.items()
-    }
+    return {key: _safe_atom(key, value) for key, value in atoms.items()}
+
+
+def _safe_atom(key: str, value: Any) -> Any:
+    return escape_log_text(_atom(key, value)) if isinstance(value, str) else value
 
 
 def _atom(key: str, value: str) -> str:
@@ -168,10 +169,8 @@ class SafeAccessAtoms(dict):  # type: ignore[type-arg]
             key = key.lower()
         if not dict.__contains__(self, key):
             return "-"
-        value = dict.__getitem__(self, key)
-        if isinstance(value, str):
-            return escape_log_text(_atom(key, value)).replace('"', '\\"')
-        return value
+        value = _safe_atom(key, dict.__getitem__(self, key))
+        return value.replace('"', '\\"') if isinstance(value, str) else value
 
 
 class AccessLogger(_GunicornLogger):  # type: ignore[misc,valid-type]

@@ -216,26 +216,15 @@ class NewEvent:
 
 # Built once: run by every consent write of one event.
 _INSERT_RETURNING_SEQ = sa.insert(_t).returning(_t.c.seq, sort_by_parameter_order=True)
-# The columns an appended event sets (``seq`` comes from the sequence).
-_EVENT_COLUMNS = (
-    "subscriber_id",
-    "subscription_id",
-    "topic_id",
-    "kind",
-    "previous_state",
-    "new_state",
-    "source",
-    "policy_version",
-    "decided_at",
-    "recorded_at",
-    "actor",
-    "context",
-)
+
+
+_SEQUENCE = cast(sa.Sequence, _t.c.seq.default).name
 
 
 @functools.lru_cache(maxsize=32)
-def _insert_in_order(count: int) -> sa.TextClause:
-    """One INSERT of ``count`` events on PostgreSQL, numbered in the order given.
+def _insert_in_order(columns: tuple[str, ...], count: int) -> sa.TextClause:
+    """One INSERT of ``count`` events setting ``columns`` on PostgreSQL, numbered in the
+    order given.
 
     Given many parameter sets, SQLAlchemy's INSERT … RETURNING sends one statement per
     event when the returned rows must follow the parameters (nothing on the client tells
@@ -247,25 +236,22 @@ def _insert_in_order(count: int) -> sa.TextClause:
     Text, not a ``VALUES`` construct: SQLAlchemy cannot cache the compiled form of one,
     and compiling it again for every save cost more than the statement it saved."""
     dialect = postgresql.dialect()
-    types = {name: _t.c[name].type.compile(dialect=dialect) for name in _EVENT_COLUMNS}
+    types = {name: _t.c[name].type.compile(dialect=dialect) for name in columns}
     rows = ", ".join(
         f"({place}, "
-        + ", ".join(f"CAST(:{name}_{place} AS {types[name]})" for name in _EVENT_COLUMNS)
+        + ", ".join(f"CAST(:{name}_{place} AS {types[name]})" for name in columns)
         + ")"
         for place in range(count)
     )
-    columns = ", ".join(_EVENT_COLUMNS)
-    # Only this module's names and the column types are written into the text; every
-    # value is a bound parameter.
+    names = ", ".join(columns)
+    # Only the table's own column names (``_t.c[name]`` refuses any other) and their
+    # types are written into the text; every value is a bound parameter.
     return sa.text(
-        f"INSERT INTO {_t.name} (seq, {columns}) "  # noqa: S608
-        f"SELECT nextval('{_SEQUENCE}'), {columns} "
-        f"FROM (VALUES {rows}) AS appended (ord, {columns}) "
+        f"INSERT INTO {_t.name} (seq, {names}) "  # noqa: S608
+        f"SELECT nextval('{_SEQUENCE}'), {names} "
+        f"FROM (VALUES {rows}) AS appended (ord, {names}) "
         "ORDER BY ord RETURNING seq"
     )
-
-
-_SEQUENCE = cast(sa.Sequence, _t.c.seq.default).name
 
 
 def append_many(session: Session, events: Sequence[NewEvent]) -> list[int]:
@@ -310,9 +296,9 @@ def append_many(session: Session, events: Sequence[NewEvent]) -> list[int]:
             for index, row in enumerate(rows)
             for name, value in row.items()
         }
-        return sorted(
-            int(seq) for seq in session.execute(_insert_in_order(len(rows)), numbered).scalars()
-        )
+        # The columns as append_many's rows name them, in their order.
+        statement = _insert_in_order(tuple(rows[0]), len(rows))
+        return sorted(int(seq) for seq in session.execute(statement, numbered).scalars())
     last = session.execute(sa.select(sa.func.max(_t.c.seq))).scalar_one_or_none() or 0
     for offset, row in enumerate(rows, start=1):
         row["seq"] = last + offset

@@ -27,7 +27,7 @@ from portal.consent import merkle, receipt_check, tree
 from portal.consent.receipt_check import ReceiptError, signed_bytes, verify_receipt
 from portal.db import db
 from tests.conftest import CONSENT_LOG_SIGNING_KEY
-from tests.helpers import csrf_token
+from tests.helpers import save_choices
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOL = ROOT / "tools" / "verify_receipt.py"
@@ -37,15 +37,7 @@ LOG_KEY_B64 = base64.b64encode(merkle.public_key_bytes(LOG_KEY.public_key())).de
 
 def _save(client, checked, visible=("security-alerts", "order-updates", "weekly-digest", "offers")):
     page = client.get("/preferences")
-    saved = client.post(
-        "/preferences",
-        data={
-            "csrf_token": csrf_token(page.text),
-            "policy_version": "v1",
-            "visible": list(visible),
-            "topics": list(checked),
-        },
-    )
+    saved = save_choices(client, page.text, visible=list(visible), topics=list(checked))
     assert saved.status_code == 303
     return client.get(saved.headers["Location"])
 
