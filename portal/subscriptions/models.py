@@ -80,6 +80,22 @@ class Subscriber(Base):
 
     __table_args__ = (
         sa.Index("ix_subscriber_reference", "reference", unique=True),
+        # The compliance look-up's "account ID starts with": LIKE 'prefix%' can read a
+        # b-tree only in byte order, which the unique constraint's index under the
+        # database's collation is not (migration 0035).
+        sa.Index(
+            "ix_subscriber_external_user_id_prefix",
+            "external_user_id",
+            postgresql_ops={"external_user_id": "text_pattern_ops"},
+        ),
+        # The erased, few among everyone: the compliance dashboard's check that each
+        # erased person's devices are tombstoned and told (migration 0035).
+        sa.Index(
+            "ix_subscriber_erased",
+            "erased_at",
+            postgresql_where=sa.text("erased_at IS NOT NULL"),
+            sqlite_where=sa.text("erased_at IS NOT NULL"),
+        ),
         sa.CheckConstraint("(quiet_from IS NULL) = (quiet_until IS NULL)", name="quiet_hours"),
     )
 

@@ -1,0 +1,92 @@
+"""The compliance officer's pages about one person read indexes, not whole tables (PostgreSQL).
+
+An officer looks a person up while the audience is millions strong: a search, a history,
+an erasure or a dashboard that read a growing table from end to end would take seconds
+each and push the preference centre's pages out of memory. The person of
+``tests/compliance/conftest.py`` stands among ``PEOPLE`` others with an account ID each
+and a year of history; every statement of a look-up by each of its keys, the person's
+history, the erasure, the consent log's page, the compliance dashboard and the console's
+home is planned (``tests/plans.py``), and none may read a growing table with a
+sequential scan. (The dashboard's weekly chart reads the events of its twelve weeks, by
+the ``recorded_at`` index: its cost grows with the decisions of those weeks, not with the
+log.)
+"""
+
+from __future__ import annotations
+
+import pytest
+import sqlalchemy as sa
+
+from portal.db import db
+from portal.subscriptions.models import Subscriber
+from portal.subscriptions.reference import display, reference_for
+from tests.helpers import sent_statements
+from tests.plans import PLANNED, populate, whole_table_reads
+
+pytestmark = pytest.mark.postgres_only
+
+
+@pytest.fixture
+def among_many(app, engine, person):
+    """The person with an account ID and a reference, among ``PEOPLE`` others who have
+    account IDs of their own."""
+    with db.begin(app) as session:
+        session.get(Subscriber, person.subscriber_id).external_user_id = "acct-42"
+        given = reference_for(session, person.subscriber_id)
+    # The others decided a year and more ago: the dashboard's twelve weeks are a small
+    # part of a log with history, as they are in a portal that has run for a while.
+    populate(engine, person.subscriber_id, events_aged="1 year")
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE subscriber SET external_user_id = 'member-' || id "
+                "WHERE id <> :person AND external_user_id IS NULL"
+            ),
+            {"person": person.subscriber_id},
+        )
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(sa.text("ANALYZE"))
+    return person, display(given)
+
+
+def test_a_look_up_by_each_key_reads_no_growing_table_whole(engine, officer, among_many):
+    person, reference = among_many
+    searches = ["acct-42", "acct-4", reference, str(person.subscriber_id)]
+    with sent_statements(engine, PLANNED) as statements:
+        for query in searches:
+            found = officer.get("/staff/compliance/lookup", query_string={"q": query})
+            assert found.status_code == 200, (query, found.status_code)
+            assert f"/staff/compliance/subscribers/{person.subscriber_id}" in found.text
+        by_endpoint = officer.post("/staff/compliance/lookup", {"endpoint": person.sub.endpoint})
+        assert by_endpoint.status_code == 303
+    assert len(statements) >= 2 * len(searches)  # the searches were seen
+    problems = whole_table_reads(engine, statements)
+    assert not problems, "\n\n".join(problems)
+
+
+def test_a_history_and_an_erasure_read_no_growing_table_whole(engine, officer, among_many):
+    person, _reference = among_many
+    history = f"/staff/compliance/subscribers/{person.subscriber_id}"
+    with sent_statements(engine, PLANNED) as statements:
+        assert officer.get(history).status_code == 200
+        assert officer.get(f"{history}/erase").status_code == 200
+        erased = officer.post(f"{history}/erase", {"confirm": "y", "reference": "REQ-1"})
+        assert erased.status_code == 303
+        assert officer.get(history).status_code == 200
+    with engine.connect() as conn:
+        left = conn.execute(
+            sa.text("SELECT erased_at IS NOT NULL FROM subscriber WHERE id = :id"),
+            {"id": person.subscriber_id},
+        ).scalar_one()
+    assert left  # the erasure happened
+    problems = whole_table_reads(engine, statements)
+    assert not problems, "\n\n".join(problems)
+
+
+def test_the_consent_log_and_the_dashboard_read_no_growing_table_whole(engine, officer, among_many):
+    with sent_statements(engine, PLANNED) as statements:
+        assert officer.get("/staff/compliance/consent-log").status_code == 200
+        assert officer.get("/staff/compliance/").status_code == 200
+        assert officer.get("/staff/").status_code == 200
+    problems = whole_table_reads(engine, statements)
+    assert not problems, "\n\n".join(problems)
