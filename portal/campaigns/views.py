@@ -65,6 +65,7 @@ from portal.campaigns.forms import (
     check,
 )
 from portal.campaigns.models import Campaign, Draft
+from portal.campaigns.readings import CostlyReadings
 from portal.campaigns.services import CampaignDraft, payload_size
 from portal.consent.catalogue import topic_by_slug
 from portal.consent.models import Topic
@@ -928,13 +929,25 @@ def campaign_detail(campaign_id: uuid.UUID) -> Any:
     return _detail_page(*found)
 
 
+# The page's script asks at most this often; a costly reading makes it wait longer.
+POLL_SECONDS = 5
+# The progress answers of this process (portal/campaigns/readings.py): a campaign of
+# millions of deliveries is read at most every ten times what reading it costs.
+_READINGS = CostlyReadings()
+
+
 @bp.get("/campaigns/<uuid:campaign_id>/progress.json")
 @staff_required(Role.CAMPAIGNS)
 def campaign_progress(campaign_id: uuid.UUID) -> Any:
     campaign = db.session.get(Campaign, campaign_id)
     if campaign is None:
         return jsonify({"error": {"code": "not_found", "message": "no such campaign"}}), 404
-    return jsonify(_progress(campaign)["progress"])
+    # Kept per status: a pause, resume, cancel or finish is answered at once.
+    reading = _READINGS.read(
+        (campaign.id, campaign.status), lambda: _progress(campaign)["progress"]
+    )
+    wait = max(POLL_SECONDS, round(_READINGS.seconds_fresh(reading)))
+    return jsonify({**reading.value, "refreshAfter": wait})
 
 
 def _control(campaign_id: uuid.UUID, action: str) -> Any:

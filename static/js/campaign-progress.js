@@ -22,6 +22,7 @@
   var status = document.getElementById("campaign-status");
   var controls = document.querySelector("section.controls");
   var timer = null;
+  var wait = EVERY_MS;
   var paused = false;
   var shown = { progress: null, outcome: null, funnel: null };
   // What the page was rendered with: the first poll speaks only if something moved.
@@ -61,8 +62,11 @@
     lastStatus = data.statusLabel;
     lastTenth = tenth;
     section.setAttribute("data-finished", data.finished ? "true" : "false");
+    // The server says when its next answer may differ: a campaign of millions of
+    // deliveries costs seconds to read, and its reading is answered again until then.
+    wait = Math.max(EVERY_MS, (data.refreshAfter || 0) * 1000);
     setText(updated, "As of " + data.at.slice(11, 19) + " UTC, updated every " +
-      EVERY_MS / 1000 + " seconds." + (data.finished ? " Finished: no more updates." : ""));
+      Math.round(wait / 1000) + " seconds." + (data.finished ? " Finished: no more updates." : ""));
     if (data.finished) {
       stop();
       pause.hidden = true;
@@ -70,14 +74,21 @@
     }
   }
 
+  // One question at a time: the next is asked once the answer is in (a slow answer
+  // never has a second one asked beside it), after the wait the answer gave.
   function poll() {
-    if (paused || document.hidden) { return; }
+    timer = null;
+    if (paused) { return; }
+    if (document.hidden) { start(); return; }
     fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } })
       .then(function (response) {
         if (!response.ok || response.redirected) { throw new Error(String(response.status)); }
         return response.json();
       })
-      .then(render)
+      .then(function (data) {
+        render(data);
+        if (!data.finished && !paused) { start(); }
+      })
       .catch(function () {
         stop();
         setText(updated, "Updates stopped: the page could not reach the server. Use Refresh.");
@@ -85,8 +96,8 @@
       });
   }
 
-  function start() { timer = window.setInterval(poll, EVERY_MS); }
-  function stop() { if (timer !== null) { window.clearInterval(timer); timer = null; } }
+  function start() { stop(); timer = window.setTimeout(poll, wait); }
+  function stop() { if (timer !== null) { window.clearTimeout(timer); timer = null; } }
 
   pause.hidden = false;
   pause.addEventListener("click", function () {
@@ -96,8 +107,7 @@
       stop();
       setText(updated, "Updates paused.");
     } else {
-      poll();
-      start();
+      poll();  // asks now; the next is timed from its answer
     }
   });
   start();

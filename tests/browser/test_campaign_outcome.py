@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from playwright.sync_api import Page, expect
+from playwright.sync_api import Page, Route, expect
 
 from portal.campaigns import services
 from portal.campaigns.models import Campaign
@@ -219,3 +219,37 @@ def test_a_campaign_being_retried_says_so_and_follows_its_deliveries(viewport, n
     expect(page.locator("section.controls")).to_be_hidden()
     expect(page.locator("#progress-updated")).to_contain_text("Finished: no more updates.")
     _checked(page, "sending-then-partly-delivered", viewport)
+
+
+def test_the_page_asks_again_when_the_answer_says_and_never_while_it_waits(new_context, server):
+    """The script asks for the progress once an answer is in, after the wait the answer
+    gave (``refreshAfter``: a campaign of millions answers the same costly reading for a
+    while), and never asks twice at once: an answer that takes longer than the wait does
+    not have a second question asked beside it. The page's timers run on Playwright's
+    clock, moved by hand."""
+    campaign_id = retrying_campaign(server)
+    page = _staff(new_context, server, roles=("campaigns",))
+    asked: list[Route] = []
+    # Held until the test answers. (A lambda: Playwright cannot wrap a built-in method.)
+    page.route("**/progress.json", lambda route: asked.append(route))  # noqa: PLW0108
+    page.clock.install()
+    page.goto(f"/staff/campaigns/{campaign_id}")
+    page.wait_for_load_state("load")
+
+    def questions_after(milliseconds: int) -> int:
+        page.clock.run_for(milliseconds)
+        page.wait_for_timeout(200)  # the browser's own work, on the real clock
+        return len(asked)
+
+    assert questions_after(4_000) == 0
+    assert questions_after(1_500) == 1  # the first, 5 s after the page opened
+    assert questions_after(60_000) == 1  # unanswered: nothing asked beside it
+    real = asked[0].fetch()
+    assert real.status == 200
+    asked[0].fulfill(response=real, json={**real.json(), "refreshAfter": 30})
+    expect(page.locator("#progress-updated")).to_contain_text("updated every 30 seconds")
+    assert questions_after(29_000) == 1
+    assert questions_after(1_500) == 2  # 30 s after the answer
+    asked[1].fulfill(response=(second := asked[1].fetch()), json=second.json())
+    expect(page.locator("#progress-updated")).to_contain_text("updated every 5 seconds")
+    assert questions_after(5_500) == 3

@@ -1,0 +1,153 @@
+"""A campaign's progress read at most every ten times what reading it costs
+(portal/campaigns/readings.py), and ``progress.json`` saying when to ask again."""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+
+import pytest
+
+from portal.campaigns import readings, views
+from portal.campaigns.models import Campaign
+from portal.campaigns.readings import REUSE_ABOVE, REUSE_FACTOR, CostlyReadings
+from portal.db import db
+from portal.delivery.models import Delivery
+from tests.campaigns.test_pages import make_campaign
+
+
+class Clock:
+    """A monotonic clock moved by hand; a reading moves it by what it costs."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _costing(clock: Clock, seconds: float):
+    counter = itertools.count(1)
+
+    def take() -> int:
+        clock.now += seconds
+        return next(counter)
+
+    return take
+
+
+def test_a_cheap_reading_is_always_taken_afresh():
+    clock = Clock()
+    kept = CostlyReadings(clock)
+    take = _costing(clock, REUSE_ABOVE)  # at the threshold: not above it
+    assert [kept.read("c", take).value for _ in range(3)] == [1, 2, 3]
+    assert kept.seconds_fresh(kept.read("c", take)) == 0
+
+
+def test_a_costly_reading_is_answered_again_for_ten_times_its_cost_then_taken_afresh():
+    clock = Clock()
+    kept = CostlyReadings(clock)
+    take = _costing(clock, 2.0)
+    first = kept.read("c", take)
+    assert first.value == 1
+    assert kept.seconds_fresh(first) == pytest.approx(REUSE_FACTOR * 2.0)
+    clock.now += REUSE_FACTOR * 2.0 - 0.1
+    again = kept.read("c", take)
+    assert again is first  # not read: the database was not asked
+    assert kept.seconds_fresh(again) == pytest.approx(0.1)
+    clock.now += 0.1
+    assert kept.read("c", take).value == 2  # stale: read afresh
+
+
+def test_readings_of_other_keys_are_their_own():
+    clock = Clock()
+    kept = CostlyReadings(clock)
+    take = _costing(clock, 1.0)
+    assert kept.read(("c", "sending"), take).value == 1
+    assert kept.read(("c", "paused"), take).value == 2  # a new status: read afresh
+    assert kept.read(("c", "sending"), take).value == 1
+
+
+def test_a_reading_that_became_cheap_is_no_longer_kept():
+    clock = Clock()
+    kept = CostlyReadings(clock)
+    assert kept.read("c", _costing(clock, 1.0)).value == 1
+    clock.now += REUSE_FACTOR * 1.0
+    assert kept.read("c", _costing(clock, 0.01)).value == 1  # a new counter: its first
+    assert kept.read("c", lambda: "fresh").value == "fresh"
+
+
+def test_at_most_max_kept_readings_are_held(monkeypatch):
+    monkeypatch.setattr(readings, "MAX_KEPT", 3)
+    clock = Clock()
+    kept = CostlyReadings(clock)
+    for key in range(5):
+        kept.read(key, _costing(clock, 1.0))
+    assert list(kept._kept) == [2, 3, 4]  # the oldest dropped first
+
+
+def _sending_campaign(app, clock) -> uuid.UUID:
+    campaign_id = make_campaign(app, clock)
+    with db.begin(app) as session:
+        found = session.get(Campaign, campaign_id)
+        found.status, found.materialised_at = "sending", clock.now()
+        session.add(
+            Delivery(
+                campaign_id=campaign_id,
+                subscription_id=uuid.uuid4(),
+                push_service="fcm",
+                status="queued",
+                next_attempt_at=clock.now(),
+                consent_reason="explicit_opt_in",
+                updated_at=clock.now(),
+            )
+        )
+    return campaign_id
+
+
+def test_progress_json_says_to_ask_again_in_five_seconds_for_a_cheap_reading(
+    campaigner, catalogue_ready, clock
+):
+    campaign_id = _sending_campaign(catalogue_ready, clock)
+    url = f"/staff/campaigns/{campaign_id}/progress.json"
+    assert campaigner.get(url).json["refreshAfter"] == views.POLL_SECONDS
+
+
+def test_progress_json_answers_a_costly_reading_again_until_the_status_changes(
+    campaigner, catalogue_ready, clock, monkeypatch
+):
+    """Reading this campaign costs 3 s (a monotonic clock moved by the reading): the
+    next question within 30 s gets the same answer, with the wait left; a pause is
+    answered at once, from a reading of its own."""
+    app = catalogue_ready
+    campaign_id = _sending_campaign(app, clock)
+    monotonic = Clock()
+    monkeypatch.setattr(views, "_READINGS", CostlyReadings(monotonic))
+    fresh = views._progress
+
+    def costly(campaign):
+        monotonic.now += 3.0
+        return fresh(campaign)
+
+    monkeypatch.setattr(views, "_progress", costly)
+    url = f"/staff/campaigns/{campaign_id}/progress.json"
+    first = campaigner.get(url).json
+    assert first["refreshAfter"] == 30
+    with db.begin(app) as session:  # a delivery answered since
+        session.execute(
+            Delivery.__table__.update()
+            .where(Delivery.campaign_id == campaign_id)
+            .values(status="accepted", last_status_code=201)
+        )
+    monotonic.now += 10
+    again = campaigner.get(url).json
+    assert again["counts"] == first["counts"] and again["counts"]["queued"] == 1
+    assert again["refreshAfter"] == 20
+    monotonic.now += 20
+    later = campaigner.get(url).json
+    assert later["counts"]["accepted"] == 1 and later["refreshAfter"] == 30
+
+    paused = campaigner.post(f"/staff/campaigns/{campaign_id}/pause")
+    assert paused.status_code == 303
+    now_paused = campaigner.get(url).json
+    assert now_paused["status"] == "paused"
