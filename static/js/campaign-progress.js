@@ -65,8 +65,9 @@
     // The server says when its next answer may differ: a campaign of millions of
     // deliveries costs seconds to read, and its reading is answered again until then.
     wait = Math.max(EVERY_MS, (data.refreshAfter || 0) * 1000);
-    setText(updated, "As of " + data.at.slice(11, 19) + " UTC, updated every " +
-      Math.round(wait / 1000) + " seconds." + (data.finished ? " Finished: no more updates." : ""));
+    setText(updated, "As of " + data.at.slice(11, 19) + " UTC. " + (data.finished
+      ? "Finished: no more updates."
+      : "Next update in " + Math.round(wait / 1000) + " seconds."));
     if (data.finished) {
       stop();
       pause.hidden = true;

@@ -247,9 +247,9 @@ def test_the_page_asks_again_when_the_answer_says_and_never_while_it_waits(new_c
     real = asked[0].fetch()
     assert real.status == 200
     asked[0].fulfill(response=real, json={**real.json(), "refreshAfter": 30})
-    expect(page.locator("#progress-updated")).to_contain_text("updated every 30 seconds")
+    expect(page.locator("#progress-updated")).to_contain_text("Next update in 30 seconds.")
     assert questions_after(29_000) == 1
     assert questions_after(1_500) == 2  # 30 s after the answer
     asked[1].fulfill(response=(second := asked[1].fetch()), json=second.json())
-    expect(page.locator("#progress-updated")).to_contain_text("updated every 5 seconds")
+    expect(page.locator("#progress-updated")).to_contain_text("Next update in 5 seconds.")
     assert questions_after(5_500) == 3
