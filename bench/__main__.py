@@ -53,6 +53,7 @@ BENCHMARKS = (
     "paused_claims",
     "delivery_retention",
     "funnel",
+    "progress",
     "consent_log",
     "preference_save",
     "receipt",

@@ -1,0 +1,285 @@
+"""An open campaign page's cost to the database while a campaign of millions sends.
+
+    .venv/bin/python bench/progress.py [--sending 3000000] [--finished 1]
+                                       [--finished-size 1000000] [--window 150]
+                                       [--admin-url URL] [--database NAME] [--keep]
+
+The campaign page's script asks ``progress.json`` for the campaign's progress, which
+``portal.campaigns.views._progress`` reads in aggregate queries over all the campaign's
+deliveries (the counts, the outcome by push service, the delivery funnel). This creates
+its own database on the server --admin-url names, migrates it and fills ``delivery`` with
+set-based SQL (``bench/claims.py``'s ``populate``: --finished answered campaigns of
+--finished-size, one sending campaign of --sending, half of it marked sent). One reading
+is timed part by part; then one open page is played for --window seconds of real time on
+each side, in one run:
+
+- **before**: as the page asked until commit ``68a29ea``: a question every 5 s, answered
+  or not (``setInterval``), each read afresh;
+- **after**: as it asks now: a question, then the answer's ``refreshAfter`` seconds
+  (``portal.campaigns.views.POLL_SECONDS`` at least) after the answer, each answered
+  through ``portal.campaigns.readings.CostlyReadings`` as ``progress.json`` answers it.
+
+Reported for each: the readings taken, the readings at once at most, and the database
+time they took (the sum of the readings' durations) per minute of the page being open.
+Target: an open page costs at most a tenth of one database core (6 s a minute).
+
+Never run by the test suite: it takes minutes and needs a PostgreSQL server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import psycopg  # noqa: E402
+import sqlalchemy as sa  # noqa: E402
+
+from bench.claims import ADMIN_URL, _psycopg, _url_for, mark_sent, populate  # noqa: E402
+from bench.contract import Figure, add_arguments, write  # noqa: E402
+from portal.config import normalise_database_url  # noqa: E402
+from portal.db import create_engine  # noqa: E402
+from portal.migrate import upgrade  # noqa: E402
+
+POLL = 5.0  # the page's period before, and the least wait now
+TARGET = 6.0  # database seconds a minute: a tenth of one core
+
+
+@dataclass
+class Side:
+    name: str
+    readings: int = 0
+    busy: float = 0.0  # seconds spent in readings
+    at_once: int = 0
+    taken: list[float] = field(default_factory=list)  # each fresh reading's seconds
+
+    def per_minute(self, window: float) -> float:
+        return 60.0 * self.busy / window
+
+
+def _app(url: str, instance: str) -> Any:
+    from portal import create_app
+    from portal.config import Settings
+
+    environ = {"DATABASE_URL": url, "PORTAL_SCHEDULER": "off", "PORTAL_DEMO_DATA": "off"}
+    return create_app(Settings.from_env(environ, instance))
+
+
+def _reading(app: Any, campaign_id: uuid.UUID) -> dict[str, Any]:
+    """One reading, as ``progress.json`` takes it, in a request of its own."""
+    from portal.campaigns import views
+    from portal.campaigns.models import Campaign
+    from portal.db import db
+
+    with app.test_request_context(f"/staff/campaigns/{campaign_id}/progress.json"):
+        campaign = db.session.get(Campaign, campaign_id)
+        return views._progress(campaign)["progress"]
+
+
+def parts(app: Any, campaign_id: uuid.UUID) -> dict[str, float]:
+    """One reading's parts, each timed once."""
+    from portal.campaigns import funnel, outcome, services
+    from portal.campaigns.models import Campaign
+    from portal.db import db
+    from portal.seams import current_portal
+
+    timed: dict[str, float] = {}
+    with app.test_request_context("/"):
+        portal = current_portal()
+        now = portal.clock.now()
+        campaign = db.session.get(Campaign, campaign_id)
+        steps = {
+            "counts and headline (outcome.read)": lambda: outcome.read(
+                db.session,
+                campaign,
+                now=now,
+                dispatch_every=portal.settings.schedule.dispatch,
+                max_attempts=portal.settings.retry.max_attempts,
+            ),
+            "outcome by push service": lambda: services.outcome_by_service(db.session, campaign_id),
+            "delivery funnel (funnel.read)": lambda: funnel.read(db.session, campaign, now=now),
+        }
+        for name, step in steps.items():
+            started = time.perf_counter()
+            step()
+            timed[name] = time.perf_counter() - started
+            db.session.rollback()
+    return timed
+
+
+def before(app: Any, campaign_id: uuid.UUID, window: float) -> Side:
+    """A question every POLL seconds, answered or not, each read afresh."""
+    side = Side("before: every 5 s, answered or not, read afresh")
+    lock = threading.Lock()
+    running = [0]
+
+    def ask() -> None:
+        with lock:
+            running[0] += 1
+            side.at_once = max(side.at_once, running[0])
+        started = time.perf_counter()
+        _reading(app, campaign_id)
+        took = time.perf_counter() - started
+        with lock:
+            running[0] -= 1
+            side.readings += 1
+            side.busy += took
+            side.taken.append(took)
+
+    threads: list[threading.Thread] = []
+    begin = time.perf_counter()
+    tick = begin + POLL
+    while tick < begin + window:
+        time.sleep(max(0.0, tick - time.perf_counter()))
+        thread = threading.Thread(target=ask)
+        thread.start()
+        threads.append(thread)
+        tick += POLL
+    for thread in threads:
+        thread.join()
+    return side
+
+
+def after(app: Any, campaign_id: uuid.UUID, window: float) -> Side:
+    """A question, then the answer's wait after the answer, through the readings."""
+    from portal.campaigns import views
+    from portal.campaigns.readings import CostlyReadings
+
+    side = Side("after: the answer's wait after each answer, costly readings kept")
+    side.at_once = 1
+    readings = CostlyReadings()
+    fresh: list[float] = []  # the fresh reading of this question's answer, if any
+
+    def take() -> dict[str, Any]:
+        started = time.perf_counter()
+        value = _reading(app, campaign_id)
+        fresh.append(time.perf_counter() - started)
+        return value
+
+    begin = time.perf_counter()
+    time.sleep(POLL)
+    while time.perf_counter() < begin + window:
+        fresh.clear()
+        with app.app_context():
+            reading = readings.read((campaign_id, "sending"), take)
+            wait = max(views.POLL_SECONDS, round(readings.seconds_fresh(reading)))
+        if fresh:
+            side.readings += 1
+            side.busy += fresh[0]
+            side.taken.append(fresh[0])
+        time.sleep(wait)
+    return side
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sending", type=int, default=3_000_000)
+    parser.add_argument("--finished", type=int, default=1)
+    parser.add_argument("--finished-size", type=int, default=1_000_000)
+    parser.add_argument("--window", type=float, default=150.0, help="seconds a side")
+    parser.add_argument("--admin-url", default=ADMIN_URL)
+    parser.add_argument("--database", default="portal_bench_progress")
+    parser.add_argument("--keep", action="store_true", help="keep the database")
+    add_arguments(parser)
+    args = parser.parse_args()
+    if args.quick:
+        args.sending = min(args.sending, 200_000)
+        args.finished_size = min(args.finished_size, 20_000)
+        args.window = min(args.window, 20.0)
+
+    admin = _psycopg(normalise_database_url(args.admin_url))
+    url = _url_for(args.admin_url, args.database)
+    load_before = os.getloadavg()
+    started = time.perf_counter()
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{args.database}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{args.database}"')
+    engine = create_engine(url)
+    try:
+        upgrade(engine)
+        print(f"populating {args.database}")
+        population = populate(engine, args.sending, args.finished, args.finished_size)
+        sent = mark_sent(engine, population, 0.5)
+        with engine.connect() as conn:
+            rows = conn.execute(sa.text("SELECT count(*) FROM delivery")).scalar_one()
+            postgres = conn.execute(sa.text("SHOW server_version")).scalar_one()
+        engine.dispose()
+        with tempfile.TemporaryDirectory() as instance:
+            app = _app(url, instance)
+            _reading(app, population.sending)  # warm: the table's pages in memory
+            split = parts(app, population.sending)
+            sides = [
+                before(app, population.sending, args.window),
+                after(app, population.sending, args.window),
+            ]
+            app.extensions["portal.db"].engine.dispose()
+    finally:
+        engine.dispose()
+        if not args.keep:
+            with psycopg.connect(admin, autocommit=True) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{args.database}" WITH (FORCE)')
+    load_after = os.getloadavg()
+    seconds = time.perf_counter() - started
+
+    old, new = sides
+    lines = [
+        f"PostgreSQL {postgres}; {rows:,} deliveries: {args.finished} finished campaign(s) of "
+        f"{args.finished_size:,} and one sending campaign of {population.size:,}, "
+        f"{sent:,} of it sent, made by SQL (`bench/claims.py`'s `populate`). One open page "
+        f"played for {args.window:.0f} s of real time on each side; load average "
+        f"{load_before[0]:.2f} before, {load_after[0]:.2f} after ({seconds:.0f} s in all).",
+        "",
+        "One reading, part by part (after one untimed reading):",
+        "",
+        "| part | seconds |",
+        "|---|---:|",
+        *(f"| {name} | {value:.2f} |" for name, value in split.items()),
+        "",
+        "| side | readings | at once, at most | each, seconds | database seconds a minute |",
+        "|---|---:|---:|---|---:|",
+    ]
+    for side in sides:
+        each = ", ".join(f"{t:.1f}" for t in side.taken)
+        lines.append(
+            f"| {side.name} | {side.readings} | {side.at_once} | {each} | "
+            f"{side.per_minute(args.window):.1f} |"
+        )
+    details = "\n".join(lines)
+    print(details)
+    figure = Figure(
+        figure=(
+            f"database time of one open campaign page, a campaign of {population.size:,} "
+            "deliveries sending"
+        ),
+        value=round(new.per_minute(args.window), 1),
+        unit="s a minute",
+        baseline=round(old.per_minute(args.window), 1),
+        baseline_name="a question every 5 s, read afresh",
+        ratio=round(new.per_minute(args.window) / old.per_minute(args.window), 3)
+        if old.busy
+        else None,
+        target=f"≤ {TARGET:.0f} s a minute (a tenth of one core)",
+        passed=new.per_minute(args.window) <= TARGET,
+    )
+    write(
+        args.json,
+        benchmark="progress",
+        title="An open campaign page at scale",
+        figures=[figure],
+        details_markdown=details,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
