@@ -83,6 +83,7 @@ def _reading(app: Any, campaign_id: uuid.UUID) -> dict[str, Any]:
 
     with app.test_request_context(f"/staff/campaigns/{campaign_id}/progress.json"):
         campaign = db.session.get(Campaign, campaign_id)
+        assert campaign is not None
         return views._progress(campaign)["progress"]
 
 
@@ -98,6 +99,7 @@ def parts(app: Any, campaign_id: uuid.UUID) -> dict[str, float]:
         portal = current_portal()
         now = portal.clock.now()
         campaign = db.session.get(Campaign, campaign_id)
+        assert campaign is not None
         steps = {
             "counts and headline (outcome.read)": lambda: outcome.read(
                 db.session,
