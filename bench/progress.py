@@ -42,9 +42,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import psycopg  # noqa: E402
 import sqlalchemy as sa  # noqa: E402
 
+from bench.audience import create_database, drop_database  # noqa: E402
 from bench.claims import ADMIN_URL, _psycopg, _url_for, mark_sent, populate  # noqa: E402
 from bench.contract import Figure, add_arguments, write  # noqa: E402
 from portal.config import normalise_database_url  # noqa: E402
@@ -203,9 +203,7 @@ def main() -> int:
     url = _url_for(args.admin_url, args.database)
     load_before = os.getloadavg()
     started = time.perf_counter()
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{args.database}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{args.database}"')
+    create_database(admin, args.database)
     engine = create_engine(url)
     try:
         upgrade(engine)
@@ -228,8 +226,7 @@ def main() -> int:
     finally:
         engine.dispose()
         if not args.keep:
-            with psycopg.connect(admin, autocommit=True) as conn:
-                conn.execute(f'DROP DATABASE IF EXISTS "{args.database}" WITH (FORCE)')
+            drop_database(admin, args.database)
     load_after = os.getloadavg()
     seconds = time.perf_counter() - started
 
