@@ -13,7 +13,7 @@ set-based SQL (``bench/claims.py``'s ``populate``: --finished answered campaigns
 is timed part by part; then one open page is played for --window seconds of real time on
 each side, in one run:
 
-- **before**: as the page asked until commit ``68a29ea``: a question every 5 s, answered
+- **before**: as the page asked before commit ``68a29ea``: a question every 5 s, answered
   or not (``setInterval``), each read afresh;
 - **after**: as it asks now: a question, then the answer's ``refreshAfter`` seconds
   (``portal.campaigns.views.POLL_SECONDS`` at least) after the answer, each answered

@@ -23,6 +23,7 @@
   var controls = document.querySelector("section.controls");
   var timer = null;
   var wait = EVERY_MS;
+  var asking = false;
   var paused = false;
   var shown = { progress: null, outcome: null, funnel: null };
   // What the page was rendered with: the first poll speaks only if something moved.
@@ -79,18 +80,21 @@
   // never has a second one asked beside it), after the wait the answer gave.
   function poll() {
     timer = null;
-    if (paused) { return; }
+    if (paused || asking) { return; }  // an answer awaited schedules the next itself
     if (document.hidden) { start(); return; }
+    asking = true;
     fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } })
       .then(function (response) {
         if (!response.ok || response.redirected) { throw new Error(String(response.status)); }
         return response.json();
       })
       .then(function (data) {
+        asking = false;
         render(data);
         if (!data.finished && !paused) { start(); }
       })
       .catch(function () {
+        asking = false;
         stop();
         setText(updated, "Updates stopped: the page could not reach the server. Use Refresh.");
         pause.hidden = true;

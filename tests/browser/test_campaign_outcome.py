@@ -253,3 +253,13 @@ def test_the_page_asks_again_when_the_answer_says_and_never_while_it_waits(new_c
     asked[1].fulfill(response=(second := asked[1].fetch()), json=second.json())
     expect(page.locator("#progress-updated")).to_contain_text("Next update in 5 seconds.")
     assert questions_after(5_500) == 3
+    # Paused and resumed while the third is awaited: resuming asks nothing beside it.
+    pause = page.locator("#progress-pause")
+    pause.click()
+    expect(pause).to_have_text("Resume updates")
+    pause.click()
+    expect(pause).to_have_text("Pause updates")
+    assert questions_after(0) == 3
+    asked[2].fulfill(response=(third := asked[2].fetch()), json=third.json())
+    expect(page.locator("#progress-updated")).to_contain_text("Next update in 5 seconds.")
+    assert questions_after(5_500) == 4
