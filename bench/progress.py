@@ -46,6 +46,7 @@ import sqlalchemy as sa  # noqa: E402
 
 from bench.audience import create_database, drop_database  # noqa: E402
 from bench.claims import ADMIN_URL, _psycopg, _url_for, mark_sent, populate  # noqa: E402
+from bench.consent_log import _app  # noqa: E402
 from bench.contract import Figure, add_arguments, write  # noqa: E402
 from portal.config import normalise_database_url  # noqa: E402
 from portal.db import create_engine  # noqa: E402
@@ -65,14 +66,6 @@ class Side:
 
     def per_minute(self, window: float) -> float:
         return 60.0 * self.busy / window
-
-
-def _app(url: str, instance: str) -> Any:
-    from portal import create_app
-    from portal.config import Settings
-
-    environ = {"DATABASE_URL": url, "PORTAL_SCHEDULER": "off", "PORTAL_DEMO_DATA": "off"}
-    return create_app(Settings.from_env(environ, instance))
 
 
 def _reading(app: Any, campaign_id: uuid.UUID) -> dict[str, Any]:

@@ -50,8 +50,9 @@ class CostlyReadings:
             return kept
         started = self._clock()
         value = take()
-        cost = self._clock() - started
-        reading = Reading(value, cost, self._clock() + REUSE_FACTOR * cost)
+        finished = self._clock()
+        cost = finished - started
+        reading = Reading(value, cost, finished + REUSE_FACTOR * cost)
         with self._lock:
             if cost > REUSE_ABOVE:
                 self._kept[key] = reading

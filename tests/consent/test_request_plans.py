@@ -18,7 +18,7 @@ import sqlalchemy as sa
 
 from portal.identity import preference_link_token, sign_assertion
 from portal.seams import current_portal
-from tests.helpers import confirm_account_link, csrf_token, sent_statements
+from tests.helpers import confirm_account_link, save_choices, sent_statements
 from tests.plans import PLANNED, populate, whole_table_reads
 
 pytestmark = pytest.mark.postgres_only
@@ -44,14 +44,8 @@ def test_the_preference_centre_reads_no_growing_table_whole(app, client, engine,
     with sent_statements(engine, PLANNED) as statements:
         page = client.get("/preferences")
         assert page.status_code == 200
-        saved = client.post(
-            "/preferences",
-            data={
-                "csrf_token": csrf_token(page.text),
-                "policy_version": "v1",
-                "visible": ["offers", "weekly-digest"],
-                "topics": ["weekly-digest"],
-            },
+        saved = save_choices(
+            client, page.text, visible=["offers", "weekly-digest"], topics=["weekly-digest"]
         )
         assert saved.status_code == 303
         with app.test_request_context():
