@@ -65,7 +65,7 @@ from portal.campaigns.forms import (
     check,
 )
 from portal.campaigns.models import Campaign, Draft
-from portal.campaigns.readings import CostlyReadings
+from portal.campaigns.readings import CostlyReadings, Reading
 from portal.campaigns.services import CampaignDraft, payload_size
 from portal.consent.catalogue import topic_by_slug
 from portal.consent.models import Topic
@@ -891,13 +891,43 @@ def _funnel_data(read: funnel.Funnel) -> dict[str, Any]:
     }
 
 
+# The page's script asks at most this often; a costly reading makes it wait longer.
+POLL_SECONDS = 5
+# The progress readings of this process (portal/campaigns/readings.py), shared by the
+# campaign's page and its script's questions: a campaign of millions of deliveries is
+# read at most every ten times what reading it costs, however often either asks.
+_READINGS = CostlyReadings()
+
+
+def _progress_reading(campaign: Campaign) -> Reading:
+    """The campaign's progress (:func:`_progress`, without the campaign itself, which
+    belongs to the asking request's session), kept per status: a pause, resume, cancel or
+    finish is read afresh at once."""
+
+    def take() -> dict[str, Any]:
+        context = _progress(campaign)
+        del context["campaign"]
+        return context
+
+    return _READINGS.read((campaign.id, campaign.status), take)
+
+
+def _refresh_after(reading: Reading) -> int:
+    """Seconds until a question may get newer numbers than ``reading``'s."""
+    return max(POLL_SECONDS, round(_READINGS.seconds_fresh(reading)))
+
+
 def _detail_page(
     campaign: Campaign, topic: Topic, *, cancel: CancelForm | None = None, status: int = 200
 ) -> Any:
     cancel = cancel or CancelForm()
+    reading = _progress_reading(campaign)
     return render_template(
         "staff/campaigns/detail.html",
-        **_progress(campaign),
+        **reading.value,
+        campaign=campaign,
+        refresh_after=_refresh_after(reading),
+        poll_seconds=POLL_SECONDS,
         topic=topic,
         variant_results=variants.results(db.session, campaign),
         winner_at=variants.winner_due(campaign),
@@ -929,25 +959,14 @@ def campaign_detail(campaign_id: uuid.UUID) -> Any:
     return _detail_page(*found)
 
 
-# The page's script asks at most this often; a costly reading makes it wait longer.
-POLL_SECONDS = 5
-# The progress answers of this process (portal/campaigns/readings.py): a campaign of
-# millions of deliveries is read at most every ten times what reading it costs.
-_READINGS = CostlyReadings()
-
-
 @bp.get("/campaigns/<uuid:campaign_id>/progress.json")
 @staff_required(Role.CAMPAIGNS)
 def campaign_progress(campaign_id: uuid.UUID) -> Any:
     campaign = db.session.get(Campaign, campaign_id)
     if campaign is None:
         return jsonify({"error": {"code": "not_found", "message": "no such campaign"}}), 404
-    # Kept per status: a pause, resume, cancel or finish is answered at once.
-    reading = _READINGS.read(
-        (campaign.id, campaign.status), lambda: _progress(campaign)["progress"]
-    )
-    wait = max(POLL_SECONDS, round(_READINGS.seconds_fresh(reading)))
-    return jsonify({**reading.value, "refreshAfter": wait})
+    reading = _progress_reading(campaign)
+    return jsonify({**reading.value["progress"], "refreshAfter": _refresh_after(reading)})
 
 
 def _control(campaign_id: uuid.UUID, action: str) -> Any:

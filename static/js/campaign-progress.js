@@ -22,7 +22,11 @@
   var status = document.getElementById("campaign-status");
   var controls = document.querySelector("section.controls");
   var timer = null;
-  var wait = EVERY_MS;
+  // The page's numbers may be a kept reading (a campaign of millions takes seconds to
+  // count): the first question waits until the server may have newer ones.
+  var wait = Math.max(
+    EVERY_MS, (parseInt(section.getAttribute("data-refresh-after"), 10) || 0) * 1000
+  );
   var asking = false;
   var paused = false;
   var shown = { progress: null, outcome: null, funnel: null };

@@ -263,3 +263,47 @@ def test_the_page_asks_again_when_the_answer_says_and_never_while_it_waits(new_c
     asked[2].fulfill(response=(third := asked[2].fetch()), json=third.json())
     expect(page.locator("#progress-updated")).to_contain_text("Next update in 5 seconds.")
     assert questions_after(5_500) == 4
+
+
+@WIDTHS
+def test_a_page_opened_on_a_kept_reading_says_when_newer_numbers_come_and_asks_then(
+    viewport, new_context, server, monkeypatch
+):
+    """A campaign that takes 3 s to count (a monotonic clock moved by each reading): its
+    page is rendered from a reading kept for 30 s, says so, and its script's first
+    question waits those 30 s instead of asking for the same numbers after 5."""
+    from portal.campaigns import views
+    from portal.campaigns.readings import CostlyReadings
+
+    monotonic = [100.0]
+    monkeypatch.setattr(views, "_READINGS", CostlyReadings(lambda: monotonic[0]))
+    fresh = views._progress
+
+    def costly(campaign: Campaign) -> dict[str, Any]:
+        monotonic[0] += 3.0
+        return fresh(campaign)
+
+    monkeypatch.setattr(views, "_progress", costly)
+    campaign_id = retrying_campaign(server)
+    page = _staff(lambda **o: new_context(**o, viewport=viewport), server, roles=("campaigns",))
+    asked: list[Route] = []
+    page.route("**/progress.json", lambda route: asked.append(route))  # noqa: PLW0108
+    page.clock.install()
+    page.goto(f"/staff/campaigns/{campaign_id}")
+    page.wait_for_load_state("load")
+    expect(page.locator("#progress-updated")).to_contain_text(
+        "This campaign takes a while to count: newer numbers in 30 seconds."
+    )
+    _checked(page, "sending-kept-reading", viewport)
+
+    def questions_after(milliseconds: int) -> int:
+        page.clock.run_for(milliseconds)
+        page.wait_for_timeout(200)  # the browser's own work, on the real clock
+        return len(asked)
+
+    assert questions_after(28_000) == 0
+    assert questions_after(3_000) == 1
+    monotonic[0] += 30.0
+    answer = asked[0].fetch()
+    asked[0].fulfill(response=answer)
+    expect(page.locator("#progress-updated")).to_contain_text("Next update in 30 seconds.")

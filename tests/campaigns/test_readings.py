@@ -151,3 +151,75 @@ def test_progress_json_answers_a_costly_reading_again_until_the_status_changes(
     assert paused.status_code == 303
     now_paused = campaigner.get(url).json
     assert now_paused["status"] == "paused"
+
+
+def _costly_readings(monkeypatch, seconds: float) -> list[int]:
+    """Every progress reading costs ``seconds`` on a monotonic clock moved by hand;
+    returns the list the readings taken are counted into."""
+    monotonic = Clock()
+    monkeypatch.setattr(views, "_READINGS", CostlyReadings(monotonic))
+    fresh = views._progress
+    taken: list[int] = []
+
+    def costly(campaign):
+        monotonic.now += seconds
+        taken.append(1)
+        return fresh(campaign)
+
+    monkeypatch.setattr(views, "_progress", costly)
+    return taken
+
+
+def test_the_page_and_its_script_share_one_costly_reading(
+    campaigner, catalogue_ready, clock, monkeypatch
+):
+    """A campaign that takes 3 s to read: opening its page reads it once; the page's
+    script, another member of staff opening the page, and a reload within 30 s are
+    answered from that reading, and the page says when newer numbers come."""
+    app = catalogue_ready
+    campaign_id = _sending_campaign(app, clock)
+    taken = _costly_readings(monkeypatch, 3.0)
+    page_url = f"/staff/campaigns/{campaign_id}"
+
+    page = campaigner.get(page_url).get_data(as_text=True)
+    assert len(taken) == 1
+    assert 'data-refresh-after="30"' in page
+    assert "This campaign takes a while to count: newer numbers in 30 seconds." in page
+    assert "Use Refresh to see newer numbers." not in page
+
+    with db.begin(app) as session:  # a delivery answered since
+        session.execute(
+            Delivery.__table__.update()
+            .where(Delivery.campaign_id == campaign_id)
+            .values(status="accepted", last_status_code=201)
+        )
+    answer = campaigner.get(f"{page_url}/progress.json").json
+    again = campaigner.get(page_url).get_data(as_text=True)
+    assert len(taken) == 1  # neither read the deliveries again
+    assert answer["counts"]["queued"] == 1 and answer["refreshAfter"] == 30
+    assert 'data-done="0"' in again
+
+    views._READINGS._clock.now += 30  # the reading has stood for ten times its cost
+    later = campaigner.get(page_url).get_data(as_text=True)
+    assert len(taken) == 2 and 'data-done="1"' in later
+
+
+def test_a_cheap_reading_leaves_the_page_as_it_was(campaigner, catalogue_ready, clock):
+    campaign_id = _sending_campaign(catalogue_ready, clock)
+    page = campaigner.get(f"/staff/campaigns/{campaign_id}").get_data(as_text=True)
+    assert f'data-refresh-after="{views.POLL_SECONDS}"' in page
+    assert "Use Refresh to see newer numbers." in page
+    assert "takes a while to count" not in page
+
+
+def test_a_pause_from_the_page_shows_a_fresh_reading(
+    campaigner, catalogue_ready, clock, monkeypatch
+):
+    app = catalogue_ready
+    campaign_id = _sending_campaign(app, clock)
+    taken = _costly_readings(monkeypatch, 3.0)
+    campaigner.get(f"/staff/campaigns/{campaign_id}")
+    paused = campaigner.post(f"/staff/campaigns/{campaign_id}/pause", follow_redirects=True)
+    assert paused.status_code == 200
+    assert len(taken) == 2  # the paused campaign's own reading
+    assert 'data-status="Paused"' in paused.get_data(as_text=True)
