@@ -180,11 +180,13 @@ OPEN_EVERY = 15.0  # seconds between page openings in ``opened``
 
 
 def opened(app: Any, campaign_id: uuid.UUID, window: float, *, shared: bool) -> Side:
-    """The page open with its script asking as it does now, and the page opened again
+    """The page opened, its script asking as it does now, and the page opened again
     (another member of staff, a reload) every ``OPEN_EVERY`` seconds: each opening read
-    afresh (before ``_progress_reading``: the page read ``_progress`` itself), or
-    through the readings the script's answers come from (``shared``). Every fresh
-    reading of either is counted; ``taken`` holds the openings' own waits."""
+    afresh and the script's first question 5 s after the page (before
+    ``_progress_reading``: the page read ``_progress`` itself), or each opening through
+    the readings the script's answers come from and the script's first question when
+    the page's reading may be renewed (``shared``). Every fresh reading of either is
+    counted; ``taken`` holds the openings' own waits."""
     from portal.campaigns import views
     from portal.campaigns.models import Campaign
     from portal.campaigns.readings import CostlyReadings
@@ -219,8 +221,8 @@ def opened(app: Any, campaign_id: uuid.UUID, window: float, *, shared: bool) -> 
 
     stop = threading.Event()
 
-    def script() -> None:
-        stop.wait(POLL)
+    def script(first_wait: float) -> None:
+        stop.wait(first_wait)
         while not stop.is_set():
             reading = in_request(views._progress_reading)
             with app.app_context():
@@ -228,20 +230,25 @@ def opened(app: Any, campaign_id: uuid.UUID, window: float, *, shared: bool) -> 
 
     views._READINGS = CostlyReadings()
     views._progress = counted
+    poller = None
     try:
-        poller = threading.Thread(target=script)
-        poller.start()
         begin = time.perf_counter()
         at = begin
         while at < begin + window:
             time.sleep(max(0.0, at - time.perf_counter()))
             started = time.perf_counter()
-            in_request(views._progress_reading if shared else counted)
+            reading = in_request(views._progress_reading if shared else counted)
             side.taken.append(time.perf_counter() - started)
+            if poller is None:  # the first opening's script: its first question
+                with app.app_context():
+                    first = views._refresh_after(reading) if shared else POLL
+                poller = threading.Thread(target=script, args=(first,))
+                poller.start()
             at += OPEN_EVERY
         time.sleep(max(0.0, begin + window - time.perf_counter()))
         stop.set()
-        poller.join()
+        if poller is not None:
+            poller.join()
     finally:
         views._progress = fresh
         views._READINGS = CostlyReadings()

@@ -223,3 +223,72 @@ def test_a_pause_from_the_page_shows_a_fresh_reading(
     assert paused.status_code == 200
     assert len(taken) == 2  # the paused campaign's own reading
     assert 'data-status="Paused"' in paused.get_data(as_text=True)
+
+
+def test_while_one_thread_renews_a_kept_reading_the_others_get_the_kept_one():
+    """A stale costly reading being read afresh by one request: a second request is
+    answered at once with the kept (older) reading, not a second reading beside it; once
+    the renewal is in, both get the new one."""
+    import threading
+
+    clock = Clock()
+    kept = CostlyReadings(clock)
+    assert kept.read("c", _costing(clock, 1.0)).value == 1
+    clock.now += REUSE_FACTOR * 1.0  # stale now
+    inside, release = threading.Event(), threading.Event()
+    taken: list[str] = []
+
+    def slow() -> str:
+        taken.append("renewal")
+        inside.set()
+        release.wait(5)
+        clock.now += 1.0
+        return "renewed"
+
+    renewal: list[readings.Reading] = []
+    renewer = threading.Thread(target=lambda: renewal.append(kept.read("c", slow)))
+    renewer.start()
+    assert inside.wait(5)
+    beside = kept.read("c", lambda: taken.append("beside") or "beside")
+    assert beside.value == 1 and taken == ["renewal"]  # the kept one; nothing read beside
+    assert kept.seconds_fresh(beside) == 0  # older than its time: ask again soon
+    release.set()
+    renewer.join(5)
+    assert renewal[0].value == "renewed"
+    assert kept.read("c", lambda: "again").value == "renewed"
+
+
+def test_a_renewal_that_fails_lets_the_next_request_read_afresh():
+    clock = Clock()
+    kept = CostlyReadings(clock)
+    kept.read("c", _costing(clock, 1.0))
+    clock.now += REUSE_FACTOR * 1.0
+
+    def broken() -> None:
+        raise RuntimeError("the database went away")
+
+    with pytest.raises(RuntimeError):
+        kept.read("c", broken)
+    assert kept.read("c", lambda: "fresh").value == "fresh"
+
+
+def test_two_first_readings_at_once_are_each_taken():
+    """With nothing kept yet there is nothing to answer with: a second request reads
+    too rather than wait (a cheap reading is never kept, so waiting would only slow
+    it)."""
+    import threading
+
+    kept = CostlyReadings(Clock())
+    inside, release = threading.Event(), threading.Event()
+
+    def slow() -> str:
+        inside.set()
+        release.wait(5)
+        return "first"
+
+    worker = threading.Thread(target=lambda: kept.read("c", slow))
+    worker.start()
+    assert inside.wait(5)
+    assert kept.read("c", lambda: "second").value == "second"
+    release.set()
+    worker.join(5)
