@@ -332,10 +332,10 @@ def main() -> int:
     lines += [
         "",
         f"The page opened every {OPEN_EVERY:.0f} s (another member of staff, a reload) "
-        "while its script asks as above, for the same window: before commit "
-        "`_progress_reading`, each opening read the campaign afresh; now it is answered "
-        "from the readings the script's answers come from. Every fresh reading of either "
-        "is counted:",
+        "while its script asks as above, for the same window: before `3317517` each "
+        "opening read the campaign afresh (and its script first asked 5 s after it); now "
+        "it is answered from the readings the script's answers come from. Every fresh "
+        "reading of either is counted:",
         "",
         "| side | openings | each opening's wait, seconds | fresh readings | "
         "database seconds a minute |",
