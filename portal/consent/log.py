@@ -105,10 +105,13 @@ def event_leaf_hash(row: Any) -> bytes:
     return merkle.leaf_hash(canonical(row_fields(row)))
 
 
-# Built once: taken by every consent write.
+# Built once: taken by every consent write. One person (nearly every write) by ``=``;
+# several by ``= ANY`` of one array, never an expanding ``IN`` list, which SQLAlchemy
+# renders into new SQL text on every execution.
+_LOCK_SUBSCRIBER = sa.select(_s.c.id).where(_s.c.id == sa.bindparam("id")).with_for_update()
 _LOCK_SUBSCRIBERS = (
     sa.select(_s.c.id)
-    .where(_s.c.id.in_(sa.bindparam("ids", expanding=True)))
+    .where(_s.c.id == sa.any_(sa.bindparam("ids", type_=postgresql.ARRAY(_s.c.id.type))))
     .order_by(_s.c.id)
     .with_for_update()
 )
@@ -127,7 +130,12 @@ def lock_subscriber(session: Session, *subscriber_ids: uuid.UUID | None) -> None
     ids = sorted({value for value in subscriber_ids if value is not None})
     if not ids or not is_postgres(session):
         return
-    session.execute(_LOCK_SUBSCRIBERS, {"ids": ids}).all()
+    # On the session's connection: a Core statement needs none of the ORM's execution.
+    connection = session.connection()
+    if len(ids) == 1:
+        connection.execute(_LOCK_SUBSCRIBER, {"id": ids[0]}).all()
+    else:
+        connection.execute(_LOCK_SUBSCRIBERS, {"ids": ids}).all()
 
 
 def lock_resource(session: Session, name: str, key: bytes) -> None:
@@ -219,6 +227,8 @@ _INSERT_RETURNING_SEQ = sa.insert(_t).returning(_t.c.seq, sort_by_parameter_orde
 
 
 _SEQUENCE = cast(sa.Sequence, _t.c.seq.default).name
+# An event with no context: its encoding, made once.
+_NO_CONTEXT = Context().encode()
 
 
 @functools.lru_cache(maxsize=32)
@@ -285,12 +295,14 @@ def append_many(session: Session, events: Sequence[NewEvent]) -> list[int]:
                 "decided_at": event.decided_at or event.recorded_at,
                 "recorded_at": event.recorded_at,
                 "actor": event.actor,
-                "context": (event.context or Context()).encode(),
+                "context": event.context.encode() if event.context else _NO_CONTEXT,
             }
         )
     if is_postgres(session):
+        # On the session's connection: a Core statement needs none of the ORM's execution.
+        connection = session.connection()
         if len(rows) == 1:
-            return [int(session.execute(_INSERT_RETURNING_SEQ, rows[0]).scalar_one())]
+            return [int(connection.execute(_INSERT_RETURNING_SEQ, rows[0]).scalar_one())]
         numbered = {
             f"{name}_{index}": value
             for index, row in enumerate(rows)
@@ -298,7 +310,7 @@ def append_many(session: Session, events: Sequence[NewEvent]) -> list[int]:
         }
         # The columns as append_many's rows name them, in their order.
         statement = _insert_in_order(tuple(rows[0]), len(rows))
-        return sorted(int(seq) for seq in session.execute(statement, numbered).scalars())
+        return sorted(int(seq) for seq in connection.execute(statement, numbered).scalars())
     last = session.execute(sa.select(sa.func.max(_t.c.seq))).scalar_one_or_none() or 0
     for offset, row in enumerate(rows, start=1):
         row["seq"] = last + offset

@@ -589,3 +589,40 @@ def test_fifty_writers_and_three_sequencers_make_a_gap_free_tree_of_exactly_the_
     assert 0 < len(gaps) <= 100
     assert report.head.tree_size == leaf_count == len(rows)
     assert jobs.sequence_once  # what the processes ran
+
+
+@pytest.mark.postgres_only
+@pytest.mark.parametrize("locked", [1, 2, 3])
+def test_lock_subscriber_holds_the_row_of_each_person_named_and_no_other(
+    app, engine, clock, locked
+):
+    """One person (``=``) or several (``= ANY`` of one array, in id order): each named
+    row is held until the transaction ends, others are free, and the statement's text is
+    the same every time (nothing rendered per call)."""
+    people = [_subscriber(app, clock) for _ in range(4)]
+    named, free = people[:locked], people[locked:]
+    selecting = re.compile(r"\s*SELECT subscriber\.id")
+    texts = set()
+    for _ in range(2):
+        with sent_statements(engine, selecting) as sent, db.begin(app) as session:
+            log.lock_subscriber(session, *reversed(named), None)
+            with engine.connect() as other:
+
+                def held(who: uuid.UUID) -> bool:
+                    try:
+                        with other.begin_nested():
+                            other.execute(
+                                sa.text(
+                                    "SELECT id FROM subscriber WHERE id = :id FOR UPDATE NOWAIT"
+                                ),
+                                {"id": who},
+                            )
+                    except sa.exc.OperationalError:
+                        return True
+                    return False
+
+                assert [held(who) for who in named] == [True] * locked
+                assert [held(who) for who in free] == [False] * len(free)
+                other.rollback()
+        texts.update(statement for statement, _ in sent)
+    assert len(texts) == 1
