@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import itertools
+import threading
 import uuid
 
 import pytest
@@ -229,8 +230,6 @@ def test_while_one_thread_renews_a_kept_reading_the_others_get_the_kept_one():
     """A stale costly reading being read afresh by one request: a second request is
     answered at once with the kept (older) reading, not a second reading beside it; once
     the renewal is in, both get the new one."""
-    import threading
-
     clock = Clock()
     kept = CostlyReadings(clock)
     assert kept.read("c", _costing(clock, 1.0)).value == 1
@@ -276,8 +275,6 @@ def test_two_first_readings_at_once_are_each_taken():
     """With nothing kept yet there is nothing to answer with: a second request reads
     too rather than wait (a cheap reading is never kept, so waiting would only slow
     it)."""
-    import threading
-
     kept = CostlyReadings(Clock())
     inside, release = threading.Event(), threading.Event()
 
