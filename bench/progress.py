@@ -35,6 +35,8 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,21 +65,64 @@ class Side:
     busy: float = 0.0  # seconds spent in readings
     at_once: int = 0
     taken: list[float] = field(default_factory=list)  # each fresh reading's seconds
+    _running: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def per_minute(self, window: float) -> float:
         return 60.0 * self.busy / window
+
+    def counted(self, take: Callable[[], Any], *, kept: bool = True) -> Any:
+        """``take()``, counted as one fresh reading (at once with others, its seconds;
+        ``kept``: its seconds also in ``taken``)."""
+        with self._lock:
+            self._running += 1
+            self.at_once = max(self.at_once, self._running)
+        started = time.perf_counter()
+        try:
+            return take()
+        finally:
+            took = time.perf_counter() - started
+            with self._lock:
+                self._running -= 1
+                self.readings += 1
+                self.busy += took
+                if kept:
+                    self.taken.append(took)
+
+
+def _in_request(app: Any, campaign_id: uuid.UUID, work: Callable[[Any], Any]) -> Any:
+    """``work(campaign)`` in a request of its own to the campaign's page."""
+    from portal.campaigns.models import Campaign
+    from portal.db import db
+
+    with app.test_request_context(f"/staff/campaigns/{campaign_id}"):
+        campaign = db.session.get(Campaign, campaign_id)
+        assert campaign is not None
+        return work(campaign)
 
 
 def _reading(app: Any, campaign_id: uuid.UUID) -> dict[str, Any]:
     """One reading, as ``progress.json`` takes it, in a request of its own."""
     from portal.campaigns import views
-    from portal.campaigns.models import Campaign
-    from portal.db import db
 
-    with app.test_request_context(f"/staff/campaigns/{campaign_id}/progress.json"):
-        campaign = db.session.get(Campaign, campaign_id)
-        assert campaign is not None
-        return views._progress(campaign)["progress"]
+    return _in_request(app, campaign_id, lambda campaign: views._progress(campaign)["progress"])
+
+
+@contextmanager
+def _counted_readings(side: Side, *, kept: bool) -> Iterator[None]:
+    """The views' readings afresh (a new ``_READINGS``), every fresh reading of
+    ``views._progress`` counted into ``side``; put back as they were afterwards."""
+    from portal.campaigns import views
+    from portal.campaigns.readings import CostlyReadings
+
+    fresh = views._progress
+    views._READINGS = CostlyReadings()
+    views._progress = lambda campaign: side.counted(lambda: fresh(campaign), kept=kept)
+    try:
+        yield
+    finally:
+        views._progress = fresh
+        views._READINGS = CostlyReadings()
 
 
 def parts(app: Any, campaign_id: uuid.UUID) -> dict[str, float]:
@@ -115,28 +160,12 @@ def parts(app: Any, campaign_id: uuid.UUID) -> dict[str, float]:
 def before(app: Any, campaign_id: uuid.UUID, window: float) -> Side:
     """A question every POLL seconds, answered or not, each read afresh."""
     side = Side("before: every 5 s, answered or not, read afresh")
-    lock = threading.Lock()
-    running = [0]
-
-    def ask() -> None:
-        with lock:
-            running[0] += 1
-            side.at_once = max(side.at_once, running[0])
-        started = time.perf_counter()
-        _reading(app, campaign_id)
-        took = time.perf_counter() - started
-        with lock:
-            running[0] -= 1
-            side.readings += 1
-            side.busy += took
-            side.taken.append(took)
-
     threads: list[threading.Thread] = []
     begin = time.perf_counter()
     tick = begin + POLL
     while tick < begin + window:
         time.sleep(max(0.0, tick - time.perf_counter()))
-        thread = threading.Thread(target=ask)
+        thread = threading.Thread(target=side.counted, args=(lambda: _reading(app, campaign_id),))
         thread.start()
         threads.append(thread)
         tick += POLL
@@ -146,33 +175,19 @@ def before(app: Any, campaign_id: uuid.UUID, window: float) -> Side:
 
 
 def after(app: Any, campaign_id: uuid.UUID, window: float) -> Side:
-    """A question, then the answer's wait after the answer, through the readings."""
+    """A question, then the answer's wait after the answer, answered as ``progress.json``
+    answers it (``views._progress_reading``, ``views._refresh_after``)."""
     from portal.campaigns import views
-    from portal.campaigns.readings import CostlyReadings
 
     side = Side("after: the answer's wait after each answer, costly readings kept")
-    side.at_once = 1
-    readings = CostlyReadings()
-    fresh: list[float] = []  # the fresh reading of this question's answer, if any
-
-    def take() -> dict[str, Any]:
-        started = time.perf_counter()
-        value = _reading(app, campaign_id)
-        fresh.append(time.perf_counter() - started)
-        return value
-
-    begin = time.perf_counter()
-    time.sleep(POLL)
-    while time.perf_counter() < begin + window:
-        fresh.clear()
-        with app.app_context():
-            reading = readings.read((campaign_id, "sending"), take)
-            wait = max(views.POLL_SECONDS, round(readings.seconds_fresh(reading)))
-        if fresh:
-            side.readings += 1
-            side.busy += fresh[0]
-            side.taken.append(fresh[0])
-        time.sleep(wait)
+    with _counted_readings(side, kept=True):
+        begin = time.perf_counter()
+        time.sleep(POLL)
+        while time.perf_counter() < begin + window:
+            reading = _in_request(app, campaign_id, views._progress_reading)
+            with app.app_context():
+                wait = views._refresh_after(reading)
+            time.sleep(wait)
     return side
 
 
@@ -188,70 +203,43 @@ def opened(app: Any, campaign_id: uuid.UUID, window: float, *, shared: bool) -> 
     the page's reading may be renewed (``shared``). Every fresh reading of either is
     counted; ``taken`` holds the openings' own waits."""
     from portal.campaigns import views
-    from portal.campaigns.models import Campaign
-    from portal.campaigns.readings import CostlyReadings
-    from portal.db import db
 
     side = Side(
         "the page opened every 15 s beside its script: "
         + ("each opening through the script's readings" if shared else "each opening read afresh")
     )
-    lock = threading.Lock()
-    running = [0]
-    fresh = views._progress
-
-    def counted(campaign: Any) -> dict[str, Any]:
-        with lock:
-            running[0] += 1
-            side.at_once = max(side.at_once, running[0])
-        started = time.perf_counter()
-        try:
-            return fresh(campaign)
-        finally:
-            with lock:
-                running[0] -= 1
-                side.readings += 1
-                side.busy += time.perf_counter() - started
-
-    def in_request(work: Any) -> Any:
-        with app.test_request_context(f"/staff/campaigns/{campaign_id}"):
-            campaign = db.session.get(Campaign, campaign_id)
-            assert campaign is not None
-            return work(campaign)
-
     stop = threading.Event()
 
     def script(first_wait: float) -> None:
         stop.wait(first_wait)
         while not stop.is_set():
-            reading = in_request(views._progress_reading)
+            reading = _in_request(app, campaign_id, views._progress_reading)
             with app.app_context():
                 stop.wait(views._refresh_after(reading))
 
-    views._READINGS = CostlyReadings()
-    views._progress = counted
     poller = None
-    try:
-        begin = time.perf_counter()
-        at = begin
-        while at < begin + window:
-            time.sleep(max(0.0, at - time.perf_counter()))
-            started = time.perf_counter()
-            reading = in_request(views._progress_reading if shared else counted)
-            side.taken.append(time.perf_counter() - started)
-            if poller is None:  # the first opening's script: its first question
-                with app.app_context():
-                    first = views._refresh_after(reading) if shared else POLL
-                poller = threading.Thread(target=script, args=(first,))
-                poller.start()
-            at += OPEN_EVERY
-        time.sleep(max(0.0, begin + window - time.perf_counter()))
-        stop.set()
-        if poller is not None:
-            poller.join()
-    finally:
-        views._progress = fresh
-        views._READINGS = CostlyReadings()
+    with _counted_readings(side, kept=False):
+        try:
+            begin = time.perf_counter()
+            at = begin
+            while at < begin + window:
+                time.sleep(max(0.0, at - time.perf_counter()))
+                started = time.perf_counter()
+                reading = _in_request(
+                    app, campaign_id, views._progress_reading if shared else views._progress
+                )
+                side.taken.append(time.perf_counter() - started)
+                if poller is None:  # the first opening's script: its first question
+                    with app.app_context():
+                        first = views._refresh_after(reading) if shared else POLL
+                    poller = threading.Thread(target=script, args=(first,))
+                    poller.start()
+                at += OPEN_EVERY
+            time.sleep(max(0.0, begin + window - time.perf_counter()))
+        finally:
+            stop.set()
+            if poller is not None:
+                poller.join()
     return side
 
 
