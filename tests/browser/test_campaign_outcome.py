@@ -26,6 +26,7 @@ from portal.delivery.models import Delivery
 from portal.seams import current_portal
 from tests.browser.conftest import DESKTOP, PHONE, LiveServer
 from tests.browser.test_accessibility import TARGETS, _staff, axe_results, page_overflow
+from tests.campaigns.test_readings import costly_readings
 
 pytestmark = pytest.mark.browser
 
@@ -272,18 +273,7 @@ def test_a_page_opened_on_a_kept_reading_says_when_newer_numbers_come_and_asks_t
     """A campaign that takes 3 s to count (a monotonic clock moved by each reading): its
     page is rendered from a reading kept for 30 s, says so, and its script's first
     question waits those 30 s instead of asking for the same numbers after 5."""
-    from portal.campaigns import views
-    from portal.campaigns.readings import CostlyReadings
-
-    monotonic = [100.0]
-    monkeypatch.setattr(views, "_READINGS", CostlyReadings(lambda: monotonic[0]))
-    fresh = views._progress
-
-    def costly(campaign: Campaign) -> dict[str, Any]:
-        monotonic[0] += 3.0
-        return fresh(campaign)
-
-    monkeypatch.setattr(views, "_progress", costly)
+    monotonic, _ = costly_readings(monkeypatch, 3.0)
     campaign_id = retrying_campaign(server)
     page = _staff(lambda **o: new_context(**o, viewport=viewport), server, roles=("campaigns",))
     asked: list[Route] = []
@@ -303,7 +293,7 @@ def test_a_page_opened_on_a_kept_reading_says_when_newer_numbers_come_and_asks_t
 
     assert questions_after(28_000) == 0
     assert questions_after(3_000) == 1
-    monotonic[0] += 30.0
+    monotonic.now += 30.0
     answer = asked[0].fetch()
     asked[0].fulfill(response=answer)
     expect(page.locator("#progress-updated")).to_contain_text("Next update in 30 seconds.")

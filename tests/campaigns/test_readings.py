@@ -114,6 +114,24 @@ def test_progress_json_says_to_ask_again_in_five_seconds_for_a_cheap_reading(
     assert campaigner.get(url).json["refreshAfter"] == views.POLL_SECONDS
 
 
+def costly_readings(monkeypatch, seconds: float) -> tuple[Clock, list[int]]:
+    """Every progress reading of ``portal.campaigns.views`` costs ``seconds`` on a
+    monotonic clock moved by hand (returned, with the list the readings taken are
+    counted into)."""
+    monotonic = Clock()
+    monkeypatch.setattr(views, "_READINGS", CostlyReadings(monotonic))
+    fresh = views._progress
+    taken: list[int] = []
+
+    def costly(campaign):
+        monotonic.now += seconds
+        taken.append(1)
+        return fresh(campaign)
+
+    monkeypatch.setattr(views, "_progress", costly)
+    return monotonic, taken
+
+
 def test_progress_json_answers_a_costly_reading_again_until_the_status_changes(
     campaigner, catalogue_ready, clock, monkeypatch
 ):
@@ -122,15 +140,7 @@ def test_progress_json_answers_a_costly_reading_again_until_the_status_changes(
     answered at once, from a reading of its own."""
     app = catalogue_ready
     campaign_id = _sending_campaign(app, clock)
-    monotonic = Clock()
-    monkeypatch.setattr(views, "_READINGS", CostlyReadings(monotonic))
-    fresh = views._progress
-
-    def costly(campaign):
-        monotonic.now += 3.0
-        return fresh(campaign)
-
-    monkeypatch.setattr(views, "_progress", costly)
+    monotonic, _ = costly_readings(monkeypatch, 3.0)
     url = f"/staff/campaigns/{campaign_id}/progress.json"
     first = campaigner.get(url).json
     assert first["refreshAfter"] == 30
@@ -154,23 +164,6 @@ def test_progress_json_answers_a_costly_reading_again_until_the_status_changes(
     assert now_paused["status"] == "paused"
 
 
-def _costly_readings(monkeypatch, seconds: float) -> list[int]:
-    """Every progress reading costs ``seconds`` on a monotonic clock moved by hand;
-    returns the list the readings taken are counted into."""
-    monotonic = Clock()
-    monkeypatch.setattr(views, "_READINGS", CostlyReadings(monotonic))
-    fresh = views._progress
-    taken: list[int] = []
-
-    def costly(campaign):
-        monotonic.now += seconds
-        taken.append(1)
-        return fresh(campaign)
-
-    monkeypatch.setattr(views, "_progress", costly)
-    return taken
-
-
 def test_the_page_and_its_script_share_one_costly_reading(
     campaigner, catalogue_ready, clock, monkeypatch
 ):
@@ -179,7 +172,7 @@ def test_the_page_and_its_script_share_one_costly_reading(
     answered from that reading, and the page says when newer numbers come."""
     app = catalogue_ready
     campaign_id = _sending_campaign(app, clock)
-    taken = _costly_readings(monkeypatch, 3.0)
+    monotonic, taken = costly_readings(monkeypatch, 3.0)
     page_url = f"/staff/campaigns/{campaign_id}"
 
     page = campaigner.get(page_url).get_data(as_text=True)
@@ -200,7 +193,7 @@ def test_the_page_and_its_script_share_one_costly_reading(
     assert answer["counts"]["queued"] == 1 and answer["refreshAfter"] == 30
     assert 'data-done="0"' in again
 
-    views._READINGS._clock.now += 30  # the reading has stood for ten times its cost
+    monotonic.now += 30  # the reading has stood for ten times its cost
     later = campaigner.get(page_url).get_data(as_text=True)
     assert len(taken) == 2 and 'data-done="1"' in later
 
@@ -218,7 +211,7 @@ def test_a_pause_from_the_page_shows_a_fresh_reading(
 ):
     app = catalogue_ready
     campaign_id = _sending_campaign(app, clock)
-    taken = _costly_readings(monkeypatch, 3.0)
+    _, taken = costly_readings(monkeypatch, 3.0)
     campaigner.get(f"/staff/campaigns/{campaign_id}")
     paused = campaigner.post(f"/staff/campaigns/{campaign_id}/pause", follow_redirects=True)
     assert paused.status_code == 200
