@@ -901,12 +901,14 @@ _READINGS = CostlyReadings()
 
 def _progress_reading(campaign: Campaign) -> Reading:
     """The campaign's progress (:func:`_progress`, without the campaign itself, which
-    belongs to the asking request's session), kept per status: a pause, resume, cancel or
-    finish is read afresh at once."""
+    belongs to the asking request's session) and its variants' results, which also count
+    all its deliveries, kept per status: a pause, resume, cancel or finish is read afresh
+    at once."""
 
     def take() -> dict[str, Any]:
         context = _progress(campaign)
         del context["campaign"]
+        context["variant_results"] = variants.results(db.session, campaign)
         return context
 
     return _READINGS.read((campaign.id, campaign.status), take)
@@ -929,7 +931,6 @@ def _detail_page(
         refresh_after=_refresh_after(reading),
         poll_seconds=POLL_SECONDS,
         topic=topic,
-        variant_results=variants.results(db.session, campaign),
         winner_at=variants.winner_due(campaign),
         ttl_words=presentation.ttl_in_words(campaign.ttl),
         urgency=presentation.urgency_text(campaign.urgency),

@@ -282,3 +282,30 @@ def test_two_first_readings_at_once_are_each_taken():
     assert kept.read("c", lambda: "second").value == "second"
     release.set()
     worker.join(5)
+
+
+def test_an_ab_test_page_opened_again_does_not_count_its_variants_again(
+    campaigner, catalogue_ready, clock, monkeypatch
+):
+    """The variants' results count all of a campaign's deliveries too: they are part of
+    the kept reading, not read again at every opening."""
+    app = catalogue_ready
+    campaign_id = _sending_campaign(app, clock)
+    with db.begin(app) as session:
+        session.get(Campaign, campaign_id).variants = [
+            {"title": "First", "body": "One"},
+            {"title": "Second", "body": "Two"},
+        ]
+    _, taken = costly_readings(monkeypatch, 3.0)
+    counted: list[int] = []
+    results = views.variants.results
+
+    def counting(session, campaign):
+        counted.append(1)
+        return results(session, campaign)
+
+    monkeypatch.setattr(views.variants, "results", counting)
+    pages = [campaigner.get(f"/staff/campaigns/{campaign_id}") for _ in range(2)]
+    assert [page.status_code for page in pages] == [200, 200]
+    assert pages[0].text.count("Second") == pages[1].text.count("Second") > 0
+    assert len(taken) == 1 and len(counted) == 1
