@@ -160,9 +160,17 @@ class _Claimed:
 
 
 def _one(item: _Claimed) -> sa.ColumnElement[bool]:
-    """The claimed delivery's row. With its campaign, which partitions ``delivery`` on
-    PostgreSQL (migration 0031), so the write reads one partition's primary key."""
-    return sa.and_(_d.c.id == item.delivery_id, _d.c.campaign_id == item.campaign_id)
+    """The claimed delivery's row, while it is still out. With its campaign, which
+    partitions ``delivery`` on PostgreSQL (migration 0031), so the write reads one
+    partition's primary key. A delivery already answered (a second process sent it after
+    this one's lease ran out, and wrote first) keeps its answer: no answer changes a
+    delivery that is not ``sending``, so once none of a finished campaign's deliveries is
+    out its counts never change again."""
+    return sa.and_(
+        _d.c.id == item.delivery_id,
+        _d.c.campaign_id == item.campaign_id,
+        _d.c.status == DeliveryStatus.SENDING.value,
+    )
 
 
 @dataclass
@@ -1338,8 +1346,12 @@ class _AcceptedRun:
         )
         session.execute(
             sa.update(_d)
-            # By id alone (as the lease's renewal, for the same reason).
-            .where(among(session, _d.c.id, self.deliveries))
+            # By id alone (as the lease's renewal, for the same reason), while still out
+            # (``_one``).
+            .where(
+                among(session, _d.c.id, self.deliveries),
+                _d.c.status == DeliveryStatus.SENDING.value,
+            )
             .values(
                 status=DeliveryStatus.ACCEPTED.value,
                 reason=None,

@@ -379,6 +379,33 @@ def test_a_batch_sent_for_longer_than_its_lease_is_not_taken_by_another_process(
     assert {d["status"] for d in _rows(push_app, Delivery)} == {"accepted"}
 
 
+def test_an_answer_to_a_delivery_another_process_already_answered_changes_nothing(
+    push_app, dispatcher, fake_push, clock
+):
+    # This process's lease ran out while its batch was out; another process sent the
+    # batch again and recorded its answers first. The late answers (an acceptance, a 410)
+    # leave those deliveries as they are: the answer recorded first stands, and a
+    # finished campaign with nothing out never changes again.
+    subs = [_subscribe(push_app, fake_push, topics=["weekly-digest"]) for _ in range(3)]
+    fake_push.script(subs[1], 410)
+    _launch(push_app, clock)
+
+    def answered_elsewhere():
+        with db.begin(push_app) as session:
+            session.execute(
+                sa.update(Delivery)
+                .where(Delivery.status == "sending")
+                .values(status="failed", reason="rejected_400", lease_expires_at=None)
+            )
+
+    sender = Dispatcher(push_app, _SlowService(dispatcher.transport, answered_elsewhere))
+    sender.tick()
+
+    assert {(d["status"], d["reason"]) for d in _rows(push_app, Delivery)} == {
+        ("failed", "rejected_400")
+    }
+
+
 def test_one_batch_of_mixed_answers_records_each_answer(
     push_app, dispatcher, fake_push, clock, engine
 ):
