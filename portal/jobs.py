@@ -119,7 +119,8 @@ JOBS: tuple[Job, ...] = (
         table_retention_job,
         interval="table_retention",
         description="Deletes feedback digests and markers, ended staff sessions and display "
-        "receipts past their retention, in batches.",
+        "receipts past their retention, in batches, and keeps the counts of finished "
+        "campaigns whose last delivery has come back.",
     ),
     Job(
         "consent-log-sequencer",

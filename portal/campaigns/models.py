@@ -73,6 +73,10 @@ class Campaign(Base):
     materialised_through: Mapped[uuid.UUID | None] = mapped_column(sa.Uuid)
     materialised_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
     is_test: Mapped[bool] = mapped_column(sa.Boolean, nullable=False, default=False)
+    # Its deliveries by status ({"accepted": n, …}; statuses with none left out), kept
+    # once it is settled: finished, nothing queued or out (portal/campaigns/settled.py).
+    # NULL: counted from its rows.
+    settled_counts: Mapped[dict[str, int] | None] = mapped_column(sa.JSON)
 
     __table_args__ = (
         sa.CheckConstraint(

@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from portal.campaigns import local_time, media, tally, variants
+from portal.campaigns import local_time, media, settled, tally, variants
 from portal.campaigns.models import Campaign, CampaignStatus
 from portal.campaigns.presentation import zoned_time
 from portal.campaigns.zones import UTC_ZONE, check_zone
@@ -985,7 +985,8 @@ def list_campaigns(
     before: uuid.UUID | None = None,
     limit: int = 50,
 ) -> CampaignPage:
-    """Newest first, with delivery counts by status. Test sends are left out unless asked
+    """Newest first, with delivery counts by status (``portal.campaigns.settled``: a
+    finished campaign's as kept, counted once). Test sends are left out unless asked
     for: they are one person's check, not a campaign."""
     query = sa.select(Campaign, Topic).join(Topic, Topic.id == Campaign.topic_id)
     if not include_tests:
@@ -1000,17 +1001,7 @@ def list_campaigns(
         query.order_by(Campaign.created_at.desc(), Campaign.id.desc()).limit(limit + 1)
     ).all()
     page = found[:limit]
-    ids = [campaign.id for campaign, _ in page]
-    counts: dict[uuid.UUID, dict[str, int]] = {i: {s.value: 0 for s in DeliveryStatus} for i in ids}
-    if ids:
-        here = (
-            sa.select(_d.c.campaign_id, _d.c.status, sa.func.count())
-            .where(_d.c.campaign_id.in_(ids))
-            .group_by(_d.c.campaign_id, _d.c.status)
-        )
-        t = tally.TALLY.c
-        gone = sa.select(t.campaign_id, t.status, t.deliveries).where(t.campaign_id.in_(ids))
-        for campaign_id, status, n in session.execute(sa.union_all(here, gone)):
-            counts[campaign_id][status] += int(n)
+    # A settled campaign's counts as kept; the others' counted from their rows.
+    counts = settled.counts(session, [campaign for campaign, _ in page])
     rows = [CampaignRow(campaign, topic, counts[campaign.id]) for campaign, topic in page]
     return CampaignPage(rows, page[-1][0].id if len(found) > limit else None)

@@ -28,7 +28,7 @@ import sqlalchemy as sa
 from flask import Flask
 from sqlalchemy.orm import Session
 
-from portal.campaigns import metrics, variants
+from portal.campaigns import metrics, settled, variants
 from portal.campaigns.models import Campaign, CampaignStatus, CircuitState
 from portal.campaigns.services import (
     MaterialisingElsewhere,
@@ -281,23 +281,21 @@ class Dispatcher:
         self._send_winners(now)
         materialised, elsewhere = self._materialise(now)
         with db.begin(self.app) as session:
-            busy = (
-                sa.select(_d.c.id)
-                .where(
-                    _d.c.campaign_id == _c.c.id,
-                    _d.c.status.in_([DeliveryStatus.QUEUED.value, DeliveryStatus.SENDING.value]),
-                )
-                .exists()
+            completed = list(
+                session.execute(
+                    sa.update(_c)
+                    .where(
+                        _c.c.status == CampaignStatus.SENDING.value,
+                        _c.c.materialised_at.is_not(None),
+                        settled.none_out(_c.c.id),
+                    )
+                    .values(status=CampaignStatus.COMPLETED.value, finished_at=now)
+                    .returning(_c.c.id)
+                ).scalars()
             )
-            session.execute(
-                sa.update(_c)
-                .where(
-                    _c.c.status == CampaignStatus.SENDING.value,
-                    _c.c.materialised_at.is_not(None),
-                    ~busy,
-                )
-                .values(status=CampaignStatus.COMPLETED.value, finished_at=now)
-            )
+            # Nothing of them is queued or out: their counts are final, kept for the
+            # campaign list in the same transaction.
+            settled.settle(session, completed)
         return materialised, elsewhere
 
     def _materialise(

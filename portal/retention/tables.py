@@ -26,6 +26,10 @@ sweep (``portal.batches``). None of them changes a figure a page shows:
   run and newest finished run (what the jobs page's table of jobs and the compliance
   page's last log check show) nor the newest ``RECENT_RUNS_LISTED`` runs (the jobs
   page's list of recent runs), so those pages are the same.
+- A finished campaign's counts by status are kept on it once its last delivery has come
+  back (``portal.campaigns.settled``), so the campaign list stops counting its rows; the
+  dispatcher keeps a completed campaign's itself, this job those of cancelled and expired
+  campaigns and of campaigns finished before counts were kept.
 - **campaign_picture** rows uploaded more than ``PICTURE_UNUSED_RETENTION_DAYS`` ago that
   no campaign and no draft names (as icon, image, badge or a variant's image, in any
   spelling of its ``/media/`` address) go: an upload tried in a preview and never used.
@@ -46,7 +50,7 @@ from sqlalchemy.orm import Session
 
 from portal import batches
 from portal.batches import delete_batches, keyset_batches, replication_throttle
-from portal.campaigns import tally
+from portal.campaigns import settled, tally
 from portal.campaigns.media_models import Picture
 from portal.campaigns.models import Campaign, Draft
 from portal.config import Settings
@@ -256,10 +260,40 @@ def _maintain_partitions(
         report.changed += dropped
 
 
+# Finished campaigns looked for at a time by settle_campaigns.
+SETTLE_BATCH = 50
+
+
+def settle_campaigns(app: Flask) -> int:
+    """Keep the counts of each finished campaign not kept yet whose last delivery has come
+    back (``portal.campaigns.settled``: a cancelled or expired one, or one finished before
+    counts were kept), one campaign per transaction: each is one count of its rows. How
+    many it kept."""
+    stop = app.extensions.get("portal.stop")
+    passed: set[uuid.UUID] = set()
+    kept = 0
+    while not (stop is not None and stop.is_set()):
+        with db.begin(app) as session:
+            found = [c for c in settled.to_settle(session, SETTLE_BATCH) if c not in passed]
+        if not found:
+            break
+        for campaign_id in found:
+            with db.begin(app) as session:
+                kept += len(settled.settle(session, [campaign_id]))
+            # Settled here or meanwhile elsewhere: either way not looked for again.
+            passed.add(campaign_id)
+            if stop is not None and stop.is_set():
+                break
+    if kept:
+        log.info("kept the counts of %d finished campaigns", kept)
+    return kept
+
+
 def table_retention_job(app: Flask, progress: Progress) -> JobReport:
     portal = current_portal(app)
     settings, now = portal.settings, portal.clock.now()
     report = JobReport("table-retention")
+    settle_campaigns(app)
     delivery_partitions(app, now, settings, report)
     fold_deliveries(app, now, settings, progress, report)
     for table, candidates in (

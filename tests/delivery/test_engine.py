@@ -406,6 +406,26 @@ def test_an_answer_to_a_delivery_another_process_already_answered_changes_nothin
     }
 
 
+def test_a_campaign_the_dispatcher_completes_keeps_its_counts_in_that_transaction(
+    push_app, dispatcher, fake_push, clock
+):
+    subs = [_subscribe(push_app, fake_push, topics=["weekly-digest"]) for _ in range(4)]
+    fake_push.script(subs[1], 410)
+    fake_push.script(subs[2], 404)
+    campaign_id = _launch(push_app, clock)
+    with db.begin(push_app) as session:
+        assert session.get(Campaign, campaign_id).settled_counts is None
+
+    dispatcher.tick()  # sends everything, then nothing is left: completed, counts kept
+
+    with db.begin(push_app) as session:
+        campaign = session.get(Campaign, campaign_id)
+        assert campaign.status == "completed"
+        assert campaign.settled_counts == {"accepted": 2, "revoked": 1, "failed": 1}
+        listed = {r.campaign.id: r.counts for r in campaigns.list_campaigns(session).rows}
+    assert {s: n for s, n in listed[campaign_id].items() if n} == campaign.settled_counts
+
+
 def test_one_batch_of_mixed_answers_records_each_answer(
     push_app, dispatcher, fake_push, clock, engine
 ):
