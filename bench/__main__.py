@@ -57,6 +57,7 @@ BENCHMARKS = (
     "consent_log",
     "preference_save",
     "receipt",
+    "campaign_list",
 )
 ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/test"
 RESULTS = ROOT / "bench" / "results"
