@@ -2,8 +2,9 @@
 
 A statement that reads such a table from end to end costs every request more with every
 subscriber. ``populate`` copies one real person's rows for ``PEOPLE`` others and takes the
-statistics, as autovacuum would; ``whole_table_reads`` asks the planner for each captured
-statement's plan (never running it) and names the growing tables it reads whole.
+statistics, as autovacuum would; ``deliveries`` sends them campaigns; ``whole_table_reads``
+asks the planner for each captured statement's plan (never running it) and names the
+growing tables it reads whole.
 """
 
 from __future__ import annotations
@@ -14,11 +15,14 @@ from typing import Any
 import sqlalchemy as sa
 
 from portal.consent.models import ConsentEvent, TopicPreference
+from portal.db import uuid7
 from portal.subscriptions.models import PushSubscription
 
 PEOPLE = 3000
-# The tables whose rows grow with the audience.
-GROWING = {"subscriber", "push_subscription", "topic_preference", "consent_event"}
+# The tables whose rows grow with the audience (delivery: with every campaign too).
+GROWING = {"subscriber", "push_subscription", "topic_preference", "consent_event", "delivery"}
+# A partition of delivery (portal/delivery/partitions.py) is read as delivery.
+_PARTITION = re.compile(r"^(delivery)_(?:\d{4}_\d{2}|default)$")
 
 # Each table's rows of the one real person, copied for every other person (filler), with
 # the columns that must differ between people replaced.
@@ -90,6 +94,78 @@ def populate(engine: sa.Engine, person: Any, *, events_aged: str | None = None) 
 PLANNED = re.compile(r"\s*(WITH\b|SELECT\b|UPDATE\b|DELETE\b|INSERT\b.*\bSELECT\b)", re.S | re.I)
 
 
+def deliveries(engine: sa.Engine, campaigns: int = 10) -> None:
+    """``campaigns`` finished campaigns sent to every subscription there is, each
+    delivery allowed by its person's latest consent event, then the statistics taken: a
+    ``delivery`` table of campaigns kept, many times the audience."""
+    with engine.begin() as conn:
+        topic = conn.execute(sa.text("SELECT min(id) FROM topic")).scalar_one()
+        for n in range(campaigns):
+            # Made now, as the app makes campaigns: their deliveries fill this month's
+            # partition, where the person's own are.
+            campaign = conn.execute(
+                sa.text(
+                    "INSERT INTO campaign (id, topic_id, title, body, urgency, ttl, send_at, "
+                    "status, created_by, created_at, finished_at, is_test) VALUES "
+                    "(:id, :topic, :title, 'Filler', 'normal', 86400, now(), "
+                    "'completed', 'test', now(), now(), false) RETURNING id"
+                ),
+                {"id": uuid7(), "topic": topic, "title": f"Campaign {n + 1}"},
+            ).scalar_one()
+            conn.execute(
+                sa.text(
+                    "INSERT INTO delivery (campaign_id, subscription_id, push_service, status, "
+                    "attempts, next_attempt_at, consent_reason, consent_event_seq, updated_at) "
+                    "SELECT :campaign, s.id, 'fcm', 'accepted', 1, now(), 'explicit_opt_in', "
+                    "(SELECT max(e.seq) FROM consent_event e "
+                    "WHERE e.subscriber_id = s.subscriber_id), now() "
+                    "FROM push_subscription s"
+                ),
+                {"campaign": campaign},
+            )
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(sa.text("ANALYZE"))
+
+
+def _growing(table: str) -> str | None:
+    """The growing table ``table`` is, or a partition of; None for any other."""
+    partition = _PARTITION.match(table)
+    name = partition.group(1) if partition else table
+    return name if name in GROWING else None
+
+
+def _read_whole(plan: str) -> set[str]:
+    """The growing tables a plan reads from end to end: by a sequential scan, or by an
+    index scan with no index condition that tests every row it walks (a ``Filter``), as
+    an ``ORDER BY id DESC LIMIT`` walks the primary key from its end when no index serves
+    its ``WHERE``. An index scan with neither (the highest key, read from the index's end)
+    reads a row or two; a scan the planner costs at nothing is of an empty partition."""
+    found: set[str] = set()
+    # Each plan node: its first line (the top node's, or one with "->"), then its details.
+    nodes: list[list[str]] = []
+    for number, line in enumerate(plan.splitlines()):
+        if number == 0 or "->" in line:
+            nodes.append([line])
+        else:
+            nodes[-1].append(line)
+    for first, *details in nodes:
+        if "cost=0.00..0.00 " in first:
+            continue  # an empty partition (no pages): read whole, it reads nothing
+        scan = re.search(r"Seq Scan on (\w+)", first)
+        if scan and (table := _growing(scan.group(1))):
+            found.add(table)
+        indexed = re.search(r"Index (?:Only )?Scan (?:Backward )?using \w+ on (\w+)", first)
+        conditions = " ".join(details)
+        if (
+            indexed
+            and (table := _growing(indexed.group(1)))
+            and "Filter:" in conditions
+            and "Index Cond:" not in conditions
+        ):
+            found.add(table)
+    return found
+
+
 def whole_table_reads(engine: sa.Engine, statements: list[tuple[str, Any]]) -> list[str]:
     """The growing tables each statement's plan reads from end to end."""
     found = []
@@ -99,7 +175,7 @@ def whole_table_reads(engine: sa.Engine, statements: list[tuple[str, Any]]) -> l
         for statement, parameters in statements:
             cursor.execute("EXPLAIN " + statement, parameters)  # planned, never run
             plan = "\n".join(row[0] for row in cursor.fetchall())
-            tables = set(re.findall(r"Seq Scan on (\w+)", plan)) & GROWING
+            tables = _read_whole(plan)
             if tables:
                 found.append(f"{sorted(tables)} read whole by:\n{statement}\n{plan}")
         raw.rollback()

@@ -559,9 +559,18 @@ def _deliveries(
     d, c = Delivery.__table__, Campaign.__table__
     t = Topic.__table__
     own_events = sa.select(ConsentEvent.seq).where(ConsentEvent.subscriber_id == subscriber_id)
-    matches = [d.c.consent_event_seq.in_(own_events)]
+    # One branch per reason, each read from its own index (ix_delivery_consent_event_seq,
+    # ix_delivery_subscription_id) and bounded by the person's deliveries. As one OR
+    # of the two, no index could serve it: PostgreSQL walked the whole table's primary
+    # key from its end, testing every delivery of every campaign kept.
+    branches = [sa.select(d.c.id, d.c.campaign_id).where(d.c.consent_event_seq.in_(own_events))]
     if subscription_ids:
-        matches.append(d.c.subscription_id.in_(list(subscription_ids)))
+        branches.append(
+            sa.select(d.c.id, d.c.campaign_id).where(
+                d.c.subscription_id.in_(list(subscription_ids))
+            )
+        )
+    theirs = sa.union(*branches).subquery("theirs")
     rows = session.execute(
         sa.select(
             d.c.id,
@@ -575,8 +584,11 @@ def _deliveries(
             d.c.attempts,
             d.c.updated_at,
         )
-        .select_from(d.join(c, c.c.id == d.c.campaign_id).join(t, t.c.id == c.c.topic_id))
-        .where(sa.or_(*matches))
+        .select_from(
+            theirs.join(d, sa.and_(d.c.id == theirs.c.id, d.c.campaign_id == theirs.c.campaign_id))
+            .join(c, c.c.id == d.c.campaign_id)
+            .join(t, t.c.id == c.c.topic_id)
+        )
         .order_by(d.c.id.desc())
         .limit(DELIVERY_LIMIT)
     ).all()
