@@ -3,7 +3,13 @@
 from portal.campaigns.media_models import Picture
 from portal.campaigns.models import Campaign, CircuitState, Draft
 from portal.campaigns.testdevice_models import TestDevice, TestSend
-from portal.consent.models import ConsentEvent, PolicyVersion, Topic, TopicPreference
+from portal.consent.models import (
+    ConsentEvent,
+    DecisionWeek,
+    PolicyVersion,
+    Topic,
+    TopicPreference,
+)
 from portal.delivery.models import Delivery, DeliveryReceipt
 from portal.feedback.models import FeedbackApplied, FeedbackDigest
 from portal.operations.models import JobRun, JobState
@@ -16,6 +22,7 @@ __all__ = [
     "Campaign",
     "CircuitState",
     "ConsentEvent",
+    "DecisionWeek",
     "Delivery",
     "DeliveryReceipt",
     "Draft",

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from portal.campaigns.models import Campaign
@@ -24,7 +25,7 @@ from portal.compliance.export import ExportFilter, ExportPlan, plan_export
 from portal.consent import catalogue
 from portal.consent.jobs import integrate_in
 from portal.consent.log import Context, event_leaf_hash
-from portal.consent.models import ConsentEvent, EventKind, Source, Topic
+from portal.consent.models import ConsentEvent, DecisionWeek, EventKind, Source, Topic
 from portal.consent.preferences import Reason, TopicView, topic_views
 from portal.db import is_postgres
 from portal.delivery.models import Delivery
@@ -712,10 +713,25 @@ def week_start(day: dt.date) -> dt.date:
     return day - dt.timedelta(days=day.weekday())
 
 
-def weekly_decisions(session: Session, now: dt.datetime, weeks: int = WEEKS) -> list[TopicWeeks]:
-    """Opt-ins and opt-outs per topic per ISO week (Monday, UTC) over the last ``weeks``
-    weeks, the current one included, from the consent log's preference changes."""
-    first = week_start(now.astimezone(dt.UTC).date()) - dt.timedelta(weeks=weeks - 1)
+# A week's counts are final once no event recorded in it can still commit: an event's
+# recorded_at is its request's time, and its transaction ends with the request.
+WEEK_SETTLES_AFTER = dt.timedelta(hours=1)
+
+
+def first_week(now: dt.datetime, weeks: int = WEEKS) -> dt.date:
+    """The Monday of the oldest of the chart's ``weeks`` weeks (the current one last)."""
+    return week_start(now.astimezone(dt.UTC).date()) - dt.timedelta(weeks=weeks - 1)
+
+
+def _day(value: Any) -> dt.date:
+    return value if isinstance(value, dt.date) else dt.date.fromisoformat(str(value))
+
+
+def _count_weeks(
+    session: Session, first: dt.date, end: dt.date
+) -> Counter[tuple[dt.date, int, str]]:
+    """Opt-ins and opt-outs per (week's Monday, topic, state) recorded from the Monday
+    ``first`` up to the Monday ``end``, counted from the consent log."""
     e = ConsentEvent.__table__
     week: sa.ColumnElement[Any]
     if is_postgres(session):
@@ -729,6 +745,7 @@ def weekly_decisions(session: Session, now: dt.datetime, weeks: int = WEEKS) -> 
         .where(
             e.c.kind == EventKind.PREFERENCE_CHANGED.value,
             e.c.recorded_at >= dt.datetime.combine(first, dt.time(), tzinfo=dt.UTC),
+            e.c.recorded_at < dt.datetime.combine(end, dt.time(), tzinfo=dt.UTC),
             e.c.new_state.in_(["opt_in", "opt_out"]),
             e.c.topic_id.is_not(None),
         )
@@ -736,9 +753,67 @@ def weekly_decisions(session: Session, now: dt.datetime, weeks: int = WEEKS) -> 
     ).all()
     counts: Counter[tuple[dt.date, int, str]] = Counter()
     for day, topic_id, state, count in rows:
-        when = day if isinstance(day, dt.date) else dt.date.fromisoformat(str(day))
-        counts[(when, topic_id, state)] += int(count)
+        counts[(_day(day), topic_id, state)] += int(count)
+    return counts
+
+
+def _past_weeks(
+    session: Session, mondays: Sequence[dt.date], now: dt.datetime
+) -> Counter[tuple[dt.date, int, str]]:
+    """The weeks' counts, each counted once and kept (``DecisionWeek``): those not kept
+    yet are counted now, in one statement, and kept in the caller's transaction (a view
+    that counted a week at the same moment keeps its own, the same)."""
+    counts: Counter[tuple[dt.date, int, str]] = Counter()
+    kept = session.scalars(sa.select(DecisionWeek).where(DecisionWeek.week.in_(mondays))).all()
+    for row in kept:
+        for key, n in row.counts.items():
+            topic, state = key.split(":")
+            counts[(row.week, int(topic), state)] += int(n)
+    missing = sorted(set(mondays) - {row.week for row in kept})
+    if not missing:
+        return counts
+    counted = _count_weeks(session, missing[0], missing[-1] + dt.timedelta(weeks=1))
+    insert = (postgresql.insert if is_postgres(session) else sqlite.insert)(DecisionWeek)
+    session.execute(
+        insert.values(
+            [
+                {
+                    "week": monday,
+                    "counts": {
+                        f"{topic_id}:{state}": n
+                        for (week, topic_id, state), n in sorted(counted.items())
+                        if week == monday
+                    },
+                    "counted_at": now,
+                }
+                for monday in missing
+            ]
+        ).on_conflict_do_nothing(index_elements=[DecisionWeek.week])
+    )
+    for (week, topic_id, state), n in counted.items():
+        if week in missing:
+            counts[(week, topic_id, state)] += n
+    return counts
+
+
+def weekly_decisions(session: Session, now: dt.datetime, weeks: int = WEEKS) -> list[TopicWeeks]:
+    """Opt-ins and opt-outs per topic per ISO week (Monday, UTC) over the last ``weeks``
+    weeks, the current one included, from the consent log's preference changes. A past
+    week is counted once and kept (:func:`_past_weeks`); only the weeks still open (the
+    current one, and the last for an hour after it ends) are counted at each call. The
+    caller commits what was kept."""
+    first = first_week(now, weeks)
     mondays = [first + dt.timedelta(weeks=i) for i in range(weeks)]
+
+    def settled(monday: dt.date) -> bool:
+        end = dt.datetime.combine(monday + dt.timedelta(weeks=1), dt.time(), tzinfo=dt.UTC)
+        return end + WEEK_SETTLES_AFTER <= now
+
+    past = [monday for monday in mondays if settled(monday)]
+    open_weeks = [monday for monday in mondays if not settled(monday)]
+    counts = _past_weeks(session, past, now) if past else Counter()
+    if open_weeks:
+        counts += _count_weeks(session, open_weeks[0], open_weeks[-1] + dt.timedelta(weeks=1))
     return [
         TopicWeeks(
             topic,

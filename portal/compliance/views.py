@@ -328,6 +328,7 @@ def compliance_dashboard() -> Any:
     session = db.session
     now = current_portal().clock.now()
     weeks = services.weekly_decisions(session, now)
+    session.commit()  # the past weeks it counted, kept
     return render_template(
         "staff/compliance/dashboard.html",
         topics=weeks,

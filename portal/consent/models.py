@@ -205,3 +205,17 @@ class ConsentTreeHead(Base):
     signature: Mapped[bytes] = mapped_column(sa.LargeBinary(64), nullable=False)
     # The key that signed it, so a head outlives a key rotation readably.
     public_key: Mapped[bytes] = mapped_column(sa.LargeBinary(32), nullable=False)
+
+
+class DecisionWeek(Base):
+    """One past week's opt-ins and opt-outs per topic, counted once from the consent log
+    for the compliance dashboard's chart (``portal.compliance.services.weekly_decisions``):
+    ``{"<topic id>:opt_in": n, …}`` (pairs with none left out). Kept once no event
+    recorded in the week can still commit; the chart's older weeks are deleted by the
+    ``table-retention`` job."""
+
+    __tablename__ = "decision_week"
+
+    week: Mapped[dt.date] = mapped_column(sa.Date, primary_key=True)  # its Monday (UTC)
+    counts: Mapped[dict[str, int]] = mapped_column(sa.JSON, nullable=False)
+    counted_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, nullable=False)

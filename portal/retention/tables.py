@@ -26,6 +26,9 @@ sweep (``portal.batches``). None of them changes a figure a page shows:
   run and newest finished run (what the jobs page's table of jobs and the compliance
   page's last log check show) nor the newest ``RECENT_RUNS_LISTED`` runs (the jobs
   page's list of recent runs), so those pages are the same.
+- **decision_week** rows (the compliance dashboard's past weeks of decisions, counted
+  once) of weeks older than the dashboard's chart shows go: one a week is kept at most
+  for each week the chart shows.
 - A finished campaign's counts by status are kept on it once its last delivery has come
   back (``portal.campaigns.settled``), so the campaign list stops counting its rows; the
   dispatcher keeps a completed campaign's itself, this job those of cancelled and expired
@@ -53,7 +56,9 @@ from portal.batches import delete_batches, keyset_batches, replication_throttle
 from portal.campaigns import settled, tally
 from portal.campaigns.media_models import Picture
 from portal.campaigns.models import Campaign, Draft
+from portal.compliance.services import first_week
 from portal.config import Settings
+from portal.consent.models import DecisionWeek
 from portal.db import db, held_transaction_lock, is_postgres
 from portal.delivery import partitions
 from portal.delivery.models import Delivery, DeliveryReceipt
@@ -72,6 +77,7 @@ RECENT_DIGESTS_KEPT = 50
 _digest = cast(sa.Table, FeedbackDigest.__table__)
 _applied = cast(sa.Table, FeedbackApplied.__table__)
 _session = cast(sa.Table, StaffSession.__table__)
+_decision_week = cast(sa.Table, DecisionWeek.__table__)
 _receipt = cast(sa.Table, DeliveryReceipt.__table__)
 _delivery = cast(sa.Table, Delivery.__table__)
 _run = cast(sa.Table, JobRun.__table__)
@@ -96,6 +102,11 @@ def old_digests(app: Flask, now: dt.datetime, settings: Settings) -> sa.ColumnEl
 
 def old_markers(now: dt.datetime, settings: Settings) -> sa.ColumnElement[bool]:
     return _applied.c.applied_at < now - dt.timedelta(days=settings.retention.feedback_marker_days)
+
+
+def chart_weeks_past(now: dt.datetime) -> sa.ColumnElement[bool]:
+    """Kept weeks of decisions older than the compliance dashboard's chart shows."""
+    return _decision_week.c.week < first_week(now)
 
 
 def ended_sessions(now: dt.datetime, settings: Settings) -> sa.ColumnElement[bool]:
@@ -303,6 +314,7 @@ def table_retention_job(app: Flask, progress: Progress) -> JobReport:
         (_receipt, orphaned_receipts(now, settings)),
         (_run, old_job_runs(app, now, settings)),
         (_picture, unused_pictures(now, settings)),
+        (_decision_week, chart_weeks_past(now)),
     ):
         delete_batches(
             app,

@@ -7,6 +7,7 @@ import itertools
 import re
 import uuid
 
+import sqlalchemy as sa
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -14,13 +15,13 @@ from portal.charts import nice_step
 from portal.compliance import services
 from portal.compliance.charts import LABEL_SPACE, weekly_chart
 from portal.consent import catalogue, log
-from portal.consent.models import EventKind
+from portal.consent.models import DecisionWeek, EventKind
 from portal.db import db
 from portal.jobs import run_job
 from portal.operations.models import JobRun, JobState
 from portal.operations.scheduler import run_recorded
 from portal.subscriptions.models import Subscriber
-from tests.helpers import all_rows
+from tests.helpers import all_rows, sent_statements
 
 # The clock's Thursday, 2026-01-01: its week starts on Monday 2025-12-29.
 MONDAY = dt.date(2025, 12, 29)
@@ -72,6 +73,91 @@ def test_weekly_counts(app, clock, catalogue_ready):
     digest = by_slug["weekly-digest"].weeks
     assert digest[0] == services.WeekCount(MONDAY - dt.timedelta(weeks=11), 0, 1)
     assert by_slug["weekly-digest"].totals == (0, 1)
+
+
+# A statement that counts the consent log's preference changes by week.
+COUNTS_WEEKS = re.compile(r"(?is)SELECT .*count\(\*\).*FROM consent_event.*GROUP BY")
+
+
+def _weeks(app, clock) -> dict[str, list[services.WeekCount]]:
+    with app.app_context():
+        weeks = services.weekly_decisions(db.session, clock.now())
+        db.session.commit()
+    return {item.topic.slug: item.weeks for item in weeks}
+
+
+def _kept(app) -> list[tuple[dt.date, dict[str, int]]]:
+    with db.begin(app) as session:
+        rows = session.scalars(sa.select(DecisionWeek).order_by(DecisionWeek.week)).all()
+        return [(row.week, dict(row.counts)) for row in rows]
+
+
+def test_a_past_week_is_counted_once_and_kept_and_only_this_week_is_counted_again(
+    app, clock, engine, catalogue_ready
+):
+    _decide(app, "offers", "opt_in", _at(MONDAY + dt.timedelta(days=1)))  # this week
+    _decide(app, "offers", "opt_out", _at(MONDAY - dt.timedelta(days=1), 23))  # last week
+    _decide(app, "offers", "opt_in", _at(MONDAY - dt.timedelta(weeks=5)))
+    with sent_statements(engine, COUNTS_WEEKS) as counting:
+        first = _weeks(app, clock)
+    # One count of the eleven past weeks, kept; one of this week.
+    assert len(counting) == 2
+    kept = _kept(app)
+    assert [week for week, _ in kept] == [MONDAY - dt.timedelta(weeks=n) for n in range(11, 0, -1)]
+    with db.begin(app) as session:
+        offers = catalogue.topic_by_slug(session, "offers").id
+    assert kept[-1] == (MONDAY - dt.timedelta(weeks=1), {f"{offers}:opt_out": 1})
+    assert kept[-5] == (MONDAY - dt.timedelta(weeks=5), {f"{offers}:opt_in": 1})
+    assert [counts for _, counts in kept].count({}) == 9
+
+    # A new decision this week counts at once; the past weeks are read as kept: an
+    # event dated into one of them behind the log's back (never done by the app) does
+    # not change them, and this week alone is counted again.
+    _decide(app, "offers", "opt_in", _at(MONDAY + dt.timedelta(days=2)))
+    _decide(app, "offers", "opt_in", _at(MONDAY - dt.timedelta(weeks=3)))
+    with sent_statements(engine, COUNTS_WEEKS) as counting:
+        second = _weeks(app, clock)
+    assert len(counting) == 1
+    (_, parameters) = counting[0]
+    values = list(parameters.values()) if isinstance(parameters, dict) else list(parameters)
+    assert any(str(value).startswith(str(MONDAY)) for value in values)  # from this Monday
+    assert second["offers"][-1] == services.WeekCount(MONDAY, 2, 0)
+    assert second["offers"][:-1] == first["offers"][:-1]
+    assert second["offers"][-4] == services.WeekCount(MONDAY - dt.timedelta(weeks=3), 0, 0)
+
+
+def test_the_week_just_ended_is_counted_afresh_for_an_hour_then_kept(app, clock, catalogue_ready):
+    # Monday 00:30: last week's last decisions may still be committing.
+    next_monday = MONDAY + dt.timedelta(weeks=1)
+    clock.set(_at(next_monday, 0) + dt.timedelta(minutes=30))
+    _decide(app, "offers", "opt_in", _at(MONDAY + dt.timedelta(days=6), 23))
+    weeks = _weeks(app, clock)
+    assert weeks["offers"][-2] == services.WeekCount(MONDAY, 1, 0)
+    assert MONDAY not in [week for week, _ in _kept(app)]
+    # One committed late, recorded in the last minute of the week.
+    _decide(
+        app, "offers", "opt_out", _at(MONDAY + dt.timedelta(days=6), 23) + dt.timedelta(minutes=59)
+    )
+    clock.advance(hours=1)
+    weeks = _weeks(app, clock)
+    assert weeks["offers"][-2] == services.WeekCount(MONDAY, 1, 1)
+    with db.begin(app) as session:
+        offers = catalogue.topic_by_slug(session, "offers").id
+    assert (MONDAY, {f"{offers}:opt_in": 1, f"{offers}:opt_out": 1}) in _kept(app)
+
+
+def test_kept_weeks_older_than_the_chart_are_deleted_by_table_retention(
+    app, clock, catalogue_ready
+):
+    _weeks(app, clock)
+    assert len(_kept(app)) == 11
+    clock.advance(days=7 * 3)  # three weeks on: the three oldest kept are off the chart
+    run_job(app, "table-retention")
+    assert [week for week, _ in _kept(app)] == [
+        MONDAY - dt.timedelta(weeks=n) for n in range(8, 0, -1)
+    ]
+    _weeks(app, clock)
+    assert len(_kept(app)) == 11  # the chart's eleven past weeks, the newest counted now
 
 
 def test_the_chart_is_accessible_svg_with_a_table(app, clock, officer, catalogue_ready):
