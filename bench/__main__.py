@@ -58,6 +58,7 @@ BENCHMARKS = (
     "preference_save",
     "receipt",
     "campaign_list",
+    "compliance_pages",
 )
 ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/test"
 RESULTS = ROOT / "bench" / "results"
