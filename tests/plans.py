@@ -9,13 +9,17 @@ growing tables it reads whole.
 
 from __future__ import annotations
 
+import datetime as dt
+import itertools
 import re
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.orm import Session
 
 from portal.consent.models import ConsentEvent, TopicPreference
 from portal.db import uuid7
+from portal.delivery import partitions
 from portal.subscriptions.models import PushSubscription
 
 PEOPLE = 3000
@@ -94,34 +98,36 @@ def populate(engine: sa.Engine, person: Any, *, events_aged: str | None = None) 
 PLANNED = re.compile(r"\s*(WITH\b|SELECT\b|UPDATE\b|DELETE\b|INSERT\b.*\bSELECT\b)", re.S | re.I)
 
 
-def deliveries(engine: sa.Engine, campaigns: int = 10) -> None:
-    """``campaigns`` finished campaigns sent to every subscription there is, each
-    delivery allowed by its person's latest consent event, then the statistics taken: a
-    ``delivery`` table of campaigns kept, many times the audience."""
+def deliveries(engine: sa.Engine, *, at: dt.datetime, campaigns: int = 5) -> None:
+    """``campaigns`` finished campaigns in every partition of ``delivery`` (each month's,
+    and the default one through a campaign made at ``at``, the app's clock), each sent to
+    every subscription there is and each delivery allowed by its person's latest consent
+    event, then the statistics taken: a ``delivery`` table of campaigns kept, many times
+    the audience, with no partition so small that reading it whole is the cheaper plan."""
+    with Session(engine) as session:
+        made = [at] + [month.start + dt.timedelta(days=1) for month in partitions.months(session)]
     with engine.begin() as conn:
         topic = conn.execute(sa.text("SELECT min(id) FROM topic")).scalar_one()
-        for n in range(campaigns):
-            # Made now, as the app makes campaigns: their deliveries fill this month's
-            # partition, where the person's own are.
+        for when, n in itertools.product(made, range(campaigns)):
             campaign = conn.execute(
                 sa.text(
                     "INSERT INTO campaign (id, topic_id, title, body, urgency, ttl, send_at, "
                     "status, created_by, created_at, finished_at, is_test) VALUES "
-                    "(:id, :topic, :title, 'Filler', 'normal', 86400, now(), "
-                    "'completed', 'test', now(), now(), false) RETURNING id"
+                    "(:id, :topic, :title, 'Filler', 'normal', 86400, :at, "
+                    "'completed', 'test', :at, :at, false) RETURNING id"
                 ),
-                {"id": uuid7(), "topic": topic, "title": f"Campaign {n + 1}"},
+                {"id": uuid7(at=when), "topic": topic, "title": f"Campaign {n + 1}", "at": when},
             ).scalar_one()
             conn.execute(
                 sa.text(
                     "INSERT INTO delivery (campaign_id, subscription_id, push_service, status, "
                     "attempts, next_attempt_at, consent_reason, consent_event_seq, updated_at) "
-                    "SELECT :campaign, s.id, 'fcm', 'accepted', 1, now(), 'explicit_opt_in', "
+                    "SELECT :campaign, s.id, 'fcm', 'accepted', 1, :at, 'explicit_opt_in', "
                     "(SELECT max(e.seq) FROM consent_event e "
-                    "WHERE e.subscriber_id = s.subscriber_id), now() "
+                    "WHERE e.subscriber_id = s.subscriber_id), :at "
                     "FROM push_subscription s"
                 ),
-                {"campaign": campaign},
+                {"campaign": campaign, "at": when},
             )
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(sa.text("ANALYZE"))
