@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -48,7 +47,7 @@ import sqlalchemy as sa  # noqa: E402
 from bench.audience import create_database, drop_database  # noqa: E402
 from bench.claims import ADMIN_URL, _psycopg, _url_for, mark_sent, populate  # noqa: E402
 from bench.consent_log import _app  # noqa: E402
-from bench.contract import Figure, add_arguments, write  # noqa: E402
+from bench.contract import Figure, add_arguments, median_time, write  # noqa: E402
 from portal.config import normalise_database_url  # noqa: E402
 from portal.db import create_engine  # noqa: E402
 from portal.migrate import upgrade  # noqa: E402
@@ -56,17 +55,6 @@ from portal.migrate import upgrade  # noqa: E402
 # Flat: the list with every finished campaign in it costs at most this many times the
 # list with one (as bench/claims.py asks of a claim at 99% sent against 0%).
 TARGET_RATIO = 1.5
-
-
-def _timed(work: Callable[[], Any], repeat: int) -> float:
-    """The median of ``repeat`` timings of ``work``, after one untimed call."""
-    work()
-    times = []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        work()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
 
 
 def _listing(app: Any, listed: int | None) -> Callable[[], Any]:
@@ -131,14 +119,14 @@ def main() -> int:
             app = _app(url, instance)
             from portal.retention.tables import settle_campaigns
 
-            before = {n: _timed(_listing(app, n), args.repeat) for n in steps}
-            before_page = _timed(_listing(app, None), args.repeat)
+            before = {n: median_time(_listing(app, n), args.repeat)[0] for n in steps}
+            before_page = median_time(_listing(app, None), args.repeat)[0]
             print(f"before: {before}, whole list {before_page:.3f} s", flush=True)
             settling = time.perf_counter()
             kept = settle_campaigns(app)
             settling = time.perf_counter() - settling
-            after = {n: _timed(_listing(app, n), args.repeat) for n in steps}
-            after_page = _timed(_listing(app, None), args.repeat)
+            after = {n: median_time(_listing(app, n), args.repeat)[0] for n in steps}
+            after_page = median_time(_listing(app, None), args.repeat)[0]
             print(f"after: {after}, whole list {after_page:.3f} s", flush=True)
             app.extensions["portal.db"].engine.dispose()
     finally:

@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -50,7 +49,7 @@ import sqlalchemy as sa  # noqa: E402
 from bench.audience import create_database, drop_database  # noqa: E402
 from bench.claims import ADMIN_URL, _psycopg, _url_for, populate  # noqa: E402
 from bench.consent_log import _app  # noqa: E402
-from bench.contract import Figure, add_arguments, write  # noqa: E402
+from bench.contract import Figure, add_arguments, median_time, write  # noqa: E402
 from portal.config import normalise_database_url  # noqa: E402
 from portal.db import create_engine  # noqa: E402
 from portal.migrate import upgrade  # noqa: E402
@@ -99,17 +98,6 @@ def _old_deliveries(
         .limit(DELIVERY_LIMIT)
     ).all()
     return [DeliveryRow(**row._mapping) for row in rows]
-
-
-def _timed(work: Callable[[], Any], repeat: int) -> tuple[float, Any]:
-    """The median of ``repeat`` timings of ``work`` after one untimed call, and its answer."""
-    answer = work()
-    times = []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        work()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times), answer
 
 
 def _events(engine: sa.Engine, events: int, person: uuid.UUID) -> None:
@@ -240,24 +228,24 @@ def main() -> int:
         with tempfile.TemporaryDirectory() as instance:
             app = _app(url, instance)
             subscriptions = [_subscription()]
-            old_history, old_rows = _timed(
+            old_history, old_rows = median_time(
                 _in_request(app, lambda s: _old_deliveries(s, person, subscriptions)),
                 args.repeat,
             )
-            new_history, new_rows = _timed(
+            new_history, new_rows = median_time(
                 _in_request(app, lambda s: services._deliveries(s, person, subscriptions)),
                 args.repeat,
             )
             now = dt.datetime.now(dt.UTC)
             first = services.first_week(now)
             end = first + dt.timedelta(weeks=services.WEEKS)
-            old_chart, old_counts = _timed(
+            old_chart, old_counts = median_time(
                 _in_request(app, lambda s: services._count_weeks(s, first, end)), args.repeat
             )
             first_view = time.perf_counter()
             first_weeks = _in_request(app, lambda s: services.weekly_decisions(s, now))()
             first_view = time.perf_counter() - first_view
-            new_chart, new_weeks = _timed(
+            new_chart, new_weeks = median_time(
                 _in_request(app, lambda s: services.weekly_decisions(s, now)), args.repeat
             )
             app.extensions["portal.db"].engine.dispose()

@@ -16,7 +16,10 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import statistics
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +32,18 @@ def first_row(cursor: Any) -> Any:
     if row is None:
         raise SystemExit("a query that always answers a row answered none")
     return row
+
+
+def median_time(work: Callable[[], Any], repeat: int) -> tuple[float, Any]:
+    """The median of ``repeat`` timings of ``work`` after one untimed call (the pages it
+    reads in memory), and that first call's answer."""
+    answer = work()
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        work()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times), answer
 
 
 @dataclass
