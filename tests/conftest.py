@@ -408,6 +408,20 @@ def clock() -> FrozenClock:
     return FrozenClock()
 
 
+@pytest.fixture(autouse=True)
+def _progress_readings_never_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The campaign page's progress readings (portal/campaigns/readings.py) are kept when
+    one took longer than ``REUSE_ABOVE`` of real time: on a loaded machine any reading
+    may, and a page opened again then shows the earlier figures, not what the test has
+    changed since (a circuit closed by the test's clock: it failed a CI run). Timed on a
+    clock that never moves, none is kept; the tests of keeping them set their own
+    (``tests/campaigns/test_readings.py``)."""
+    from portal.campaigns import views
+    from portal.campaigns.readings import CostlyReadings
+
+    monkeypatch.setattr(views, "_READINGS", CostlyReadings(lambda: 0.0))
+
+
 def make_settings(database_url: str, instance_path: str, **overrides: object) -> Settings:
     values: dict[str, object] = {
         "env": "development",
