@@ -80,11 +80,18 @@ def counts(session: Session, campaigns: Iterable[Campaign]) -> dict[uuid.UUID, d
     return kept | counted(session, unsettled)
 
 
-def none_out(campaign_id: uuid.UUID | sa.ColumnElement[uuid.UUID]) -> sa.ColumnElement[bool]:
-    """The campaign (an id, or the campaign table's id column) has no delivery queued or
-    out; read from ``ix_delivery_due``, which holds exactly those."""
+def none_out(campaign_id: sa.ColumnElement[uuid.UUID]) -> sa.ColumnElement[bool]:
+    """The campaign whose id the column gives has no delivery queued or out; read from
+    ``ix_delivery_due``, which holds exactly those."""
     return ~(
         sa.select(_d.c.id).where(_d.c.campaign_id == campaign_id, _d.c.status.in_(_OUT)).exists()
+    )
+
+
+def _settleable() -> sa.ColumnElement[bool]:
+    """The campaign is settled and its counts not kept yet: finished, nothing out."""
+    return sa.and_(
+        _c.c.status.in_(tally.FINISHED), _c.c.settled_counts.is_(None), none_out(_c.c.id)
     )
 
 
@@ -97,12 +104,7 @@ def settle(session: Session, campaign_ids: Collection[uuid.UUID]) -> list[uuid.U
     settled: list[uuid.UUID] = []
     for campaign_id in sorted(campaign_ids):
         ready = session.execute(
-            sa.select(_c.c.id).where(
-                _c.c.id == campaign_id,
-                _c.c.status.in_(tally.FINISHED),
-                _c.c.settled_counts.is_(None),
-                none_out(campaign_id),
-            )
+            sa.select(_c.c.id).where(_c.c.id == campaign_id, _settleable())
         ).scalar_one_or_none()
         if ready is None:
             continue
@@ -123,11 +125,6 @@ def to_settle(session: Session, limit: int) -> list[uuid.UUID]:
     delivery out, oldest first."""
     return list(
         session.execute(
-            sa.select(_c.c.id)
-            .where(
-                _c.c.status.in_(tally.FINISHED), _c.c.settled_counts.is_(None), none_out(_c.c.id)
-            )
-            .order_by(_c.c.finished_at, _c.c.id)
-            .limit(limit)
+            sa.select(_c.c.id).where(_settleable()).order_by(_c.c.finished_at, _c.c.id).limit(limit)
         ).scalars()
     )

@@ -159,18 +159,19 @@ class _Claimed:
     variant: int | None = None  # the A/B variant (portal/campaigns/variants.py)
 
 
+# A claimed delivery still out: what every write about a batch (its answers, its lease)
+# requires. A delivery already answered (a second process sent it after this one's lease
+# ran out, and wrote first) keeps its answer: no answer changes a delivery that is not
+# ``sending``, so once none of a finished campaign's deliveries is out its counts never
+# change again (portal/campaigns/settled.py).
+_STILL_OUT = _d.c.status == DeliveryStatus.SENDING.value
+
+
 def _one(item: _Claimed) -> sa.ColumnElement[bool]:
-    """The claimed delivery's row, while it is still out. With its campaign, which
-    partitions ``delivery`` on PostgreSQL (migration 0031), so the write reads one
-    partition's primary key. A delivery already answered (a second process sent it after
-    this one's lease ran out, and wrote first) keeps its answer: no answer changes a
-    delivery that is not ``sending``, so once none of a finished campaign's deliveries is
-    out its counts never change again."""
-    return sa.and_(
-        _d.c.id == item.delivery_id,
-        _d.c.campaign_id == item.campaign_id,
-        _d.c.status == DeliveryStatus.SENDING.value,
-    )
+    """The claimed delivery's row, while it is still out (``_STILL_OUT``). With its
+    campaign, which partitions ``delivery`` on PostgreSQL (migration 0031), so the write
+    reads one partition's primary key."""
+    return sa.and_(_d.c.id == item.delivery_id, _d.c.campaign_id == item.campaign_id, _STILL_OUT)
 
 
 @dataclass
@@ -1215,8 +1216,7 @@ class _LeaseKeeper:
                     # by primary key, and under load a renewal then took up to 3 s of a 3 s
                     # lease (tests/campaigns/test_multiprocess.py sent batches twice).
                     mine = sa.select(_d.c.id).where(
-                        among(session, _d.c.id, self.delivery_ids),
-                        _d.c.status == DeliveryStatus.SENDING.value,
+                        among(session, _d.c.id, self.delivery_ids), _STILL_OUT
                     )
                     if is_postgres(session):
                         # Rows the answers are being written to are passed over, never
@@ -1224,7 +1224,7 @@ class _LeaseKeeper:
                         mine = mine.with_for_update(skip_locked=True)
                     session.execute(
                         sa.update(_d)
-                        .where(_d.c.id.in_(mine), _d.c.status == DeliveryStatus.SENDING.value)
+                        .where(_d.c.id.in_(mine), _STILL_OUT)
                         .values(
                             lease_expires_at=dispatcher.clock.now() + dt.timedelta(seconds=seconds)
                         )
@@ -1344,12 +1344,8 @@ class _AcceptedRun:
         )
         session.execute(
             sa.update(_d)
-            # By id alone (as the lease's renewal, for the same reason), while still out
-            # (``_one``).
-            .where(
-                among(session, _d.c.id, self.deliveries),
-                _d.c.status == DeliveryStatus.SENDING.value,
-            )
+            # By id alone (as the lease's renewal, for the same reason), while still out.
+            .where(among(session, _d.c.id, self.deliveries), _STILL_OUT)
             .values(
                 status=DeliveryStatus.ACCEPTED.value,
                 reason=None,
