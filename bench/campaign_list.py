@@ -44,13 +44,14 @@ sys.path.insert(0, str(ROOT))
 
 import sqlalchemy as sa  # noqa: E402
 
-from bench.audience import create_database, drop_database  # noqa: E402
-from bench.claims import ADMIN_URL, _psycopg, _url_for, mark_sent, populate  # noqa: E402
+from bench.claims import (  # noqa: E402
+    add_database_arguments,
+    mark_sent,
+    own_database,
+    populate,
+)
 from bench.consent_log import _app  # noqa: E402
 from bench.contract import Figure, add_arguments, median_time, write  # noqa: E402
-from portal.config import normalise_database_url  # noqa: E402
-from portal.db import create_engine  # noqa: E402
-from portal.migrate import upgrade  # noqa: E402
 
 # Flat: the list with every finished campaign in it costs at most this many times the
 # list with one (as bench/claims.py asks of a claim at 99% sent against 0%).
@@ -89,9 +90,7 @@ def main() -> int:
     parser.add_argument("--finished-size", type=int, default=1_000_000)
     parser.add_argument("--sending", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--admin-url", default=ADMIN_URL)
-    parser.add_argument("--database", default="portal_bench_campaign_list")
-    parser.add_argument("--keep", action="store_true", help="keep the database")
+    add_database_arguments(parser, "portal_bench_campaign_list")
     add_arguments(parser)
     args = parser.parse_args()
     if args.quick:
@@ -99,15 +98,10 @@ def main() -> int:
         args.finished_size = min(args.finished_size, 50_000)
         args.sending = min(args.sending, 50_000)
 
-    admin = _psycopg(normalise_database_url(args.admin_url))
-    url = _url_for(args.admin_url, args.database)
     load_before = os.getloadavg()
     started = time.perf_counter()
-    create_database(admin, args.database)
-    engine = create_engine(url)
     steps = _steps(args.finished)
-    try:
-        upgrade(engine)
+    with own_database(args) as (url, engine):
         print(f"populating {args.database}")
         population = populate(engine, args.sending, args.finished, args.finished_size)
         sent = mark_sent(engine, population, 0.5)
@@ -129,10 +123,6 @@ def main() -> int:
             after_page = median_time(_listing(app, None), args.repeat)[0]
             print(f"after: {after}, whole list {after_page:.3f} s", flush=True)
             app.extensions["portal.db"].engine.dispose()
-    finally:
-        engine.dispose()
-        if not args.keep:
-            drop_database(admin, args.database)
     load_after = os.getloadavg()
     seconds = time.perf_counter() - started
     if kept != args.finished:

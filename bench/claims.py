@@ -76,6 +76,32 @@ def _url_for(admin_url: str, name: str) -> str:
     return normalise_database_url(f"{base}/{name}")
 
 
+def add_database_arguments(parser: argparse.ArgumentParser, name: str) -> None:
+    """--admin-url, --database (``name`` by default) and --keep, for :func:`own_database`."""
+    parser.add_argument("--admin-url", default=ADMIN_URL)
+    parser.add_argument("--database", default=name)
+    parser.add_argument("--keep", action="store_true", help="keep the database")
+
+
+@contextmanager
+def own_database(args: argparse.Namespace) -> Iterator[tuple[str, sa.Engine]]:
+    """The benchmark's own database, --database on the server --admin-url names, made
+    afresh and migrated: its URL and an engine on it. Dropped afterwards unless --keep."""
+    from bench.audience import create_database, drop_database
+
+    admin = _psycopg(normalise_database_url(args.admin_url))
+    url = _url_for(args.admin_url, args.database)
+    create_database(admin, args.database)
+    engine = create_engine(url)
+    try:
+        upgrade(engine)
+        yield url, engine
+    finally:
+        engine.dispose()
+        if not args.keep:
+            drop_database(admin, args.database)
+
+
 def _service_case(expression: str) -> str:
     parts, upper = [], 0
     for name, share in SERVICES:

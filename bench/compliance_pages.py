@@ -46,13 +46,9 @@ sys.path.insert(0, str(ROOT))
 
 import sqlalchemy as sa  # noqa: E402
 
-from bench.audience import create_database, drop_database  # noqa: E402
-from bench.claims import ADMIN_URL, _psycopg, _url_for, populate  # noqa: E402
+from bench.claims import add_database_arguments, own_database, populate  # noqa: E402
 from bench.consent_log import _app  # noqa: E402
 from bench.contract import Figure, add_arguments, median_time, write  # noqa: E402
-from portal.config import normalise_database_url  # noqa: E402
-from portal.db import create_engine  # noqa: E402
-from portal.migrate import upgrade  # noqa: E402
 
 # The person whose history is opened: the subscription populate sends every campaign to
 # as recipient number PERSON (``md5('sub-' || i)::uuid``).
@@ -196,9 +192,7 @@ def main() -> int:
     parser.add_argument("--campaign-size", type=int, default=1_000_000)
     parser.add_argument("--events", type=int, default=6_000_000)
     parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--admin-url", default=ADMIN_URL)
-    parser.add_argument("--database", default="portal_bench_compliance_pages")
-    parser.add_argument("--keep", action="store_true", help="keep the database")
+    add_database_arguments(parser, "portal_bench_compliance_pages")
     add_arguments(parser)
     args = parser.parse_args()
     if args.quick:
@@ -208,15 +202,10 @@ def main() -> int:
 
     from portal.compliance import services
 
-    admin = _psycopg(normalise_database_url(args.admin_url))
-    url = _url_for(args.admin_url, args.database)
     load_before = os.getloadavg()
     started = time.perf_counter()
-    create_database(admin, args.database)
-    engine = create_engine(url)
     person = uuid.uuid5(uuid.NAMESPACE_URL, "bench-person")
-    try:
-        upgrade(engine)
+    with own_database(args) as (url, engine):
         print(f"populating {args.database}")
         population = populate(engine, 1_000, args.campaigns, args.campaign_size)
         _events(engine, args.events, person)
@@ -249,10 +238,6 @@ def main() -> int:
                 _in_request(app, lambda s: services.weekly_decisions(s, now)), args.repeat
             )
             app.extensions["portal.db"].engine.dispose()
-    finally:
-        engine.dispose()
-        if not args.keep:
-            drop_database(admin, args.database)
     load_after = os.getloadavg()
     seconds = time.perf_counter() - started
 

@@ -46,13 +46,14 @@ sys.path.insert(0, str(ROOT))
 
 import sqlalchemy as sa  # noqa: E402
 
-from bench.audience import create_database, drop_database  # noqa: E402
-from bench.claims import ADMIN_URL, _psycopg, _url_for, mark_sent, populate  # noqa: E402
+from bench.claims import (  # noqa: E402
+    add_database_arguments,
+    mark_sent,
+    own_database,
+    populate,
+)
 from bench.consent_log import _app  # noqa: E402
 from bench.contract import Figure, add_arguments, write  # noqa: E402
-from portal.config import normalise_database_url  # noqa: E402
-from portal.db import create_engine  # noqa: E402
-from portal.migrate import upgrade  # noqa: E402
 
 POLL = 5.0  # the page's period before, and the least wait now
 TARGET = 6.0  # database seconds a minute: a tenth of one core
@@ -263,9 +264,7 @@ def main() -> int:
     parser.add_argument("--finished", type=int, default=1)
     parser.add_argument("--finished-size", type=int, default=1_000_000)
     parser.add_argument("--window", type=float, default=150.0, help="seconds a side")
-    parser.add_argument("--admin-url", default=ADMIN_URL)
-    parser.add_argument("--database", default="portal_bench_progress")
-    parser.add_argument("--keep", action="store_true", help="keep the database")
+    add_database_arguments(parser, "portal_bench_progress")
     add_arguments(parser)
     args = parser.parse_args()
     if args.quick:
@@ -273,14 +272,9 @@ def main() -> int:
         args.finished_size = min(args.finished_size, 20_000)
         args.window = min(args.window, 20.0)
 
-    admin = _psycopg(normalise_database_url(args.admin_url))
-    url = _url_for(args.admin_url, args.database)
     load_before = os.getloadavg()
     started = time.perf_counter()
-    create_database(admin, args.database)
-    engine = create_engine(url)
-    try:
-        upgrade(engine)
+    with own_database(args) as (url, engine):
         print(f"populating {args.database}")
         population = populate(engine, args.sending, args.finished, args.finished_size)
         sent = mark_sent(engine, population, 0.5)
@@ -301,10 +295,6 @@ def main() -> int:
                 opened(app, population.sending, args.window, shared=True),
             ]
             app.extensions["portal.db"].engine.dispose()
-    finally:
-        engine.dispose()
-        if not args.keep:
-            drop_database(admin, args.database)
     load_after = os.getloadavg()
     seconds = time.perf_counter() - started
 
