@@ -59,6 +59,7 @@ BENCHMARKS = (
     "receipt",
     "campaign_list",
     "compliance_pages",
+    "cancel",
 )
 ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/test"
 RESULTS = ROOT / "bench" / "results"

@@ -147,7 +147,7 @@ def parts(app: Any, campaign_id: uuid.UUID) -> dict[str, float]:
                 dispatch_every=portal.settings.schedule.dispatch,
                 max_attempts=portal.settings.retry.max_attempts,
             ),
-            "outcome by push service": lambda: services.outcome_by_service(db.session, campaign_id),
+            "outcome by push service": lambda: services.outcome_by_service(db.session, campaign),
             "delivery funnel (funnel.read)": lambda: funnel.read(db.session, campaign, now=now),
         }
         for name, step in steps.items():

@@ -22,7 +22,7 @@ from typing import cast
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from portal.campaigns import tally
+from portal.campaigns import tally, unsent
 from portal.campaigns.models import Campaign, CampaignStatus, CircuitState
 from portal.campaigns.presentation import zoned_time
 from portal.campaigns.variants import AWAITING_WINNER, winner_due
@@ -462,8 +462,15 @@ def read(
     next_retry: dt.datetime | None = None
     next_later: dt.datetime | None = None
     next_quiet: dt.datetime | None = None
-    for status, reason, code, service, *numbers, earliest_at, earliest_later in rows:
-        n, most, again, lately, waiting_later = (int(x or 0) for x in numbers)
+    for row_status, row_reason, code, service, *numbers, first_at, first_later in rows:
+        n, most, again, lately, not_due_yet = (int(x or 0) for x in numbers)
+        # Still queued in a campaign that ended: the skip it is about to be, waiting for
+        # nothing (portal/campaigns/unsent.py).
+        status, reason = unsent.as_shown(campaign.status, row_status, row_reason)
+        ended = status != row_status
+        waiting_later = 0 if ended else not_due_yet
+        earliest_at = None if ended else first_at
+        earliest_later = None if ended else first_later
         later += waiting_later
         if earliest_later is not None:
             due = _utc(earliest_later)

@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from portal.campaigns import local_time, media, settled, tally, variants
+from portal.campaigns import local_time, media, settled, tally, unsent, variants
 from portal.campaigns.models import Campaign, CampaignStatus
 from portal.campaigns.presentation import zoned_time
 from portal.campaigns.zones import UTC_ZONE, check_zone
@@ -780,8 +780,9 @@ def allowed_from(action: str) -> frozenset[CampaignStatus]:
 
 
 def control(session: Session, campaign_id: uuid.UUID, action: str, *, now: dt.datetime) -> Campaign:
-    """Pause, resume or cancel. Cancelling leaves nothing queued; resuming a campaign
-    whose send time is still ahead schedules it again."""
+    """Pause, resume or cancel. Cancelling ends the campaign: nothing of it is sent
+    after (its queued deliveries count as skipped at once, and are marked so by the
+    dispatcher); resuming a campaign whose send time is still ahead schedules it again."""
     campaign = session.get(Campaign, campaign_id, with_for_update=True)
     if campaign is None:
         raise ValidationError("unknown_campaign", "no such campaign", "campaign", status=404)
@@ -796,12 +797,9 @@ def control(session: Session, campaign_id: uuid.UUID, action: str, *, now: dt.da
         target = CampaignStatus.SCHEDULED
     campaign.status = target.value
     if target == CampaignStatus.CANCELLED:
+        # The campaign row alone: what it left queued is never sent from now on, and the
+        # dispatcher marks it skipped a chunk at a time (portal/campaigns/unsent.py).
         campaign.finished_at = now
-        session.execute(
-            sa.update(_d)
-            .where(_d.c.campaign_id == campaign_id, _d.c.status == DeliveryStatus.QUEUED.value)
-            .values(status=DeliveryStatus.SKIPPED.value, reason="cancelled", updated_at=now)
-        )
     session.flush()
     return campaign
 
@@ -929,14 +927,16 @@ def _local_due(
     )
 
 
-def outcome_by_service(session: Session, campaign_id: uuid.UUID) -> list[tuple[str, str, int]]:
+def outcome_by_service(session: Session, campaign: Campaign) -> list[tuple[str, str, int]]:
     """(push service, answer, count): the campaign's outcome chart. The answer is the
     last HTTP status, or for a delivery that has none its status and reason
-    (``failed:max_attempts``)."""
+    (``failed:max_attempts``; portal/campaigns/unsent.py for an ended campaign's queue)."""
+    campaign_id = campaign.id
+    status, reason = unsent.shown_columns(campaign.status)
     answer = sa.case(
         (_d.c.last_status_code.is_not(None), sa.cast(_d.c.last_status_code, sa.String)),
-        (_d.c.reason.is_not(None), _d.c.status + ":" + _d.c.reason),
-        else_=_d.c.status,
+        (reason.is_not(None), status + ":" + reason),
+        else_=status,
     )
     here = (
         sa.select(_d.c.push_service, answer.label("answer"), sa.func.count().label("n"))

@@ -14,9 +14,12 @@ counts are taken once, kept in ``campaign.settled_counts``, and read from there:
 
 - a campaign the dispatcher completes is settled in the same transaction (nothing of it is
   queued or out then: that is what completes it);
-- a cancelled or expired campaign, whose last batch may still be out when it stops, and a
-  campaign that finished before the column existed, by the ``table-retention`` job once
-  its last delivery has come back (:func:`to_settle`).
+- a cancelled or expired campaign by the dispatcher, once it has marked skipped what the
+  campaign left queued (``Dispatcher.skip_unsent``, portal/campaigns/unsent.py), if its
+  last batch is back by then;
+- one whose last batch was still out then, and a campaign that finished before the column
+  existed, by the ``table-retention`` job once its last delivery has come back
+  (:func:`to_settle`).
 
 Until then a campaign's counts are read from its rows, as before.
 """
@@ -30,7 +33,7 @@ from typing import cast
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from portal.campaigns import tally
+from portal.campaigns import tally, unsent
 from portal.campaigns.models import Campaign
 from portal.delivery.models import Delivery, DeliveryStatus
 
@@ -67,17 +70,22 @@ def counted(
 
 def counts(session: Session, campaigns: Iterable[Campaign]) -> dict[uuid.UUID, dict[str, int]]:
     """The campaigns' deliveries by status: a settled campaign's as kept, the others'
-    counted now."""
+    counted now (an ended campaign's queued ones as the skips they are about to be:
+    portal/campaigns/unsent.py)."""
     kept: dict[uuid.UUID, dict[str, int]] = {}
-    unsettled: list[uuid.UUID] = []
+    unsettled: dict[uuid.UUID, str] = {}
     for campaign in campaigns:
         if campaign.settled_counts is None:
-            unsettled.append(campaign.id)
+            unsettled[campaign.id] = campaign.status
         else:
             kept[campaign.id] = _zero() | {
                 status: int(n) for status, n in campaign.settled_counts.items()
             }
-    return kept | counted(session, unsettled)
+    now = counted(session, list(unsettled))
+    return kept | {
+        campaign_id: unsent.shown_counts(unsettled[campaign_id], found)
+        for campaign_id, found in now.items()
+    }
 
 
 def none_out(campaign_id: sa.ColumnElement[uuid.UUID]) -> sa.ColumnElement[bool]:

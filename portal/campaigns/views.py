@@ -805,7 +805,7 @@ def _progress(campaign: Campaign) -> dict[str, Any]:
     facts = reading.facts
     said = outcome.headline(facts)
     circuits = outcome.circuits_seen(db.session, campaign, now=now)
-    rows = services.outcome_by_service(db.session, campaign.id)
+    rows = services.outcome_by_service(db.session, campaign)
     data: dict[str, Any] = {
         "id": str(campaign.id),
         "status": campaign.status,

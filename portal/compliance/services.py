@@ -20,6 +20,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
+from portal.campaigns import unsent
 from portal.campaigns.models import Campaign
 from portal.compliance.export import ExportFilter, ExportPlan, plan_export
 from portal.consent import catalogue
@@ -579,7 +580,8 @@ def _deliveries(
             c.c.title.label("campaign_title"),
             t.c.slug.label("topic_slug"),
             d.c.subscription_id,
-            d.c.status,
+            # Still queued in a campaign that ended: never sent (portal/campaigns/unsent.py).
+            unsent.shown_status(c.c.status, d.c.status).label("status"),
             d.c.consent_reason,
             d.c.consent_event_seq,
             d.c.attempts,

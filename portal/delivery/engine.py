@@ -28,7 +28,7 @@ import sqlalchemy as sa
 from flask import Flask
 from sqlalchemy.orm import Session
 
-from portal.campaigns import metrics, settled, variants
+from portal.campaigns import metrics, settled, unsent, variants
 from portal.campaigns.models import Campaign, CampaignStatus, CircuitState
 from portal.campaigns.services import (
     MaterialisingElsewhere,
@@ -105,6 +105,10 @@ class EngineSettings:
     circuit_seconds: float = 30.0
     # While nothing sends, the gauges are refreshed at most this often (seconds).
     gauge_seconds: float = 60.0
+    # What an ended campaign left queued is marked skipped this many rows a transaction,
+    # for at most this long a tick (seconds; portal/campaigns/unsent.py).
+    unsent_chunk: int = 5000
+    unsent_seconds: float = 2.0
 
 
 @dataclass
@@ -224,6 +228,8 @@ class Dispatcher:
         self.quiet_hours = portal.settings.quiet_hours.window
         self._lock = threading.Lock()
         self._gauges_at = -float("inf")  # time.monotonic() of the last gauge refresh
+        # Per ended campaign, the place in its queue the last chunk marked skipped up to.
+        self._unsent_after: dict[uuid.UUID, unsent.Key] = {}
 
     # -- campaign bookkeeping ---------------------------------------------------------
 
@@ -256,8 +262,9 @@ class Dispatcher:
             )
             for campaign_id in expired:
                 # The campaign row first, locked as a cancel locks it: it waits for a batch
-                # being materialised, claimed or recorded (each holds a lock on that row),
-                # so the skip below sees their deliveries too.
+                # being materialised, claimed or recorded (each holds a lock on that row).
+                # The row alone, as a cancel: what the campaign left queued is marked
+                # skipped afterwards, a chunk at a time (skip_unsent).
                 session.execute(sa.select(_c.c.id).where(_c.c.id == campaign_id).with_for_update())
                 session.execute(
                     sa.update(_c)
@@ -266,17 +273,6 @@ class Dispatcher:
                         status=CampaignStatus.EXPIRED.value,
                         finished_at=now,
                         materialised_at=sa.func.coalesce(_c.c.materialised_at, now),
-                    )
-                )
-                session.execute(
-                    sa.update(_d)
-                    .where(
-                        _d.c.campaign_id == campaign_id, _d.c.status == DeliveryStatus.QUEUED.value
-                    )
-                    .values(
-                        status=DeliveryStatus.SKIPPED.value,
-                        reason="deliver_until_passed",
-                        updated_at=now,
                     )
                 )
         self._send_winners(now)
@@ -514,6 +510,7 @@ class Dispatcher:
             self._update_gauges(idle=True)
             return report
         report.materialised += self.advance_campaigns()
+        report.skipped += self.skip_unsent(stop)
         batches = 0
         waiting = _Waiting(self.settings.materialise_wait)
         overlap = self._overlap()
@@ -558,6 +555,46 @@ class Dispatcher:
         self.advance_campaigns()
         self._update_gauges()
         return report
+
+    def skip_unsent(self, stop: threading.Event | None = None) -> int:
+        """Mark skipped what cancelled and expired campaigns left queued
+        (portal/campaigns/unsent.py), ``unsent_chunk`` rows a transaction, for at most
+        ``unsent_seconds`` a tick; a campaign marked to its end has its counts kept
+        (portal/campaigns/settled.py). The deliveries marked.
+
+        Each campaign's chunks follow on from the last one this process marked. Once one
+        comes back short, the next looks from the campaign's start (a row may have been
+        queued behind the place meanwhile: an answer's retry); when that finds none, the
+        campaign is done."""
+        deadline = time.monotonic() + self.settings.unsent_seconds
+        marked = 0
+        with db.begin(self.app) as session:
+            campaigns = unsent.to_skip(session)
+        # Places in campaigns another process has marked to the end are not needed.
+        for done in set(self._unsent_after) - {campaign_id for campaign_id, _ in campaigns}:
+            del self._unsent_after[done]
+        for campaign_id, reason in campaigns:
+            while True:
+                if time.monotonic() >= deadline or (stop is not None and stop.is_set()):
+                    return marked
+                after = self._unsent_after.pop(campaign_id, None)
+                with db.begin(self.app) as session:
+                    count, last = unsent.skip_chunk(
+                        session,
+                        campaign_id,
+                        reason,
+                        now=self.clock.now(),
+                        after=after,
+                        limit=self.settings.unsent_chunk,
+                    )
+                    if last is None and after is None:
+                        settled.settle(session, [campaign_id])
+                marked += count
+                if last is not None and count == self.settings.unsent_chunk:
+                    self._unsent_after[campaign_id] = last  # (a short chunk reached the end)
+                elif after is None and last is None:
+                    break
+        return marked
 
     def _more_to_claim(
         self, report: TickReport, waiting: _Waiting, stop: threading.Event | None
@@ -605,8 +642,9 @@ class Dispatcher:
         return plan, lease
 
     def _anything_to_do(self) -> bool:
-        """Whether a campaign is sending, due to start, or paused past its end: only then
-        has a tick anything to advance, claim or close. One query on a small table."""
+        """Whether a campaign is sending, due to start, paused past its end, or ended with
+        deliveries still to mark skipped: only then has a tick anything to advance, claim,
+        mark or close. One query on a small table."""
         now = self.clock.now()
         with db.begin(self.app) as session:
             return bool(
@@ -624,6 +662,7 @@ class Dispatcher:
                                     _c.c.deliver_until.is_not(None),
                                     _c.c.deliver_until <= now,
                                 ),
+                                unsent.waiting(),
                             )
                         )
                     )
@@ -1120,27 +1159,23 @@ class Dispatcher:
 
 
 _SENDING = CampaignStatus.SENDING.value
-# A delivery of a campaign that ended while it was out is skipped with this reason.
-_ENDED_REASONS = {
-    CampaignStatus.CANCELLED.value: "cancelled",
-    CampaignStatus.EXPIRED.value: "deliver_until_passed",
-}
 
 
 def _ended_campaigns(session: Session, campaign_ids: set[uuid.UUID]) -> dict[uuid.UUID, str]:
     """Which of these campaigns were cancelled or expired (campaign → skip reason), their
     rows held until the recording commits: a cancel or expiry (which locks the row for
-    update and then skips the queued deliveries) waits, and then sees the deliveries put
-    back in the queue; one that committed first is seen here, and they end instead."""
+    update) waits, and the deliveries put back in the queue meanwhile are left to
+    ``skip_unsent``, as the rest of its queue; one that committed first is seen here, and
+    they end instead."""
     if not campaign_ids:
         return {}
     query = sa.select(_c.c.id, _c.c.status).where(among(session, _c.c.id, sorted(campaign_ids)))
     if is_postgres(session):
         query = query.order_by(_c.c.id).with_for_update(key_share=True, read=True)
     return {
-        campaign_id: _ENDED_REASONS[status]
+        campaign_id: unsent.ENDED_REASONS[status]
         for campaign_id, status in session.execute(query)
-        if status in _ENDED_REASONS
+        if status in unsent.ENDED_REASONS
     }
 
 

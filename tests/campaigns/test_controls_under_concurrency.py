@@ -4,9 +4,10 @@ a cancel landing during a batch once left 5,000 deliveries queued on a cancelled
 One thread materialises as the scheduler does (``Dispatcher.advance_campaigns``, a batch
 per transaction on its own connection); the test cancels, pauses or retires the topic from
 another connection at a seeded random moment. The state change and a batch must exclude
-each other: after a cancel nothing is queued and every delivery is skipped as cancelled;
-after a pause or a retirement the campaign gains no delivery it did not have when the
-change committed. On SQLite the write lock already serialises them (BEGIN IMMEDIATE); on
+each other: after a cancel nothing can be sent, the pages count every delivery skipped as
+cancelled, and once the dispatcher has marked what was left queued
+(``Dispatcher.skip_unsent``) so does every row; after a pause or a retirement the campaign
+gains no delivery it did not have when the change committed. On SQLite the write lock already serialises them (BEGIN IMMEDIATE); on
 PostgreSQL the campaign row is what both lock.
 """
 
@@ -23,7 +24,7 @@ import pytest
 import sqlalchemy as sa
 from flask import Flask
 
-from portal.campaigns import outcome
+from portal.campaigns import outcome, unsent
 from portal.campaigns import services as campaigns
 from portal.campaigns.models import Campaign, CampaignStatus
 from portal.campaigns.services import CampaignDraft
@@ -149,19 +150,39 @@ def wait_until_materialising(app: Flask, campaign_id: uuid.UUID) -> None:
     raise AssertionError("the campaign never started")
 
 
-def campaign_page_adds_up(app: Flask, campaign_id: uuid.UUID) -> None:
-    """The campaign page's figures (what ``outcome.read`` finds, and the headline made
-    of them) add up to the rows there are."""
+def shown_counts(app: Flask, campaign_id: uuid.UUID) -> dict[str, int]:
+    """The campaign page's counts by status (``outcome.read``), those above zero."""
     with db.begin(app) as session:
         campaign = session.get(Campaign, campaign_id)
         assert campaign is not None
         shown = outcome.read(session, campaign, now=now(app)).facts
+    return {status: n for status, n in shown.counts.items() if n}
+
+
+def mark_unsent(app: Flask) -> int:
+    """The dispatcher's marking of what ended campaigns left queued, to the end."""
+    dispatcher = Dispatcher(app, transport=None)  # type: ignore[arg-type]
+    marked = 0
+    while more := dispatcher.skip_unsent():
+        marked += more
+    return marked
+
+
+def campaign_page_adds_up(app: Flask, campaign_id: uuid.UUID) -> None:
+    """The campaign page's figures (what ``outcome.read`` finds, and the headline made
+    of them) add up to the rows there are, each counted by the rule for a delivery an
+    ended campaign left queued (``unsent.as_shown``)."""
+    with db.begin(app) as session:
+        campaign = session.get(Campaign, campaign_id)
+        assert campaign is not None
+        shown = outcome.read(session, campaign, now=now(app)).facts
+        status_now = campaign.status
     found = counts(app, campaign_id)
     assert shown.total == total(found) == sum(shown.counts.values())
     assert sum(n for _, n in outcome.headline(shown).parts) == shown.total
     by_status = Counter[str]()
-    for (status, _), n in found.items():
-        by_status[status] += n
+    for (status, reason), n in found.items():
+        by_status[unsent.as_shown(status_now, status, reason)[0]] += n
     assert {k: v for k, v in shown.counts.items() if v} == dict(by_status)
 
 
@@ -199,10 +220,18 @@ def test_a_cancel_or_expiry_at_any_moment_of_materialisation_leaves_nothing_queu
                 expire(app, campaign_id)
             # Whatever batch was under way has ended by now; the campaign gains no more.
             time.sleep(0.05)
+            at_end = counts(app, campaign_id)
+            expected = {DeliveryStatus.SKIPPED.value: total(at_end)} if at_end else {}
+            assert shown_counts(app, campaign_id) == expected, (
+                f"run {run}: the page counts deliveries that could still go: {at_end}"
+            )
+            campaign_page_adds_up(app, campaign_id)
+            mark_unsent(app)
             found = counts(app, campaign_id)
             assert set(found) <= {(DeliveryStatus.SKIPPED.value, reason)}, (
                 f"run {run}: an ended campaign kept deliveries that could still go: {found}"
             )
+            assert total(found) == total(at_end)
             seen_mid_way += 0 < total(found) < AUDIENCE
             campaign_page_adds_up(app, campaign_id)
     # The moments really fell during materialisation, not all before or after it.
@@ -267,6 +296,11 @@ def test_without_a_race_a_cancelled_campaign_is_all_skipped(race_app):
                 break
     with db.begin(app) as session:
         campaigns.control(session, campaign_id, "cancel", now=now(app))
+    # At once on the pages; in the rows once the dispatcher has marked them.
+    assert shown_counts(app, campaign_id) == {DeliveryStatus.SKIPPED.value: AUDIENCE}
+    assert counts(app, campaign_id) == Counter({(DeliveryStatus.QUEUED.value, None): AUDIENCE})
+    campaign_page_adds_up(app, campaign_id)
+    assert mark_unsent(app) == AUDIENCE
     assert counts(app, campaign_id) == Counter(
         {(DeliveryStatus.SKIPPED.value, "cancelled"): AUDIENCE}
     )

@@ -102,7 +102,7 @@ def _figures(app: Flask, campaign_id: str, now: dt.datetime) -> dict[str, Any]:
         return {
             "facts": reading.facts,
             "retries": reading.retries,
-            "by_service": campaigns.outcome_by_service(session, campaign.id),
+            "by_service": campaigns.outcome_by_service(session, campaign),
             "funnel": funnel.read(session, campaign, now=now),
             "variants": variants.results(session, campaign),
             "list": [(row.campaign.id, row.counts) for row in listed.rows],

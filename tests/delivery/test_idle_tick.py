@@ -1,12 +1,14 @@
 """An idle process's tick costs one cheap query (SPEC §7: per-process polling cost).
 
 Every process of a deployment ticks the dispatch job; while no campaign is sending (or
-due to start, or paused past its end) a tick asks the database one question on the small
-``campaign`` table and stops there. The gauges are refreshed at most once a minute
+due to start, or paused past its end, or ended with deliveries still to mark skipped) a
+tick asks the database one question on the small ``campaign`` table and stops there. The gauges are refreshed at most once a minute
 meanwhile.
 """
 
 from __future__ import annotations
+
+import re
 
 from portal.campaigns.models import Campaign
 from portal.db import db
@@ -22,7 +24,11 @@ def test_an_idle_tick_is_one_query(push_app, dispatcher):
     assert report.claimed == 0
     assert len(seen) == 1, seen
     ((statement, _),) = seen
-    assert "campaign" in statement and "delivery" not in statement
+    # It reads the campaign table; the delivery table only for a campaign that ended with
+    # deliveries still to mark skipped and its counts not kept (portal/campaigns/unsent.py):
+    # none here, and a handful at most, the ones ended lately.
+    assert re.search(r"\bFROM campaign\b", statement), statement
+    assert "delivery" not in statement.split("settled_counts IS NULL", 1)[0], statement
 
 
 def test_a_due_campaign_still_starts_and_finishes_after_idle_ticks(

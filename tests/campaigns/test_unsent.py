@@ -1,0 +1,255 @@
+"""What a cancelled or expired campaign left queued (portal/campaigns/unsent.py).
+
+A cancel changes the campaign's row alone, however large its queue: the pages count what
+it left queued as skipped at once, nothing of it is sent, and the dispatcher marks the
+rows skipped a chunk at a time, after which the figures are the same and the campaign's
+counts are kept.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from collections import Counter
+from dataclasses import replace
+
+import pytest
+import sqlalchemy as sa
+
+from portal.campaigns import outcome, services, settled, unsent
+from portal.campaigns.models import Campaign
+from portal.compliance import services as compliance
+from portal.db import db
+from portal.delivery.models import Delivery
+from portal.subscriptions.models import PushSubscription
+from tests.campaigns.test_pages import make_campaign
+from tests.delivery.test_engine import _subscribe
+from tests.helpers import sent_statements
+from tests.plans import PLANNED, deliveries, plans, populate, whole_table_reads
+
+AUDIENCE = 7
+
+
+def rows(app, campaign_id):
+    with db.begin(app) as session:
+        found = session.execute(
+            sa.select(Delivery.status, Delivery.reason, sa.func.count())
+            .where(Delivery.campaign_id == campaign_id)
+            .group_by(Delivery.status, Delivery.reason)
+        ).all()
+    return Counter({(status, reason): n for status, reason, n in found})
+
+
+def figures(app, campaign_id, now):
+    """Everything the pages show of the campaign's deliveries."""
+    with db.begin(app) as session:
+        campaign = session.get(Campaign, campaign_id)
+        reading = outcome.read(session, campaign, now=now)
+        said = outcome.headline(reading.facts)
+        return {
+            "counts": {k: v for k, v in reading.facts.counts.items() if v},
+            "reasons": [(r.status, r.reason, r.count) for r in reading.facts.reasons],
+            "headline": said.text,
+            "by_service": services.outcome_by_service(session, campaign),
+            "list": {
+                k: v for k, v in settled.counts(session, [campaign])[campaign_id].items() if v
+            },
+            "history": sorted(
+                row.status
+                for (subscriber_id,) in session.execute(sa.select(PushSubscription.subscriber_id))
+                for row in compliance.history(session, subscriber_id, actor=None).deliveries
+            ),
+        }
+
+
+@pytest.fixture
+def queued_campaign(push_app, dispatcher, clock, fake_push):
+    """A sending campaign whose whole audience is materialised and queued."""
+    for _ in range(AUDIENCE):
+        _subscribe(push_app, fake_push, topics=["weekly-digest"])
+    campaign_id = make_campaign(push_app, clock)
+    dispatcher.advance_campaigns()
+    assert rows(push_app, campaign_id) == Counter({("queued", None): AUDIENCE})
+    return campaign_id
+
+
+def test_a_cancel_writes_the_campaign_row_alone_and_the_pages_say_skipped_at_once(
+    push_app, dispatcher, queued_campaign, clock, fake_push
+):
+    engine = push_app.extensions["portal.db"].engine
+    with sent_statements(engine) as seen, db.begin(push_app) as session:
+        services.control(session, queued_campaign, "cancel", now=clock.now())
+    writes = [s for s, _ in seen if not s.lstrip().upper().startswith("SELECT")]
+    assert writes and all("delivery" not in s for s in writes), writes
+    assert rows(push_app, queued_campaign) == Counter({("queued", None): AUDIENCE})
+
+    before = figures(push_app, queued_campaign, clock.now())
+    assert before["counts"] == {"skipped": AUDIENCE}
+    assert before["reasons"] == [("skipped", "cancelled", AUDIENCE)]
+    assert before["headline"] == f"Cancelled: 0 of {AUDIENCE} delivered, {AUDIENCE} skipped."
+    assert before["list"] == {"skipped": AUDIENCE}
+    assert [(answer, n) for _, answer, n in before["by_service"]] == [
+        ("skipped:cancelled", AUDIENCE)
+    ]
+    assert before["history"] == ["skipped"] * AUDIENCE
+
+    report = dispatcher.tick()  # sends nothing: the campaign is cancelled
+    assert report.claimed == 0 and report.skipped == AUDIENCE
+    assert fake_push.received() == []
+    assert rows(push_app, queued_campaign) == Counter({("skipped", "cancelled"): AUDIENCE})
+    assert figures(push_app, queued_campaign, clock.now()) == before
+    with db.begin(push_app) as session:
+        kept = session.get(Campaign, queued_campaign).settled_counts
+    assert kept == {"skipped": AUDIENCE}
+
+    with sent_statements(engine) as seen:
+        dispatcher.tick()
+    assert len(seen) == 1, seen  # idle again
+
+
+def test_an_expired_campaign_is_marked_the_same_way(
+    push_app, dispatcher, queued_campaign, clock, fake_push
+):
+    with db.begin(push_app) as session:
+        session.execute(
+            sa.update(Campaign)
+            .where(Campaign.id == queued_campaign)
+            .values(deliver_until=clock.now() - dt.timedelta(seconds=1))
+        )
+    dispatcher.advance_campaigns()  # expires it: the campaign row alone
+    assert rows(push_app, queued_campaign) == Counter({("queued", None): AUDIENCE})
+    before = figures(push_app, queued_campaign, clock.now())
+    assert before["reasons"] == [("skipped", "deliver_until_passed", AUDIENCE)]
+    assert before["headline"].startswith("Expired before the end: 0 of 7 delivered, 7 skipped")
+    dispatcher.tick()
+    assert fake_push.received() == []
+    assert rows(push_app, queued_campaign) == Counter(
+        {("skipped", "deliver_until_passed"): AUDIENCE}
+    )
+    assert figures(push_app, queued_campaign, clock.now()) == before
+
+
+def test_marking_goes_a_chunk_a_transaction_within_the_ticks_time(
+    push_app, dispatcher, queued_campaign, clock
+):
+    with db.begin(push_app) as session:
+        services.control(session, queued_campaign, "cancel", now=clock.now())
+    dispatcher.settings = replace(dispatcher.settings, unsent_chunk=2, unsent_seconds=0.0)
+    assert dispatcher.skip_unsent() == 0  # no time for it this tick
+    dispatcher.settings = replace(dispatcher.settings, unsent_seconds=60.0)
+    engine = push_app.extensions["portal.db"].engine
+    with sent_statements(engine) as seen:
+        assert dispatcher.skip_unsent() == AUDIENCE
+    updates = [s for s, _ in seen if "UPDATE delivery" in s]
+    # 2 + 2 + 2 + 1, then one from the start finds nothing left and the campaign is done.
+    assert len(updates) == 5
+    assert rows(push_app, queued_campaign) == Counter({("skipped", "cancelled"): AUDIENCE})
+
+
+def test_a_row_queued_behind_the_last_chunk_is_found_before_the_campaign_is_done(
+    push_app, dispatcher, queued_campaign, clock
+):
+    with db.begin(push_app) as session:
+        services.control(session, queued_campaign, "cancel", now=clock.now())
+        first = session.scalars(
+            sa.select(Delivery.id)
+            .where(Delivery.campaign_id == queued_campaign)
+            .order_by(Delivery.next_attempt_at, Delivery.id)
+        ).first()
+    dispatcher.settings = replace(dispatcher.settings, unsent_chunk=AUDIENCE)
+    with db.begin(push_app) as session:
+        (reason,) = [r for c, r in unsent.to_skip(session) if c == queued_campaign]
+        marked, last = unsent.skip_chunk(
+            session, queued_campaign, reason, now=clock.now(), after=None, limit=AUDIENCE
+        )
+        assert marked == AUDIENCE
+        # An answer put the first back in the queue, due before the place marked to.
+        session.execute(
+            sa.update(Delivery)
+            .where(Delivery.id == first)
+            .values(status="queued", reason=None, next_attempt_at=clock.now() - dt.timedelta(1))
+        )
+    dispatcher._unsent_after[queued_campaign] = last
+    assert dispatcher.skip_unsent() == 1
+    assert rows(push_app, queued_campaign) == Counter({("skipped", "cancelled"): AUDIENCE})
+
+
+def test_a_delivery_out_when_the_campaign_is_cancelled_keeps_its_answer(
+    push_app, dispatcher, queued_campaign, clock
+):
+    with db.begin(push_app) as session:
+        out = session.scalars(
+            sa.select(Delivery.id).where(Delivery.campaign_id == queued_campaign).limit(1)
+        ).one()
+        session.execute(
+            sa.update(Delivery)
+            .where(Delivery.id == out)
+            .values(status="sending", lease_expires_at=clock.now() + dt.timedelta(minutes=1))
+        )
+        services.control(session, queued_campaign, "cancel", now=clock.now())
+    assert dispatcher.skip_unsent() == AUDIENCE - 1
+    assert rows(push_app, queued_campaign) == Counter(
+        {("skipped", "cancelled"): AUDIENCE - 1, ("sending", None): 1}
+    )
+    with db.begin(push_app) as session:
+        # Still out: its counts are not kept until its answer is in.
+        assert session.get(Campaign, queued_campaign).settled_counts is None
+    assert (
+        "1 still with a push service" in figures(push_app, queued_campaign, clock.now())["headline"]
+    )
+
+
+def test_only_ended_campaigns_are_counted_so(push_app, queued_campaign, clock):
+    for status in ("sending", "paused", "scheduled", "completed"):
+        assert unsent.as_shown(status, "queued", None) == ("queued", None)
+        assert unsent.shown_counts(status, {"queued": 3}) == {"queued": 3}
+    assert unsent.as_shown("cancelled", "accepted", None) == ("accepted", None)
+    assert unsent.as_shown("cancelled", "sending", None) == ("sending", None)
+    assert unsent.shown_counts("expired", {"queued": 3, "skipped": 1, "accepted": 2}) == {
+        "queued": 0,
+        "skipped": 4,
+        "accepted": 2,
+    }
+    # The paused campaign's page still says queued.
+    with db.begin(push_app) as session:
+        services.control(session, queued_campaign, "pause", now=clock.now())
+    assert figures(push_app, queued_campaign, clock.now())["counts"] == {"queued": AUDIENCE}
+
+
+@pytest.mark.postgres_only
+def test_each_chunk_reads_the_due_index_from_where_the_last_ended(push_app, queued_campaign, clock):
+    """On PostgreSQL a chunk reads ix_delivery_due from its place on: the rows marked
+    before it stay in the index until vacuumed, and are not walked again."""
+    engine = push_app.extensions["portal.db"].engine
+    with db.begin(push_app) as session:
+        person = session.scalars(sa.select(PushSubscription.subscriber_id).limit(1)).one()
+    populate(engine, person)  # thousands of people more
+    deliveries(engine, at=clock.now())  # sent campaigns kept, in every partition
+    with db.begin(push_app) as session:
+        services.control(session, queued_campaign, "cancel", now=clock.now())
+    with sent_statements(engine, PLANNED) as seen, db.begin(push_app) as session:
+        _, last = unsent.skip_chunk(
+            session, queued_campaign, "cancelled", now=clock.now(), after=None, limit=2
+        )
+        unsent.skip_chunk(
+            session, queued_campaign, "cancelled", now=clock.now(), after=last, limit=2
+        )
+    chunks = [(s, p) for s, p in seen if s.lstrip().startswith("WITH picked")]
+    assert len(chunks) == 2, seen
+    assert whole_table_reads(engine, chunks) == []
+    (plan,) = plans(engine, chunks[1:])
+    with engine.connect() as conn:
+        # ix_delivery_due as each partition of delivery holds it.
+        due = (
+            conn.execute(
+                sa.text(
+                    "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+                    "WHERE i.inhparent = CAST('ix_delivery_due' AS regclass)"
+                )
+            )
+            .scalars()
+            .all()
+        )
+        used = re.findall(r"Index Scan using (\w+) on delivery_", plan)
+    assert used and set(used) <= set(due), plan
+    assert re.search(r"Index Cond: .*ROW\(next_attempt_at, id\) > ROW\(", plan), plan
