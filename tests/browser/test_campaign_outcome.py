@@ -10,6 +10,7 @@ axe-core finds nothing in either state at either width, and nothing scrolls side
 from __future__ import annotations
 
 import datetime as dt
+import re
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -156,6 +157,78 @@ def test_a_campaign_whose_deliveries_all_failed_is_named_a_failure(viewport, new
     _checked(page, "list-finished-all-failed", viewport)
     page.goto(f"/staff/campaigns/{campaign_id}")
     _checked(page, "finished-all-failed", viewport)
+
+
+def said(page: Page) -> str:
+    """The page's words, its reading times left out."""
+    return re.sub(r"\b\d\d:\d\d:\d\d UTC\b", "(time)", page.locator("main").inner_text())
+
+
+def cancelling_campaign(server: LiveServer) -> uuid.UUID:
+    """Sending: 12 delivered, 4 waiting for their turn, 3 for a retry after a 503."""
+    now = current_portal(server.app).clock.now()
+    rows = (
+        [{"status": "accepted", "last_status_code": 201, "attempts": 1, "next_attempt_at": now}]
+        * 12
+        + [{"status": "queued", "attempts": 0, "next_attempt_at": now}] * 4
+        + [
+            {
+                "status": "queued",
+                "reason": "server_error",
+                "last_status_code": 503,
+                "attempts": 1,
+                "next_attempt_at": now + RETRY_IN,
+            }
+        ]
+        * 3
+    )
+    return _campaign(server, campaign_status="sending", rows=rows)
+
+
+@WIDTHS
+def test_a_cancelled_campaign_says_skipped_before_and_after_its_queue_is_marked(
+    viewport, new_context, server
+):
+    """Cancelled from its page, the campaign is counted as it will stay at once: the
+    dispatcher marks what it left queued later (portal/campaigns/unsent.py), and the
+    page and the list read the same before that and after."""
+    from portal.delivery.engine import Dispatcher
+
+    campaign_id = cancelling_campaign(server)
+    url = f"/staff/campaigns/{campaign_id}"
+    page = _open(new_context, server, viewport, url)
+    page.check("#confirm")
+    page.click("text=Cancel campaign")
+    expect(page.locator("#campaign-status")).to_have_text("Cancelled")
+    headline = "Cancelled: 12 of 19 delivered, 7 skipped."
+    expect(page.locator("#progress-summary")).to_have_text(headline)
+    expect(page.locator("#failures tbody tr")).to_have_text(
+        ["Not sent: the campaign was cancelled first7"]
+    )
+    outcome = page.locator(".outcome__table").inner_text()
+    assert "Queued" not in outcome and "queued" not in outcome, outcome
+    with server.session() as session:
+        left = session.scalar(
+            sa.select(sa.func.count()).where(
+                Delivery.campaign_id == campaign_id, Delivery.status == "queued"
+            )
+        )
+    assert left == 7  # not marked yet: the pages count them as they will be
+    _checked(page, "cancelled-queue-left", viewport)
+    # What the page says, but the banner the cancel left (shown once) and the time its
+    # figures were read ("… as of 20:12:25 UTC").
+    before = said(page).removeprefix("Campaign cancelled.").strip()
+    page.goto("/staff/campaigns")
+    expect(page.locator(".campaigns")).to_contain_text(headline)
+    listed = page.locator(".campaigns").inner_text()
+
+    assert Dispatcher(server.app, transport=None).skip_unsent() == 7  # type: ignore[arg-type]
+    page.reload()
+    assert page.locator(".campaigns").inner_text() == listed
+    page.goto(url)
+    expect(page.locator("#progress-summary")).to_have_text(headline)
+    assert said(page).strip() == before
+    _checked(page, "cancelled-queue-marked", viewport)
 
 
 @WIDTHS
