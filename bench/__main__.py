@@ -60,6 +60,7 @@ BENCHMARKS = (
     "campaign_list",
     "compliance_pages",
     "cancel",
+    "review_audience",
 )
 ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/test"
 RESULTS = ROOT / "bench" / "results"

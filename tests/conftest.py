@@ -420,6 +420,8 @@ def _progress_readings_never_kept(monkeypatch: pytest.MonkeyPatch) -> None:
     from portal.campaigns.readings import CostlyReadings
 
     monkeypatch.setattr(views, "_READINGS", CostlyReadings(lambda: 0.0))
+    # The audience counts likewise (a review page, its test sends, the launch).
+    monkeypatch.setattr(views, "_AUDIENCES", CostlyReadings(lambda: 0.0))
 
 
 def make_settings(database_url: str, instance_path: str, **overrides: object) -> Settings:

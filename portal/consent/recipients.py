@@ -101,20 +101,37 @@ def recipients(session: Session, topic_id: int, *, batch: int = 2000) -> Iterato
         yield Recipient(row[0], row[1], row[2], _REASONS[row[3]], row[4])
 
 
+# (reason, the person's time zone or None when not known) → subscriptions
+AudienceCounts = dict[tuple[str, str | None], int]
+
+
+def audience_counts(session: Session, topic_id: int) -> AudienceCounts:
+    """Counts by reason and time zone, in one reading of the recipients: what the review
+    page shows before launch (:func:`by_reason`, and :func:`by_zone` for a local-time
+    campaign's deliveries per hour)."""
+    query = recipient_query(topic_id).subquery()
+    rows = session.execute(
+        sa.select(query.c.reason, query.c.time_zone, sa.func.count()).group_by(
+            query.c.reason, query.c.time_zone
+        )
+    ).all()
+    return {(str(reason), zone): int(count) for reason, zone, count in rows}
+
+
+def by_reason(counts: AudienceCounts) -> dict[str, int]:
+    found: dict[str, int] = {}
+    for (reason, _), n in counts.items():
+        found[reason] = found.get(reason, 0) + n
+    return found
+
+
+def by_zone(counts: AudienceCounts) -> dict[str | None, int]:
+    found: dict[str | None, int] = {}
+    for (_, zone), n in counts.items():
+        found[zone] = found.get(zone, 0) + n
+    return found
+
+
 def audience_breakdown(session: Session, topic_id: int) -> dict[str, int]:
-    """Counts by reason: what the campaign form shows before launch."""
-    query = recipient_query(topic_id).subquery()
-    rows = session.execute(
-        sa.select(query.c.reason, sa.func.count()).group_by(query.c.reason)
-    ).all()
-    return {str(reason): int(count) for reason, count in rows}
-
-
-def audience_by_zone(session: Session, topic_id: int) -> dict[str | None, int]:
-    """Counts by the person's time zone (None: not known): the review page's deliveries
-    per hour for a local-time campaign."""
-    query = recipient_query(topic_id).subquery()
-    rows = session.execute(
-        sa.select(query.c.time_zone, sa.func.count()).group_by(query.c.time_zone)
-    ).all()
-    return {zone: int(count) for zone, count in rows}
+    """Counts by reason (``portal campaign create``)."""
+    return by_reason(audience_counts(session, topic_id))

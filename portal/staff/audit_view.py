@@ -71,6 +71,7 @@ _LABELS: dict[str, str] = {
     "sendAt": "Sends at",
     "audience": "Audience",
     "byReason": "Audience by reason",
+    "audienceCountedAt": "Audience counted at",
     "subscription": "Subscription",
     "subscriber": "Subscriber",
     "status": "Status",

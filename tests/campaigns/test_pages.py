@@ -102,6 +102,61 @@ def test_the_review_step_shows_the_audience_consent_allows(campaigner, catalogue
     assert "<strong>5</strong> subscriptions" in transactional  # every browser's grant
 
 
+def test_a_costly_audience_count_is_kept_for_a_while_and_the_pages_say_when(
+    campaigner, catalogue_ready, clock, monkeypatch
+):
+    """Among millions of subscribers a topic's count reads them all (seconds): one that
+    cost 2 s (a monotonic clock the count moves) is answered again for 20 s, to the review
+    page, its test sends and the launch, which say when it was counted; then it is
+    counted again. A cheap count is never kept (``right now``)."""
+    from portal.campaigns import views
+    from portal.campaigns.readings import CostlyReadings
+    from tests.campaigns.test_readings import Clock
+
+    app = catalogue_ready
+    monotonic = Clock()
+    monkeypatch.setattr(views, "_AUDIENCES", CostlyReadings(monotonic))
+    counted = views.audience_counts
+    counts: list[int] = []
+
+    def costly(session, topic_id):
+        monotonic.now += 2.0
+        counts.append(topic_id)
+        return counted(session, topic_id)
+
+    monkeypatch.setattr(views, "audience_counts", costly)
+    subscribe(app, topics=["weekly-digest"])
+    first_at = clock.now()
+    review = campaigner.post("/staff/campaigns/new", {**form_data(), "action": "review"}).text
+    said = f"may get this campaign on <strong>Weekly Digest</strong> as counted at {first_at:%H:%M:%S} UTC."
+    assert "<strong>1</strong> subscription " + said in review
+    assert f"Counted at {first_at:%H:%M:%S} UTC: with this many subscriptions" in review
+
+    subscribe(app, topics=["weekly-digest"])  # one more, after the count
+    clock.advance(dt.timedelta(seconds=5))
+    monotonic.now += 5
+    again = campaigner.post("/staff/campaigns/new", {**form_data(), "action": "review"}).text
+    assert "<strong>1</strong> subscription " + said in again
+    launch_via_form(campaigner)
+    assert len(counts) == 1  # the review, the review again and the launch: one count
+    ((_, _, detail),) = audit_rows(app, "campaign.launched")
+    assert (detail["audience"], detail["byReason"]) == (1, {"explicit_opt_in": 1})
+    assert detail["audienceCountedAt"] == first_at.isoformat()
+
+    monotonic.now += 20  # the kept count has had its time
+    later = campaigner.post("/staff/campaigns/new", {**form_data(), "action": "review"}).text
+    assert len(counts) == 2
+    assert (
+        f"<strong>2</strong> subscriptions may get this campaign on <strong>Weekly Digest</strong> as counted at {clock.now():%H:%M:%S} UTC."
+        in later
+    )
+    # Another topic is counted on its own.
+    other = campaigner.post(
+        "/staff/campaigns/new", {**form_data(topic="security-alerts"), "action": "review"}
+    ).text
+    assert len(counts) == 3 and "<strong>2</strong> subscriptions" in other
+
+
 def test_launch_creates_the_campaign_and_audits_it(campaigner, catalogue_ready, clock):
     app = catalogue_ready
     subscribe(app, topics=["weekly-digest"])
@@ -128,6 +183,7 @@ def test_launch_creates_the_campaign_and_audits_it(campaigner, catalogue_ready, 
     assert detail["topic"] == "weekly-digest"
     assert detail["audience"] == 1
     assert detail["byReason"] == {"explicit_opt_in": 1}
+    assert detail["audienceCountedAt"] == clock.now().isoformat()
     page = campaigner.get(response.location)
     assert "Campaign launched: it sends now." in page.text
     assert "<h1>Monday digest</h1>" in page.text
