@@ -343,6 +343,9 @@ _FAILED = {
     Unsendable.INVALID_REQUEST.value: "A request no push service takes (time to live, urgency "
     "or collapse key)",
     Unsendable.SEND_ERROR.value: "Could not be sent: an error in the portal (see its log)",
+    unsent.NO_ANSWER: "No answer recorded: the campaign ended while it was out, and the "
+    "process sending it stopped before writing the push service's answer (it may have "
+    "arrived)",
 }
 
 

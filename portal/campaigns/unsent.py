@@ -12,6 +12,11 @@ Until the dispatcher has marked them, every reader counts a delivery still queue
 a campaign as the skip it is about to become (:func:`as_shown`, :func:`shown_counts`,
 :func:`shown_status`): nothing queues it again or sends it (the claim takes only sending
 campaigns' deliveries), so the pages say the same before the mark and after it.
+
+A delivery out to a push service when the campaign ended keeps the answer its sender
+writes; if that sender stopped first (its lease ran out), nothing would ever write one,
+and the campaign would say "still with a push service" for good and never have its counts
+kept: the dispatcher ends it as failed, no answer recorded (:func:`end_lost`).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from portal.campaigns.models import Campaign, CampaignStatus
-from portal.db import is_postgres
+from portal.db import affected_rows, is_postgres
 from portal.delivery.models import DUE_SQL, Delivery, DeliveryStatus
 
 _d = cast(sa.Table, Delivery.__table__)
@@ -35,7 +40,12 @@ ENDED_REASONS = {
     CampaignStatus.CANCELLED.value: "cancelled",
     CampaignStatus.EXPIRED.value: "deliver_until_passed",
 }
+# A delivery out to a push service when its campaign ended whose sending process stopped
+# (its lease ran out) before writing the answer: nothing will write it now, and nothing
+# sends it again (the claim takes only sending campaigns' deliveries).
+NO_ANSWER = "no_answer_recorded"
 _QUEUED = DeliveryStatus.QUEUED.value
+_SENDING = DeliveryStatus.SENDING.value
 _SKIPPED = DeliveryStatus.SKIPPED.value
 # SQLite uses ix_delivery_due (its predicate) only when a query repeats it word for word.
 _DUE = sa.text(f"{_d.name}.{DUE_SQL}")
@@ -89,32 +99,61 @@ def shown_status(
     )
 
 
-def left_queued(campaign_id: sa.ColumnElement[uuid.UUID]) -> sa.ColumnElement[bool]:
-    """The campaign whose id the column gives has a delivery queued (ix_delivery_due)."""
+def _lease_ran_out(now: dt.datetime) -> sa.ColumnElement[bool]:
+    return sa.and_(_d.c.status == _SENDING, _d.c.lease_expires_at < now)
+
+
+def left_behind(
+    campaign_id: sa.ColumnElement[uuid.UUID], now: dt.datetime
+) -> sa.ColumnElement[bool]:
+    """The campaign whose id the column gives has a delivery queued, or one out whose
+    sending process stopped (its lease ran out); read from ix_delivery_due."""
     return (
         sa.select(_d.c.id)
-        .where(_d.c.campaign_id == campaign_id, _DUE, _d.c.status == _QUEUED)
+        .where(
+            _d.c.campaign_id == campaign_id,
+            _DUE,
+            sa.or_(_d.c.status == _QUEUED, _lease_ran_out(now)),
+        )
         .exists()
     )
 
 
-def waiting() -> sa.ColumnElement[bool]:
-    """The campaign (a row of ``campaign``) ended with deliveries still to mark skipped.
-    Its counts are not kept until they are (``settled_counts`` NULL): that bounds the
-    campaigns looked at to the few ended lately."""
+def waiting(now: dt.datetime) -> sa.ColumnElement[bool]:
+    """The campaign (a row of ``campaign``) ended with deliveries still to mark: queued
+    ones, or ones whose sending process stopped. Its counts are not kept until they are
+    (``settled_counts`` NULL): that bounds the campaigns looked at to the few ended
+    lately."""
     return sa.and_(
         _c.c.status.in_(list(ENDED_REASONS)),
         _c.c.settled_counts.is_(None),
-        left_queued(_c.c.id),
+        left_behind(_c.c.id, now),
     )
 
 
-def to_skip(session: Session) -> list[tuple[uuid.UUID, str]]:
+def to_skip(session: Session, now: dt.datetime) -> list[tuple[uuid.UUID, str]]:
     """The ended campaigns with deliveries still to mark (id, skip reason), oldest first."""
     rows = session.execute(
-        sa.select(_c.c.id, _c.c.status).where(waiting()).order_by(_c.c.finished_at, _c.c.id)
+        sa.select(_c.c.id, _c.c.status).where(waiting(now)).order_by(_c.c.finished_at, _c.c.id)
     ).all()
     return [(campaign_id, ENDED_REASONS[status]) for campaign_id, status in rows]
+
+
+def end_lost(session: Session, campaign_id: uuid.UUID, *, now: dt.datetime) -> int:
+    """The campaign's deliveries out when it ended whose sending process stopped before
+    writing the answer (the lease it renews while a batch is out ran out): failed, with
+    no answer recorded; the page says they may have arrived. How many."""
+    return affected_rows(
+        session,
+        sa.update(_d)
+        .where(_d.c.campaign_id == campaign_id, _DUE, _lease_ran_out(now))
+        .values(
+            status=DeliveryStatus.FAILED.value,
+            reason=NO_ANSWER,
+            lease_expires_at=None,
+            updated_at=now,
+        ),
+    )
 
 
 def skip_chunk(

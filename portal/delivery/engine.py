@@ -565,11 +565,12 @@ class Dispatcher:
         Each campaign's chunks follow on from the last one this process marked. Once one
         comes back short, the next looks from the campaign's start (a row may have been
         queued behind the place meanwhile: an answer's retry); when that finds none, the
-        campaign is done."""
+        campaign's deliveries whose sender stopped before writing their answer are ended
+        (``unsent.end_lost``) and the campaign is done."""
         deadline = time.monotonic() + self.settings.unsent_seconds
         marked = 0
         with db.begin(self.app) as session:
-            campaigns = unsent.to_skip(session)
+            campaigns = unsent.to_skip(session, self.clock.now())
         # Places in campaigns another process has marked to the end are not needed.
         for done in set(self._unsent_after) - {campaign_id for campaign_id, _ in campaigns}:
             del self._unsent_after[done]
@@ -588,6 +589,15 @@ class Dispatcher:
                         limit=self.settings.unsent_chunk,
                     )
                     if last is None and after is None:
+                        lost = unsent.end_lost(session, campaign_id, now=self.clock.now())
+                        if lost:
+                            log.warning(
+                                "campaign %s ended with %d deliveries out whose sending "
+                                "process stopped before writing the answer: failed, no "
+                                "answer recorded",
+                                campaign_id,
+                                lost,
+                            )
                         settled.settle(session, [campaign_id])
                 marked += count
                 if last is not None and count == self.settings.unsent_chunk:
@@ -662,7 +672,7 @@ class Dispatcher:
                                     _c.c.deliver_until.is_not(None),
                                     _c.c.deliver_until <= now,
                                 ),
-                                unsent.waiting(),
+                                unsent.waiting(now),
                             )
                         )
                     )

@@ -140,9 +140,9 @@ def test_marking_goes_a_chunk_a_transaction_within_the_ticks_time(
     engine = push_app.extensions["portal.db"].engine
     with sent_statements(engine) as seen:
         assert dispatcher.skip_unsent() == AUDIENCE
-    updates = [s for s, _ in seen if "UPDATE delivery" in s]
+    chunks = [s for s, _ in seen if "UPDATE delivery" in s and "RETURNING" in s]
     # 2 + 2 + 2 + 1, then one from the start finds nothing left and the campaign is done.
-    assert len(updates) == 5
+    assert len(chunks) == 5
     assert rows(push_app, queued_campaign) == Counter({("skipped", "cancelled"): AUDIENCE})
 
 
@@ -158,7 +158,7 @@ def test_a_row_queued_behind_the_last_chunk_is_found_before_the_campaign_is_done
         ).first()
     dispatcher.settings = replace(dispatcher.settings, unsent_chunk=AUDIENCE)
     with db.begin(push_app) as session:
-        (reason,) = [r for c, r in unsent.to_skip(session) if c == queued_campaign]
+        (reason,) = [r for c, r in unsent.to_skip(session, clock.now()) if c == queued_campaign]
         marked, last = unsent.skip_chunk(
             session, queued_campaign, reason, now=clock.now(), after=None, limit=AUDIENCE
         )
@@ -196,6 +196,57 @@ def test_a_delivery_out_when_the_campaign_is_cancelled_keeps_its_answer(
         assert session.get(Campaign, queued_campaign).settled_counts is None
     assert (
         "1 still with a push service" in figures(push_app, queued_campaign, clock.now())["headline"]
+    )
+
+
+def test_a_delivery_whose_sender_stopped_after_the_cancel_ends_with_no_answer_recorded(
+    push_app, dispatcher, queued_campaign, clock
+):
+    """Out when the campaign was cancelled, its sender stopped (the lease it renews ran
+    out): no answer will come, and nothing sends it again. It ends as failed with no
+    answer recorded, and the campaign's counts are kept, instead of "1 still with a push
+    service" for good."""
+    with db.begin(push_app) as session:
+        out, alive = session.scalars(
+            sa.select(Delivery.id).where(Delivery.campaign_id == queued_campaign).limit(2)
+        ).all()
+        for delivery_id, lease in ((out, -1), (alive, 60)):
+            session.execute(
+                sa.update(Delivery)
+                .where(Delivery.id == delivery_id)
+                .values(
+                    status="sending",
+                    attempts=1,
+                    lease_expires_at=clock.now() + dt.timedelta(seconds=lease),
+                )
+            )
+        services.control(session, queued_campaign, "cancel", now=clock.now())
+    assert dispatcher.skip_unsent() == AUDIENCE - 2
+    assert rows(push_app, queued_campaign) == Counter(
+        {
+            ("skipped", "cancelled"): AUDIENCE - 2,
+            ("failed", unsent.NO_ANSWER): 1,
+            ("sending", None): 1,  # its sender is alive: its answer is still to come
+        }
+    )
+    clock.advance(dt.timedelta(seconds=61))  # that sender stopped too
+    assert dispatcher.tick().claimed == 0
+    assert rows(push_app, queued_campaign) == Counter(
+        {("skipped", "cancelled"): AUDIENCE - 2, ("failed", unsent.NO_ANSWER): 2}
+    )
+    said = figures(push_app, queued_campaign, clock.now())
+    assert said["headline"] == f"Cancelled: 0 of {AUDIENCE} delivered, 2 failed, 5 skipped."
+    assert ("failed", unsent.NO_ANSWER, 2) in said["reasons"]
+    with db.begin(push_app) as session:
+        assert session.get(Campaign, queued_campaign).settled_counts == {
+            "failed": 2,
+            "skipped": AUDIENCE - 2,
+        }
+        reading = outcome.read(session, session.get(Campaign, queued_campaign), now=clock.now())
+    assert outcome.breakdown(reading.facts.reasons)[-1] == (
+        "No answer recorded: the campaign ended while it was out, and the process sending "
+        "it stopped before writing the push service's answer (it may have arrived)",
+        2,
     )
 
 
