@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+import uuid
 from collections import Counter
 from dataclasses import replace
 
@@ -304,3 +305,177 @@ def test_each_chunk_reads_the_due_index_from_where_the_last_ended(push_app, queu
         used = re.findall(r"Index Scan using (\w+) on delivery_", plan)
     assert used and set(used) <= set(due), plan
     assert re.search(r"Index Cond: .*ROW\(next_attempt_at, id\) > ROW\(", plan), plan
+
+
+def test_marking_against_answers_retries_and_stopped_senders_in_any_order(
+    push_app, dispatcher, clock, fake_push
+):
+    """A state machine: an ended campaign's deliveries (queued now or later, out with a
+    live sender or one that stopped, answered) while the dispatcher marks in chunks of any
+    size, a tick's time running out at any point, answers arriving (a retry puts one back
+    in the queue, behind the place marked to) and senders stopping. Always: every page
+    count is the count the campaign ends with for each delivery no longer out; a row
+    marked is a row that was queued, or out with its sender stopped; once the marking has
+    run to its end, nothing is queued, nothing is out but what live senders hold, and the
+    campaign's kept counts are its rows'."""
+    from hypothesis import HealthCheck, settings
+    from hypothesis import strategies as st
+    from hypothesis.stateful import (
+        RuleBasedStateMachine,
+        invariant,
+        rule,
+        run_state_machine_as_test,
+    )
+
+    for _ in range(3):
+        _subscribe(push_app, fake_push, topics=["weekly-digest"])
+    now0 = clock.now()
+
+    class Marking(RuleBasedStateMachine):
+        def __init__(self) -> None:
+            super().__init__()
+            with db.begin(push_app) as session:
+                session.execute(sa.delete(Delivery))
+                session.execute(sa.delete(Campaign))
+            clock.set(now0)
+            self.campaign = make_campaign(push_app, clock)
+            with db.begin(push_app) as session:
+                session.execute(
+                    sa.update(Campaign)
+                    .where(Campaign.id == self.campaign)
+                    .values(status="sending", materialised_at=now0)
+                )
+            self.made = 0
+            dispatcher._unsent_after.clear()
+
+        def _add(self, status, *, due=0, lease=None):
+            self.made += 1
+            with db.begin(push_app) as session:
+                session.add(
+                    Delivery(
+                        campaign_id=self.campaign,
+                        subscription_id=uuid.uuid4(),
+                        push_service="fcm",
+                        status=status,
+                        attempts=0 if status == "queued" else 1,
+                        next_attempt_at=clock.now() + dt.timedelta(seconds=due),
+                        lease_expires_at=(
+                            None if lease is None else clock.now() + dt.timedelta(seconds=lease)
+                        ),
+                        consent_reason="explicit_opt_in",
+                        updated_at=clock.now(),
+                    )
+                )
+
+        def _sending(self) -> bool:
+            with db.begin(push_app) as session:
+                return session.get(Campaign, self.campaign).status == "sending"
+
+        # Deliveries are written (materialised) and claimed only while the campaign
+        # sends: once it ended, nothing adds a delivery or takes one out.
+        @rule(n=st.integers(1, 6), due=st.integers(-60, 60))
+        def queued(self, n, due):
+            if self._sending():
+                for _ in range(n):
+                    self._add("queued", due=due)
+
+        @rule(lease=st.integers(-30, 60))
+        def out(self, lease):
+            if self._sending():
+                self._add("sending", lease=lease)
+
+        @rule()
+        def cancel(self):
+            with db.begin(push_app) as session:
+                status = session.get(Campaign, self.campaign).status
+                if status == "sending":
+                    services.control(session, self.campaign, "cancel", now=clock.now())
+
+        @rule(retry=st.booleans())
+        def an_answer(self, retry):
+            """A live sender writes its answer: accepted, or (the campaign still sending)
+            back in the queue for a retry, due before anything else."""
+            with db.begin(push_app) as session:
+                campaign = session.get(Campaign, self.campaign)
+                row = session.scalars(
+                    sa.select(Delivery)
+                    .where(Delivery.status == "sending", Delivery.lease_expires_at > clock.now())
+                    .limit(1)
+                ).first()
+                if row is None:
+                    return
+                if retry and campaign.status == "sending":
+                    row.status, row.reason = "queued", "server_error"
+                    row.next_attempt_at = now0 - dt.timedelta(hours=1)
+                elif retry:
+                    row.status, row.reason = "skipped", unsent.ENDED_REASONS[campaign.status]
+                else:
+                    row.status, row.last_status_code = "accepted", 201
+                row.lease_expires_at = None
+
+        @rule(seconds=st.integers(1, 90))
+        def time_passes(self, seconds):
+            clock.advance(dt.timedelta(seconds=seconds))
+
+        @rule(chunk=st.integers(1, 4), budget=st.sampled_from([0.0, 60.0]))
+        def a_tick(self, chunk, budget):
+            dispatcher.settings = replace(
+                dispatcher.settings, unsent_chunk=chunk, unsent_seconds=budget
+            )
+            before = self._rows()
+            dispatcher.skip_unsent()
+            for delivery_id, (status, reason, _) in self._rows().items():
+                was = before[delivery_id]
+                if (status, reason) != was[:2]:
+                    assert was[0] == "queued" or (
+                        was[0] == "sending" and was[2] is not None and was[2] < clock.now()
+                    ), (was, status, reason)
+
+        def _rows(self):
+            with db.begin(push_app) as session:
+                return {
+                    d.id: (d.status, d.reason, d.lease_expires_at)
+                    for d in session.scalars(sa.select(Delivery))
+                }
+
+        @invariant()
+        def the_pages_count_what_will_stay(self):
+            with db.begin(push_app) as session:
+                campaign = session.get(Campaign, self.campaign)
+                status_now = campaign.status
+                shown = outcome.read(session, campaign, now=clock.now()).facts.counts
+            rows = self._rows()
+            expected = Counter(
+                unsent.as_shown(status_now, status, reason)[0]
+                for status, reason, _ in rows.values()
+            )
+            assert {k: v for k, v in shown.items() if v} == dict(expected)
+            if status_now != "sending":
+                assert shown["queued"] == 0
+
+        def teardown(self):
+            with db.begin(push_app) as session:
+                ended = session.get(Campaign, self.campaign).status != "sending"
+            if not ended:
+                return
+            dispatcher.settings = replace(dispatcher.settings, unsent_chunk=3, unsent_seconds=60)
+            clock.advance(dt.timedelta(minutes=5))  # every sender left has stopped
+            dispatcher.skip_unsent()
+            rows = self._rows()
+            assert not [r for r in rows.values() if r[0] in ("queued", "sending")], rows
+            with db.begin(push_app) as session:
+                # One that never had a delivery left behind is the table-retention job's
+                # to keep (settled.to_settle), as before.
+                settled.settle(session, [self.campaign])
+                kept = session.get(Campaign, self.campaign).settled_counts
+            assert kept == dict(Counter(status for status, _, _ in rows.values())), (kept, rows)
+
+    run_state_machine_as_test(
+        Marking,
+        settings=settings(
+            max_examples=60,
+            stateful_step_count=25,
+            deadline=None,
+            suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+        ),
+    )
