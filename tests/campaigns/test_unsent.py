@@ -74,6 +74,7 @@ def queued_campaign(push_app, dispatcher, clock, fake_push):
     return campaign_id
 
 
+@pytest.mark.pgbouncer
 def test_a_cancel_writes_the_campaign_row_alone_and_the_pages_say_skipped_at_once(
     push_app, dispatcher, queued_campaign, clock, fake_push
 ):
