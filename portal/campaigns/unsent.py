@@ -90,7 +90,7 @@ def shown_columns(campaign_status: str) -> tuple[sa.ColumnElement[str], sa.Colum
 
 
 def shown_status(
-    campaign_status: sa.ColumnElement[str], status: sa.ColumnElement[str]
+    campaign_status: sa.SQLColumnExpression[str], status: sa.SQLColumnExpression[str]
 ) -> sa.ColumnElement[str]:
     """:func:`as_shown`'s status, in SQL, for a query that joins the campaign."""
     return sa.case(

@@ -26,6 +26,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from portal.api import check_same_origin, json_body
+from portal.campaigns import unsent
 from portal.campaigns.models import Campaign
 from portal.db import db, is_postgres
 from portal.delivery.models import Delivery, DeliveryReceipt, DeliveryStatus, ReceiptEvent
@@ -107,7 +108,9 @@ def buttons_sent_to_caller(
         return None
     row = session.execute(
         sa.select(
-            Delivery.status,
+            # Still queued in a campaign that ended: the skip it is about to be marked
+            # (portal/campaigns/unsent.py), refused as it will be then.
+            unsent.shown_status(Campaign.status, Delivery.status).label("status"),
             Delivery.subscription_id,
             PushSubscription.auth_sealed,
             PushSubscription.auth_key_version,

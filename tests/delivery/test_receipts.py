@@ -195,6 +195,29 @@ def test_a_receipt_for_a_delivery_never_sent_is_refused(app, browser, engine, st
     assert count_rows(engine, "delivery_receipt") == (answer == 201)
 
 
+@pytest.mark.parametrize("campaign_status", ["cancelled", "expired"])
+def test_a_receipt_for_a_delivery_its_ended_campaign_left_queued_is_refused(
+    app, browser, engine, campaign_status
+):
+    """Queued when its campaign was cancelled (or expired) and never sent: refused at
+    once, as it is once the dispatcher has marked it skipped (portal/campaigns/unsent.py)."""
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text("UPDATE delivery SET status = 'queued', attempts = 0 WHERE id = :id"),
+            {"id": int(browser.delivery_id)},
+        )
+        conn.execute(
+            sa.text(
+                "UPDATE campaign SET status = :status WHERE id = "
+                "(SELECT campaign_id FROM delivery WHERE id = :id)"
+            ),
+            {"status": campaign_status, "id": int(browser.delivery_id)},
+        )
+    response = browser.client.post(URL, json={"deliveryId": browser.delivery_id, "event": "shown"})
+    assert (response.status_code, response.json) == (403, REFUSAL)
+    assert count_rows(engine, "delivery_receipt") == 0
+
+
 def test_the_first_receipt_is_the_real_one(app, browser, engine, subscriptions):
     """Nobody can take a receipt's place before the browser sends it."""
     intruder = app.test_client()
