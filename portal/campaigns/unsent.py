@@ -29,7 +29,8 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from portal.campaigns.models import Campaign, CampaignStatus
-from portal.db import affected_rows, is_postgres
+from portal.db import affected_rows
+from portal.delivery import partitions
 from portal.delivery.models import DUE_SQL, Delivery, DeliveryStatus
 
 _d = cast(sa.Table, Delivery.__table__)
@@ -49,10 +50,6 @@ _SENDING = DeliveryStatus.SENDING.value
 _SKIPPED = DeliveryStatus.SKIPPED.value
 # SQLite uses ix_delivery_due (its predicate) only when a query repeats it word for word.
 _DUE = sa.text(f"{_d.name}.{DUE_SQL}")
-# PostgreSQL: where a row lies (its partition and its place in it), as the claim finds the
-# rows it chose (portal/delivery/engine.py).
-_PARTITION: sa.ColumnClause[Any] = sa.column("tableoid", _selectable=_d)
-_PLACE: sa.ColumnClause[Any] = sa.column("ctid", _selectable=_d)
 
 Key = tuple[dt.datetime, int]  # (next_attempt_at, id): a place in ix_delivery_due
 
@@ -183,24 +180,7 @@ def skip_chunk(
     chosen_rows = (
         sa.select(_d.c.id).where(*where).order_by(_d.c.next_attempt_at, _d.c.id).limit(limit)
     )
-    chosen: sa.ColumnElement[bool]
-    if is_postgres(session):
-        # As the claim does (portal/delivery/engine.py, _lease): chosen once, in a
-        # materialised CTE (as a subquery of an update of the partitioned table its LIMIT
-        # would hold per partition), found again by place.
-        picked = (
-            chosen_rows.with_only_columns(_PARTITION.label("partition"), _PLACE.label("place"))
-            .with_for_update(of=_d, skip_locked=True)
-            .cte("picked")
-            .prefix_with("MATERIALIZED")
-        )
-        chosen = sa.and_(
-            picked.c.place == _PLACE,
-            picked.c.partition == _PARTITION,
-            _d.c.campaign_id == campaign_id,
-        )
-    else:
-        chosen = _d.c.id.in_(chosen_rows.scalar_subquery())
+    chosen = partitions.picked(session, chosen_rows, campaign_id)
     marked = session.execute(
         sa.update(_d)
         .where(chosen)

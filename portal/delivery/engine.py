@@ -41,7 +41,7 @@ from portal.consent import log as consent_log
 from portal.consent.models import EventKind
 from portal.consent.recipients import recipient_query
 from portal.db import among, db, is_postgres
-from portal.delivery import caps, quiet
+from portal.delivery import caps, partitions, quiet
 from portal.delivery.models import DUE_SQL, Delivery, DeliveryStatus, Unsendable
 from portal.push.encryption import InvalidSubscriptionKeys, PayloadTooLarge
 from portal.push.transport import (
@@ -80,10 +80,6 @@ _s = cast(sa.Table, PushSubscription.__table__)
 _c = cast(sa.Table, Campaign.__table__)
 # ix_delivery_due's predicate as SQLite's claim repeats it, qualified by the table.
 _DUE = sa.text(f"{_d.name}.{DUE_SQL}")
-# PostgreSQL: where a delivery row lies (its partition and its place in it). The claim's
-# update finds the rows its choice locked by these, a TID scan whatever the statistics.
-_PARTITION: sa.ColumnClause[Any] = sa.column("tableoid", _selectable=_d)
-_PLACE: sa.ColumnClause[Any] = sa.column("ctid", _selectable=_d)
 
 
 # How often a sender waiting for another process's batch of deliveries claims again.
@@ -441,28 +437,8 @@ class Dispatcher:
             .order_by(_d.c.next_attempt_at, _d.c.id)
             .limit(wanted)
         )
-        chosen: sa.ColumnElement[bool]
-        if is_postgres(session):
-            # delivery is partitioned (migration 0031). The rows are chosen once (a
-            # materialised CTE: as a subquery of an update of a partitioned table its
-            # LIMIT would hold per partition scanned; SKIP LOCKED passes by the rows
-            # another claim holds) and the update finds them by their place, not by id:
-            # for a campaign newer than the table's statistics the planner believed the
-            # campaign empty and read all of it for each row of the batch (1.9 s a claim
-            # at 45,000 rows).
-            picked = (
-                chosen_rows.with_only_columns(_PARTITION.label("partition"), _PLACE.label("place"))
-                .with_for_update(of=_d, skip_locked=True)
-                .cte("picked")
-                .prefix_with("MATERIALIZED")
-            )
-            chosen = sa.and_(
-                picked.c.place == _PLACE,
-                picked.c.partition == _PARTITION,
-                _d.c.campaign_id == campaign_id,
-            )
-        else:
-            chosen = _d.c.id.in_(chosen_rows.scalar_subquery())
+        # One statement: choose, lock and lease (partitions.picked).
+        chosen = partitions.picked(session, chosen_rows, campaign_id)
         return list(
             session.execute(
                 sa.update(_d)

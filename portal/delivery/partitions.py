@@ -30,7 +30,7 @@ import datetime as dt
 import re
 import uuid
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
@@ -50,6 +50,37 @@ AHEAD_MONTHS = 2
 # partitions: one at a time ("dpart").
 MAINTENANCE_LOCK = 0x6470617274
 _NAME = re.compile(r"delivery_(\d{4})_(\d{2})")
+# Where a delivery row lies: its partition and its place in it.
+_PARTITION: sa.ColumnClause[Any] = sa.column("tableoid", _selectable=_d)
+_PLACE: sa.ColumnClause[Any] = sa.column("ctid", _selectable=_d)
+
+
+def picked(
+    session: Session, choose: sa.Select[Any], campaign_id: uuid.UUID
+) -> sa.ColumnElement[bool]:
+    """The condition by which an UPDATE of ``delivery`` finds the rows ``choose`` (a
+    select of one campaign's delivery ids, ordered and limited) picks, each locked as it
+    is picked, rows another transaction holds passed by (PostgreSQL: SKIP LOCKED; SQLite's
+    write lock, taken when the transaction began, serialises writers).
+
+    On PostgreSQL the rows are chosen once (a materialised CTE: as a subquery of an
+    update of the partitioned table its LIMIT would hold per partition scanned) and
+    found again by their place, not by id: for a campaign newer than the table's
+    statistics the planner believed the campaign empty and read all of it for each row
+    of the batch (1.9 s a claim at 45,000 rows)."""
+    if not is_postgres(session):
+        return _d.c.id.in_(choose.scalar_subquery())
+    chosen = (
+        choose.with_only_columns(_PARTITION.label("partition"), _PLACE.label("place"))
+        .with_for_update(of=_d, skip_locked=True)
+        .cte("picked")
+        .prefix_with("MATERIALIZED")
+    )
+    return sa.and_(
+        chosen.c.place == _PLACE,
+        chosen.c.partition == _PARTITION,
+        _d.c.campaign_id == campaign_id,
+    )
 
 
 def bound(at: dt.datetime) -> uuid.UUID:
