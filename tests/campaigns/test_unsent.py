@@ -23,22 +23,13 @@ from portal.compliance import services as compliance
 from portal.db import db
 from portal.delivery.models import Delivery
 from portal.subscriptions.models import PushSubscription
+from tests.campaigns.test_controls_under_concurrency import counts as rows
 from tests.campaigns.test_pages import make_campaign
 from tests.delivery.test_engine import _subscribe
 from tests.helpers import sent_statements
 from tests.plans import PLANNED, deliveries, plans, populate, whole_table_reads
 
 AUDIENCE = 7
-
-
-def rows(app, campaign_id):
-    with db.begin(app) as session:
-        found = session.execute(
-            sa.select(Delivery.status, Delivery.reason, sa.func.count())
-            .where(Delivery.campaign_id == campaign_id)
-            .group_by(Delivery.status, Delivery.reason)
-        ).all()
-    return Counter({(status, reason): n for status, reason, n in found})
 
 
 def figures(app, campaign_id, now):
