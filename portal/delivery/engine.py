@@ -577,9 +577,10 @@ class Dispatcher:
                         settled.settle(session, [campaign_id])
                 marked += count
                 if last is not None and count == self.settings.unsent_chunk:
-                    self._unsent_after[campaign_id] = last  # (a short chunk reached the end)
+                    self._unsent_after[campaign_id] = last  # the next chunk goes on from here
                 elif after is None and last is None:
-                    break
+                    break  # none left from the start: done
+                # else a short chunk reached the end: the next looks from the start
         return marked
 
     def _more_to_claim(
