@@ -337,6 +337,12 @@ _SKIPPED = {
     "subscription_ended": "Not sent: the subscription ended before sending",
     Unsendable.UNREADABLE_KEYS.value: "Not sent: the subscription's keys could not be read",
 }
+# A delivery sent and answered, then waiting for its next attempt, when its campaign ended.
+_AGAIN = {
+    "cancelled": "Not sent again: the campaign was cancelled before its next attempt",
+    "deliver_until_passed": "Not sent again: its “don't deliver after” time passed before "
+    "its next attempt",
+}
 _FAILED = {
     Unsendable.INVALID_ENDPOINT.value: "Invalid endpoint: the stored address is no push endpoint",
     Unsendable.PAYLOAD_TOO_LARGE.value: "Message too large once encrypted for this subscription",
@@ -355,6 +361,9 @@ def reason_label(row: Reason) -> str:
     if row.status == DeliveryStatus.REVOKED.value:
         return "Subscription gone: the push service answered 410 Gone"
     if row.status == DeliveryStatus.SKIPPED.value:
+        if reason in _AGAIN and row.code is not None:
+            # Sent once and answered (a 503, say), then waiting to be tried again.
+            return f"{_AGAIN[reason]} (the last answer was {status_phrase(row.code)})"
         if reason in _SKIPPED:
             return _SKIPPED[reason]
         if reason.startswith("subscription_"):

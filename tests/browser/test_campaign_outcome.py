@@ -203,7 +203,11 @@ def test_a_cancelled_campaign_says_skipped_before_and_after_its_queue_is_marked(
     headline = "Cancelled: 12 of 19 delivered, 7 skipped."
     expect(page.locator("#progress-summary")).to_have_text(headline)
     expect(page.locator("#failures tbody tr")).to_have_text(
-        ["Not sent: the campaign was cancelled first7"]
+        [
+            "Not sent: the campaign was cancelled first4",
+            "Not sent again: the campaign was cancelled before its next attempt (the last "
+            "answer was 503 Service Unavailable)3",
+        ]
     )
     outcome = page.locator(".outcome__table").inner_text()
     assert "Queued" not in outcome and "queued" not in outcome, outcome

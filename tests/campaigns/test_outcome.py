@@ -244,6 +244,16 @@ def test_green_means_every_delivery_was_delivered(status, counted):
         ),
         (Reason("skipped", "cancelled", None, 1), "Not sent: the campaign was cancelled first"),
         (
+            Reason("skipped", "cancelled", 503, 1),
+            "Not sent again: the campaign was cancelled before its next attempt (the last "
+            "answer was 503 Service Unavailable)",
+        ),
+        (
+            Reason("skipped", "deliver_until_passed", 429, 1),
+            "Not sent again: its “don't deliver after” time passed before its next attempt "
+            "(the last answer was 429 Too Many Requests)",
+        ),
+        (
             Reason("skipped", "subscription_stale", None, 1),
             "Not sent: the subscription was stale before sending",
         ),
