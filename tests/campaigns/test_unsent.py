@@ -263,20 +263,34 @@ def test_only_ended_campaigns_are_counted_so(push_app, queued_campaign, clock):
 @pytest.mark.postgres_only
 def test_each_chunk_reads_the_due_index_from_where_the_last_ended(push_app, queued_campaign, clock):
     """On PostgreSQL a chunk reads ix_delivery_due from its place on: the rows marked
-    before it stay in the index until vacuumed, and are not walked again."""
+    before it stay in the index until vacuumed, and are not walked again. (With a queue of
+    a few rows the planner may as well take ix_delivery_claim and sort them: the queue
+    here is 50,000, all due at the same moment, as a materialised audience is.)"""
     engine = push_app.extensions["portal.db"].engine
     with db.begin(push_app) as session:
         person = session.scalars(sa.select(PushSubscription.subscriber_id).limit(1)).one()
     populate(engine, person)  # thousands of people more
     deliveries(engine, at=clock.now())  # sent campaigns kept, in every partition
+    with engine.begin() as conn:  # a queue of 50,000, as a large audience has
+        conn.execute(
+            sa.text(
+                "INSERT INTO delivery (campaign_id, subscription_id, push_service, status, "
+                "attempts, next_attempt_at, consent_reason, updated_at) "
+                "SELECT :campaign, gen_random_uuid(), 'fcm', 'queued', 0, :at, "
+                "'explicit_opt_in', :at FROM generate_series(1, 50000)"
+            ),
+            {"campaign": queued_campaign, "at": clock.now()},
+        )
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(sa.text("ANALYZE delivery"))
     with db.begin(push_app) as session:
         services.control(session, queued_campaign, "cancel", now=clock.now())
     with sent_statements(engine, PLANNED) as seen, db.begin(push_app) as session:
         _, last = unsent.skip_chunk(
-            session, queued_campaign, "cancelled", now=clock.now(), after=None, limit=2
+            session, queued_campaign, "cancelled", now=clock.now(), after=None, limit=500
         )
         unsent.skip_chunk(
-            session, queued_campaign, "cancelled", now=clock.now(), after=last, limit=2
+            session, queued_campaign, "cancelled", now=clock.now(), after=last, limit=500
         )
     chunks = [(s, p) for s, p in seen if s.lstrip().startswith("WITH picked")]
     assert len(chunks) == 2, seen
