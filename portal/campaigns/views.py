@@ -272,8 +272,7 @@ def audience_count(topic: Topic) -> AudienceCount:
     return AudienceCount(counts, at, _AUDIENCES.seconds_fresh(reading) > 0)
 
 
-def _audience(topic: Topic) -> dict[str, Any]:
-    count = audience_count(topic)
+def _audience(count: AudienceCount) -> dict[str, Any]:
     return {
         "total": count.total,
         "counted_at": count.counted_at,
@@ -293,11 +292,11 @@ class LocalHours:
     unknown_zone: int  # of them, people whose zone is not known (the fallback's hour)
 
 
-def _local_hours(topic: Topic, draft: CampaignDraft) -> LocalHours | None:
+def _local_hours(count: AudienceCount, draft: CampaignDraft) -> LocalHours | None:
     if draft.local_time is None or draft.fallback is None:
         return None
-    # The audience's own count (kept with it), so the hours add up to its total.
-    zones = audience_count(topic).by_zone
+    # The audience's own count, so the hours add up to its total.
+    zones = count.by_zone
     start = draft.send_at or _now()
     hours = local_time.per_hour(start, draft.local_time, zones, draft.fallback)
     rows = [(presentation.zoned_time(hour, draft.time_zone), n) for hour, n in hours]
@@ -318,6 +317,7 @@ def _review_page(
     subscriber_id = subscriber_from_cookie(request)
     targets = services.subscriptions_for_tests(db.session, subscriber_id) if subscriber_id else []
     topic = topic_by_slug(db.session, draft.topic)
+    count = audience_count(topic)  # one reading for the total and the hours
     return _drawing_images(
         render_template(
             "staff/campaigns/review.html",
@@ -325,8 +325,8 @@ def _review_page(
             errors=[],
             draft=draft,
             topic=topic,
-            audience=_audience(topic),
-            local_hours=_local_hours(topic, draft),
+            audience=_audience(count),
+            local_hours=_local_hours(count, draft),
             local_schedule=presentation.local_schedule(draft.local_time, draft.fallback),
             preview=_preview(form),
             ttl_words=presentation.ttl_in_words(draft.ttl),

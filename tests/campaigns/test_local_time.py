@@ -308,14 +308,25 @@ def test_the_campaign_page_says_who_waits_for_their_hour(
 
 
 def test_the_form_launches_a_local_time_campaign_after_showing_the_hours(
-    push_app, sign_in, fake_push, clock
+    push_app, sign_in, fake_push, clock, monkeypatch
 ):
+    from portal.campaigns import views
+
     for zone in ("Asia/Tokyo", "America/New_York", "America/Toronto", None):
         _person(push_app, fake_push, zone)
     campaigner = sign_in(push_app)
     fields = form_data(local_time="09:00", fallback_zone="Europe/London", timezone="Europe/Paris")
+    counted = views.audience_counts
+    readings: list[int] = []
+
+    def counting(session, topic_id):
+        readings.append(topic_id)
+        return counted(session, topic_id)
+
+    monkeypatch.setattr(views, "audience_counts", counting)
     review = campaigner.post("/staff/campaigns/new", {**fields, "action": "review"})
     assert review.status_code == 200
+    assert len(readings) == 1  # the total and the hours from one reading of everyone
     text = htmllib.unescape(re.sub(r"<[^>]+>", "", review.text))
     assert "Deliveries per hour" in text
     hours = re.findall(
