@@ -15,7 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import enum
 import http
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -28,6 +28,7 @@ from portal.campaigns.presentation import zoned_time
 from portal.campaigns.variants import AWAITING_WINNER, winner_due
 from portal.delivery.models import Delivery, DeliveryStatus, Unsendable
 from portal.delivery.quiet import QUIET_HOURS
+from portal.subscriptions.lifecycle import asks_to_retry
 
 _d = cast(sa.Table, Delivery.__table__)
 # How far back "sending at N a second" looks.
@@ -403,6 +404,39 @@ class ServiceRetries:
     push_service: str
     retried: int  # deliveries that needed more than one attempt
     waiting: int  # of them, queued for their next attempt now
+    # Ended after one attempt answered 429/5xx ("try again later") that was never made
+    # again (the campaign was cancelled or expired first), by that answer's status code.
+    not_tried_again: tuple[tuple[int, int], ...] = ()
+
+
+class _PerService:
+    """The slowed-down section's counts per push service, summed over ``read``'s rows."""
+
+    def __init__(self) -> None:
+        self.again: Counter[str] = Counter()
+        self.waiting: Counter[str] = Counter()
+        self.turned_away: dict[str, Counter[int]] = defaultdict(Counter)
+
+    def add(
+        self, service: str, status: str, code: int | None, n: int, again: int, *, waiting: bool
+    ) -> None:
+        self.again[service] += n if waiting else again
+        self.waiting[service] += n if waiting else 0
+        if status in FINAL and n > again and code is not None and asks_to_retry(code, service):
+            self.turned_away[service][code] += n - again
+
+    def retries(self) -> list[ServiceRetries]:
+        services = sorted(set(self.again) | set(self.waiting) | set(self.turned_away))
+        found = [
+            ServiceRetries(
+                service,
+                self.again[service],
+                self.waiting[service],
+                tuple(sorted(self.turned_away[service].items())),
+            )
+            for service in services
+        ]
+        return [row for row in found if row.retried or row.waiting or row.not_tried_again]
 
 
 @dataclass(frozen=True)
@@ -469,7 +503,7 @@ def read(
     rows = session.execute(sa.union_all(here, gone)).all()
     counts = {s.value: 0 for s in DeliveryStatus}
     reasons: dict[tuple[str, str | None, int | None], list[int]] = {}
-    per_service: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    per_service = _PerService()
     retrying = recent_total = later = quiet = awaiting = 0
     next_retry: dt.datetime | None = None
     next_later: dt.datetime | None = None
@@ -506,8 +540,7 @@ def read(
             if earliest_at is not None:
                 earliest = _utc(earliest_at)
                 next_retry = earliest if next_retry is None else min(next_retry, earliest)
-        per_service[service][0] += n if waiting else again
-        per_service[service][1] += n if waiting else 0
+        per_service.add(service, status, code, n, again, waiting=waiting)
     facts = Facts(
         status=campaign.status,
         send_at=campaign.send_at,
@@ -534,12 +567,7 @@ def read(
         dispatch_every=dispatch_every,
         max_attempts=max_attempts,
     )
-    retries = [
-        ServiceRetries(service, again, waiting)
-        for service, (again, waiting) in sorted(per_service.items())
-        if again or waiting
-    ]
-    return Reading(facts, retries)
+    return Reading(facts, per_service.retries())
 
 
 def _utc(when: dt.datetime) -> dt.datetime:
@@ -585,13 +613,19 @@ def slowdowns(
                 f"{_clock(circuit.open_until)} — {circuit.reason}"
             )
     for row in retries:
-        line = (
-            f"{row.push_service}: {_plural(row.retried, 'delivery', 'deliveries')} "
-            f"needed more than one attempt"
-        )
-        if row.waiting and not finished:
-            line += f", {_n(row.waiting)} waiting for the next"
-        lines.append(line)
+        if row.retried or row.waiting:
+            line = (
+                f"{row.push_service}: {_plural(row.retried, 'delivery', 'deliveries')} "
+                f"needed more than one attempt"
+            )
+            if row.waiting and not finished:
+                line += f", {_n(row.waiting)} waiting for the next"
+            lines.append(line)
+        for code, count in row.not_tried_again:
+            lines.append(
+                f"{row.push_service}: {_plural(count, 'delivery', 'deliveries')} answered "
+                f"{status_phrase(code)} (try again later) and not tried again"
+            )
     return lines
 
 

@@ -84,13 +84,21 @@ def apply_answer(
         return Transition(
             Outcome.FAILED, Lifecycle(state, failures, current.has_succeeded), "not_found"
         )
-    if status == 429 or (status == WNS_RATE_LIMITED and answer.push_service == PushService.WNS):
-        return Transition(Outcome.RETRY, current, "rate_limited")
-    if 500 <= status < 600:
-        return Transition(Outcome.RETRY, current, "server_error")
+    if asks_to_retry(status, answer.push_service):
+        rate_limited = status < 500
+        return Transition(
+            Outcome.RETRY, current, "rate_limited" if rate_limited else "server_error"
+        )
     # Any other answer is about this request (payload too large, bad VAPID, ...):
     # fail the delivery, but it says nothing about whether the subscription lives.
     return Transition(Outcome.FAILED, current, "rejected")
+
+
+def asks_to_retry(status: int, push_service: PushService | str | None) -> bool:
+    """A push service's "try again later": 429 (406 from WNS), or any 5xx."""
+    if status == 429 or (status == WNS_RATE_LIMITED and push_service == PushService.WNS):
+        return True
+    return 500 <= status < 600
 
 
 def backoff_delay(

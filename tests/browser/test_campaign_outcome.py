@@ -209,6 +209,11 @@ def test_a_cancelled_campaign_says_skipped_before_and_after_its_queue_is_marked(
             "answer was 503 Service Unavailable)3",
         ]
     )
+    # Answered "try again later" once and then cancelled: not "no push service was
+    # slowed down and every delivery took one attempt", as the page had said.
+    expect(page.locator("#circuits")).to_have_text(
+        "fcm: 3 deliveries answered 503 Service Unavailable (try again later) and not tried again"
+    )
     outcome = page.locator(".outcome__table").inner_text()
     assert "Queued" not in outcome and "queued" not in outcome, outcome
     with server.session() as session:

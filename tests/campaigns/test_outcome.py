@@ -298,6 +298,16 @@ def test_slowdowns_name_circuits_and_the_retries_seen():
     assert outcome.slowdowns([], [ServiceRetries("autopush", 19, 0)], finished=True) == [
         "autopush: 19 deliveries needed more than one attempt"
     ]
+    # Answered "try again later" and never tried again: said by answer, after the retries.
+    turned_away = ServiceRetries("fcm", 2, 0, ((429, 1), (503, 3)))
+    assert outcome.slowdowns([], [turned_away], finished=True) == [
+        "fcm: 2 deliveries needed more than one attempt",
+        "fcm: 1 delivery answered 429 Too Many Requests (try again later) and not tried again",
+        "fcm: 3 deliveries answered 503 Service Unavailable (try again later) and not tried again",
+    ]
+    assert outcome.slowdowns([], [ServiceRetries("fcm", 0, 0, ((503, 3),))], finished=True) == [
+        "fcm: 3 deliveries answered 503 Service Unavailable (try again later) and not tried again"
+    ]
     assert "None:" in outcome.no_slowdown(finished=True)
 
 

@@ -485,3 +485,39 @@ def test_marking_against_answers_retries_and_stopped_senders_in_any_order(
             suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
         ),
     )
+
+
+def test_deliveries_answered_try_again_later_and_then_cancelled_are_named_under_slowdowns(
+    push_app, dispatcher, clock, fake_push
+):
+    """Three deliveries answered 503 once and never tried again (the campaign was
+    cancelled first): the slowed-down section names them, and does not say that no push
+    service was slowed down (it had said so)."""
+    subscriptions = [_subscribe(push_app, fake_push, topics=["weekly-digest"]) for _ in range(7)]
+    for subscription in subscriptions[:3]:
+        fake_push.script(subscription, 503)
+    campaign_id = make_campaign(push_app, clock)
+    dispatcher.advance_campaigns()
+    dispatcher.tick()
+    assert rows(push_app, campaign_id) == Counter(
+        {("accepted", None): 4, ("queued", "server_error"): 3}
+    )
+
+    def slowdowns():
+        with db.begin(push_app) as session:
+            campaign = session.get(Campaign, campaign_id)
+            reading = outcome.read(session, campaign, now=clock.now())
+            circuits = outcome.circuits_seen(session, campaign, now=clock.now())
+            return outcome.slowdowns(circuits, reading.retries, finished=True)
+
+    with db.begin(push_app) as session:
+        services.control(session, campaign_id, "cancel", now=clock.now())
+    before = slowdowns()
+    assert before == [
+        "other: 3 deliveries answered 503 Service Unavailable (try again later) and not tried again"
+    ]
+    dispatcher.tick()  # marks the three skipped
+    assert rows(push_app, campaign_id) == Counter(
+        {("accepted", None): 4, ("skipped", "cancelled"): 3}
+    )
+    assert slowdowns() == before
