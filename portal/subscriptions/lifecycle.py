@@ -123,17 +123,27 @@ def may_retry(attempts_made: int, retry: RetrySettings) -> bool:
     return attempts_made < retry.max_attempts
 
 
+# The longest a push service's Retry-After defers a delivery: four weeks, the longest TTL
+# push services keep a message for; a longer wait would outlive any message it holds.
+MAX_RETRY_AFTER = 28 * 24 * 3600.0
+
+
 def parse_retry_after(value: str | None, now: dt.datetime) -> float | None:
-    """Retry-After as seconds: delta-seconds or an HTTP date (RFC 9110 §10.2.3)."""
+    """Retry-After as seconds: delta-seconds or an HTTP date (RFC 9110 §10.2.3), at most
+    :data:`MAX_RETRY_AFTER`; anything else is no Retry-After.
+
+    Whatever a push service sends must not raise here: the answer is read while its batch
+    is out, and an exception would end the whole batch (the '²' that ``str.isdigit``
+    accepts and ``float`` refuses did). Only ASCII digits are delta-seconds."""
     if value is None:
         return None
     value = value.strip()
-    if value.isdigit():
-        return float(value)
+    if value.isascii() and value.isdigit():
+        return min(float(value), MAX_RETRY_AFTER)  # 400 digits make inf: capped too
     try:
         when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
+    except (TypeError, ValueError, IndexError, OverflowError):
         return None
     if when.tzinfo is None:
         when = when.replace(tzinfo=dt.UTC)
-    return max((when - now).total_seconds(), 0.0)
+    return min(max((when - now).total_seconds(), 0.0), MAX_RETRY_AFTER)

@@ -186,7 +186,31 @@ def test_retry_after_as_an_http_date(push_app, dispatcher, fake_push, clock, eng
     dispatcher.tick()
     (delivery,) = _rows(push_app, Delivery)
     assert delivery["status"] == "queued"
-    assert delivery["next_attempt_at"] > clock.now() + dt.timedelta(days=365)
+    # Read as far as it may be: four weeks (lifecycle.MAX_RETRY_AFTER), plus the jitter.
+    assert delivery["next_attempt_at"] >= clock.now() + dt.timedelta(days=28)
+    assert delivery["next_attempt_at"] <= clock.now() + dt.timedelta(days=28 * 1.3)
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["\u00b2", "9" * 400, "Fri, 31 Dec 9999 23:59:59 GMT"],
+    ids=["superscript-two", "400-digits", "year-9999"],
+)
+def test_an_odd_retry_after_is_that_delivery_s_alone(
+    push_app, dispatcher, fake_push, clock, engine, value
+):
+    """A Retry-After that str.isdigit() takes and float() refuses ('²'), or one too
+    large for a date, raised while the batch was out (the tick ended): every delivery of the batch went
+    unanswered until their lease ran out, and a push service answering so every time stalled
+    the campaign."""
+    subs = [_subscribe(push_app, fake_push, topics=["weekly-digest"]) for _ in range(3)]
+    fake_push.script(subs[0], Answer.of(429, retry_after=value))
+    _launch(push_app, clock)
+    report = dispatcher.tick()
+    assert (report.accepted, report.retried) == (2, 1)
+    queued = [row for row in _rows(push_app, Delivery) if row["status"] == "queued"]
+    assert len(queued) == 1
+    assert queued[0]["next_attempt_at"] <= clock.now() + dt.timedelta(days=28 * 1.3)
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from portal.config import RetrySettings
 from portal.subscriptions.lifecycle import (
+    MAX_RETRY_AFTER,
     Lifecycle,
     Outcome,
     PushAnswer,
@@ -176,3 +177,23 @@ def test_retry_after_seconds_and_http_date():
     assert parse_retry_after("Sun, 01 Mar 2026 11:00:00 GMT", now) == 0
     assert parse_retry_after("soon", now) is None
     assert parse_retry_after(None, now) is None
+
+
+def test_retry_after_is_ascii_delta_seconds_or_a_date_and_never_more_than_four_weeks():
+    now = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)
+    # str.isdigit() takes these; float() refused the first and made inf of the second.
+    assert parse_retry_after("\u00b2", now) is None
+    assert parse_retry_after("\u0661\u0660", now) is None  # Arabic-Indic 10
+    assert parse_retry_after("9" * 400, now) == MAX_RETRY_AFTER
+    assert parse_retry_after("Fri, 31 Dec 9999 23:59:59 GMT", now) == MAX_RETRY_AFTER
+    assert parse_retry_after(str(28 * 24 * 3600 - 1), now) == MAX_RETRY_AFTER - 1
+
+
+@given(st.text(max_size=60))
+def test_any_retry_after_reads_as_none_or_a_bounded_wait(value):
+    """A push service's header is read while its batch is out: nothing it says raises."""
+    now = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)
+    seconds = parse_retry_after(value, now)
+    assert seconds is None or 0.0 <= seconds <= MAX_RETRY_AFTER
+    if seconds is not None:
+        assert backoff_delay(1, RetrySettings(), retry_after=seconds) < 2 * MAX_RETRY_AFTER
