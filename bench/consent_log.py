@@ -57,7 +57,13 @@ def _app(url: str, instance: str) -> Any:
     from portal import create_app
     from portal.config import Settings
 
-    environ = {"DATABASE_URL": url, "PORTAL_SCHEDULER": "off", "PORTAL_DEMO_DATA": "off"}
+    environ = {
+        "DATABASE_URL": url,
+        "PORTAL_SCHEDULER": "off",
+        "PORTAL_DEMO_DATA": "off",
+        # --prepared-statements, for both sides (the writers are spawned with it set).
+        "DATABASE_PREPARED_STATEMENTS": os.environ.get("DATABASE_PREPARED_STATEMENTS", "off"),
+    }
     return create_app(Settings.from_env(environ, instance))
 
 
@@ -408,7 +414,14 @@ def main() -> None:
     add_arguments(parser)
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--writers", type=int, default=8)
+    parser.add_argument(
+        "--prepared-statements",
+        choices=("on", "off"),
+        default="off",
+        help="DATABASE_PREPARED_STATEMENTS for both logs' writers (on: a direct connection)",
+    )
     args = parser.parse_args()
+    os.environ["DATABASE_PREPARED_STATEMENTS"] = args.prepared_statements
     seconds = 2.0 if args.quick else args.seconds
     load = os.getloadavg()
     runs = {}
@@ -424,7 +437,8 @@ def main() -> None:
     load_after = os.getloadavg()
     figures = []
     lines = [  # under the report's own heading for this benchmark (bench/__main__.py)
-        f"{args.writers} writer processes, {seconds:g} s each run, fresh databases; load "
+        f"{args.writers} writer processes, {seconds:g} s each run, fresh databases, "
+        f"DATABASE_PREPARED_STATEMENTS={args.prepared_statements} for both logs; load "
         f"average {load[0]:.1f} before, {load_after[0]:.1f} after (2 CPUs, shared).",
         "",
         "| events per commit | log | events/s | first tenth | last tenth | verified |",
@@ -435,7 +449,8 @@ def main() -> None:
         ratio = merkle_run["rate"] / chain["rate"] if chain["rate"] else None
         figures.append(
             Figure(
-                f"consent-log appends, {args.writers} writers, {per_commit} event(s) per commit",
+                f"consent-log appends, {args.writers} writers, {per_commit} event(s) per commit, "
+                f"prepared statements {args.prepared_statements}",
                 round(merkle_run["rate"], 1),
                 "events/s",
                 baseline=round(chain["rate"], 1),

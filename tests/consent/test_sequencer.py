@@ -4,9 +4,11 @@ lost or doubled when a run dies; the public proofs, held against pymerkle."""
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import re
 import threading
 import uuid
+from dataclasses import replace
 
 import pymerkle
 import pytest
@@ -103,6 +105,51 @@ def test_events_appended_together_are_one_insert_numbered_in_the_order_given(
     assert [tuple(row) for row in stored] == [
         (seq, f"step-{place}") for place, seq in enumerate(seqs)
     ]
+
+
+@pytest.mark.parametrize("count", [1, 3])
+def test_an_append_binds_times_as_their_column_does(app, engine, clock, count):
+    """The append is sent as the driver's text (log._driver_text): its values still go
+    through the columns' types. An aware time in another zone is stored as the same
+    instant; a naive one is refused and nothing is written."""
+    who = _subscriber(app, clock)
+    east = dt.timezone(dt.timedelta(hours=2))
+    at = dt.datetime(2026, 5, 1, 14, 30, tzinfo=east)
+    events = [
+        log.NewEvent(
+            kind=EventKind.ACCOUNT_LINKED,
+            subscriber_id=who,
+            source="system",
+            actor=f"zoned-{place}",
+            recorded_at=at,
+            decided_at=at - dt.timedelta(minutes=1),
+        )
+        for place in range(count)
+    ]
+    with db.begin(app) as session:
+        seqs = log.append_many(session, events)
+    with engine.connect() as conn:
+        stored = conn.execute(
+            sa.select(log._t.c.recorded_at, log._t.c.decided_at).where(log._t.c.seq.in_(seqs))
+        ).all()
+    assert len(stored) == count
+    for recorded, decided in stored:
+        assert recorded == at and recorded.utcoffset() == dt.timedelta(0)
+        assert decided == at - dt.timedelta(minutes=1)
+
+    naive = [replace(event, recorded_at=at.replace(tzinfo=None)) for event in events]
+    # SQLite's append goes through the unit of work, which wraps the ValueError.
+    with db.session_factory(app)() as session, session.begin():
+        log.lock_subscriber(session, who)
+        with pytest.raises((ValueError, sa.exc.StatementError), match="naive datetime"):
+            log.append_many(session, naive)
+    with engine.connect() as conn:
+        assert (
+            conn.execute(
+                sa.select(sa.func.count()).where(log._t.c.subscriber_id == who)
+            ).scalar_one()
+            == count
+        )
 
 
 def test_committed_events_become_leaves_in_seq_order_under_a_signed_head(app, engine, clock):
