@@ -354,6 +354,9 @@ class RateLimitSettings:
     per_endpoint: int = setting("RATE_LIMIT_PER_ENDPOINT", _whole, 60)
     # Consent receipts per subscriber: each one is signed and carries proofs.
     receipts: int = setting("RATE_LIMIT_RECEIPTS", _whole, 20)
+    # Preference-centre form saves per subscriber and form: each may append consent
+    # events, which are kept for good.
+    saves: int = setting("RATE_LIMIT_SAVES", _whole, 60)
 
     @property
     def enabled(self) -> bool:

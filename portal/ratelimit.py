@@ -239,6 +239,15 @@ def receipt_verdict(subscriber_id: uuid.UUID) -> Verdict | None:
     )
 
 
+def save_verdict(subscriber_id: uuid.UUID) -> Verdict | None:
+    """Count one preference-centre form save for this subscriber (``RATE_LIMIT_SAVES``),
+    on routes that count in the request (:func:`count_in_the_request`): the count commits
+    with the save, and waits only on that person's own saves, which take turns on their
+    row lock anyway. Each save may append consent events, kept for good: a loop on the
+    form must not write without bound."""
+    return tally(Kind.SUBSCRIBER, subscriber_id.bytes, current_portal().settings.rate_limit.saves)
+
+
 def client_network(address: str | None) -> bytes:
     """What one client's requests are counted under: an IPv4 address (an IPv4-mapped
     IPv6 one included) alone, an IPv6 address by its /64, the least a home or a phone

@@ -382,6 +382,8 @@ def save() -> Any:
     subscriber, rows = _visitor(to_decide=True)
     if subscriber is None:
         return _render(None, status=403)
+    if (refused := _too_many_saves(subscriber)) is not None:
+        return refused
     session = db.session
     version = request.form.get("policy_version", "")
     basis = _write_basis()
@@ -436,6 +438,22 @@ def save() -> Any:
     return redirect(url_for("preferences.centre"), code=303)
 
 
+def _too_many_saves(subscriber: Subscriber) -> Response | None:
+    """The page a form save gets past ``RATE_LIMIT_SAVES`` a window: nothing changed,
+    and when to save again."""
+    verdict = ratelimit.save_verdict(subscriber.id)
+    if verdict is None or verdict.allowed:
+        return None
+    return _try_again_later(
+        429,
+        "Too many changes at once",
+        "You have changed your choices many times in a short time, so nothing was changed "
+        "this time. You can save again in "
+        f"{_duration(dt.timedelta(seconds=verdict.retry_after))}.",
+        retry_after=verdict.retry_after,
+    )
+
+
 def _and(words: list[str]) -> str:
     return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} and {words[-1]}"
 
@@ -447,6 +465,8 @@ def confirm_notice() -> Any:
     subscriber, rows = _visitor(to_decide=True)
     if subscriber is None:
         return _render(None, status=403)
+    if (refused := _too_many_saves(subscriber)) is not None:
+        return refused
     session = db.session
     version = request.form.get("policy_version", "")
     basis = _write_basis()
@@ -500,6 +520,8 @@ def marketing_off() -> Any:
     subscriber, rows = _visitor(to_decide=True)
     if subscriber is None:
         return _render(None, status=403)
+    if (refused := _too_many_saves(subscriber)) is not None:
+        return refused
     session = db.session
     basis = _write_basis()
     now = current_portal().clock.now()
@@ -533,6 +555,8 @@ def frequency() -> Any:
     subscriber, rows = _visitor()
     if subscriber is None:
         return _render(None, status=403)
+    if (refused := _too_many_saves(subscriber)) is not None:
+        return refused
     choice = HOW_OFTEN.get(request.form.get("how_often", ""))
     if choice is None:
         message = "Choose how often you want marketing notifications"
@@ -564,6 +588,8 @@ def quiet_hours() -> Any:
     subscriber, rows = _visitor()
     if subscriber is None:
         return _render(None, status=403)
+    if (refused := _too_many_saves(subscriber)) is not None:
+        return refused
     action = request.form.get("action", "")
     typed = {name: request.form.get(name, "") for name in ("quiet_from", "quiet_until")}
     window: quiet.Window | None = None
@@ -674,7 +700,7 @@ def receipt() -> Any:
         # transaction would wait behind the request's open one.
         verdict = ratelimit.receipt_verdict(visitor_id)
         if verdict is not None and not verdict.allowed:
-            return _receipt_unavailable(
+            return _try_again_later(
                 429,
                 "Too many receipts at once",
                 "You have asked for many receipts in a short time. Nothing about your "
@@ -706,7 +732,7 @@ def receipt() -> Any:
             gap_grace_seconds=settings.consent_log_gap_grace_seconds,
         )
     except receipts.NotYetInTheLog:
-        return _receipt_unavailable(
+        return _try_again_later(
             503,
             "Your receipt is nearly ready",
             "Your latest choice is still being added to our consent log. "
@@ -721,8 +747,8 @@ def receipt() -> Any:
     return response
 
 
-def _receipt_unavailable(status: int, title: str, message: str, *, retry_after: int) -> Response:
-    """A page saying why no receipt now, and when to ask again (``Retry-After``)."""
+def _try_again_later(status: int, title: str, message: str, *, retry_after: int) -> Response:
+    """A page saying why not now, and when to ask again (``Retry-After``)."""
     response = Response(
         render_template("errors/error.html", code=status, title=title, message=message),
         status=status,
@@ -852,3 +878,8 @@ def preferences_json(subscriber: Subscriber) -> list[dict[str, Any]]:
         }
         for view in topic_views(db.session, subscriber)
     ]
+
+
+# The form saves' counts commit with the save (ratelimit.save_verdict).
+for _form_save in (save, confirm_notice, marketing_off, frequency, quiet_hours):
+    ratelimit.count_in_the_request(f"{bp.name}.{_form_save.__name__}")

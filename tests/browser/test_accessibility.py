@@ -309,6 +309,22 @@ def _preferences_receipts_limited(new_context: Callable[..., Any], server: LiveS
     return page
 
 
+def _preferences_saves_limited(new_context: Callable[..., Any], server: LiveServer) -> Page:
+    """A form saved once too often in one rate-limit window: a page saying nothing
+    changed and when to save again."""
+    portal = current_portal(server.app)
+    limits = dataclasses.replace(portal.settings.rate_limit, saves=1)
+    portal.settings = dataclasses.replace(portal.settings, rate_limit=limits)
+    page = _known(new_context)
+    for choice in ("#how-often-one-a-day", "#how-often-as-sent"):
+        page.goto("/preferences")
+        page.check(choice)
+        with page.expect_navigation():
+            page.click("text=Save how often")
+    page.wait_for_selector("text=Too many changes at once")
+    return page
+
+
 def _known_device(new_context: Callable[..., Any]) -> Page:
     """The preference centre of a browser that holds its subscription (the stop control
     is offered only to a device that receives)."""
@@ -1309,6 +1325,7 @@ PAGES = [
         "preferences-quiet-hours-refused", _preferences_quiet_hours_refused, error_summary=True
     ),
     PageState("preferences-receipts-limited", _preferences_receipts_limited),
+    PageState("preferences-saves-limited", _preferences_saves_limited),
     PageState("preferences-device-stopped", _preferences_device_stopped),  # no devices left
     PageState("preferences-stale-policy", _preferences_stale_policy, error_summary=True),
     PageState("preferences-notice-changed", _preferences_notice_changed),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 import sqlalchemy as sa
@@ -504,3 +505,72 @@ def test_saves_of_one_person_from_many_browsers_at_once_keep_one_chain(
     assert events and folded == {
         slug: state for slug, state in stored_preferences(engine).items() if slug in folded
     }
+
+
+FORM_SAVES = [
+    ("/preferences", {"policy_version": "v1", "visible": ["offers"], "topics": ["offers"]}),
+    ("/preferences", {"policy_version": "v1", "visible": ["offers"]}),
+    ("/preferences/marketing-off", {}),
+    ("/preferences/frequency", {"how_often": "one-a-day"}),
+    ("/preferences/frequency", {"how_often": "as-sent"}),
+]
+
+
+@pytest.mark.parametrize("path", sorted({path for path, _ in FORM_SAVES}))
+def test_form_saves_are_rate_limited_per_person_and_a_refusal_changes_nothing(
+    app, client, engine, subscribed, subscriptions, clock, path
+):
+    """Every form save may append consent events, which are kept for good, and the forms
+    had no limit at all (the JSON API had): past RATE_LIMIT_SAVES a window a person's
+    save gets 429, a page saying nothing changed and when to save again, and writes no
+    event; another person saves on; the next window lets them save again."""
+    portal = current_portal(app)
+    limits = replace(portal.settings.rate_limit, saves=3, window_seconds=60)
+    portal.settings = replace(portal.settings, rate_limit=limits)
+    forms = [data for form_path, data in FORM_SAVES if form_path == path]
+
+    def post(browser, turn):
+        html = browser.get("/preferences").text
+        data = {"csrf_token": csrf_token(html), **forms[turn % len(forms)]}
+        return browser.post(path, data=data)
+
+    assert [post(client, turn).status_code for turn in range(3)] == [303, 303, 303]
+    events = count_rows(engine, "consent_event")
+    refused = post(client, 3)
+    assert refused.status_code == 429
+    assert refused.headers["Retry-After"] == "60"
+    assert refused.headers["Cache-Control"] == "no-store"
+    assert "Too many changes at once" in refused.text
+    assert "nothing was changed this time" in refused.text
+    assert count_rows(engine, "consent_event") == events
+    assert post(client, 4).status_code == 429  # still refused, still nothing written
+    assert count_rows(engine, "consent_event") == events
+
+    other = app.test_client()
+    answer = other.post("/api/push/subscribe", json={"subscription": subscriptions().to_json()})
+    assert answer.status_code == 201
+    assert post(other, 0).status_code == 303  # one person's loop is never another's
+
+    clock.advance(seconds=60)
+    assert post(client, 3).status_code == 303
+
+
+def test_a_form_save_s_count_commits_with_the_save(app, client, engine, subscribed):
+    """The count joins the save's own transaction: a save is one write transaction, and
+    its count is there once it commits."""
+    html = client.get("/preferences").text
+    commits = []
+
+    def committed(connection):
+        commits.append(connection)
+
+    sa.event.listen(engine, "commit", committed)
+    try:
+        with sent_statements(engine) as seen:
+            saved = save_choices(client, html, visible=["offers"], topics=["offers"])
+    finally:
+        sa.event.remove(engine, "commit", committed)
+    assert saved.status_code == 303
+    writes = [s for s, _ in seen if s.lstrip().upper().startswith(("INSERT", "UPDATE"))]
+    assert any("rate_limit" in s for s in writes), writes
+    assert len(commits) == 1
