@@ -147,10 +147,15 @@ class _Count:
     key: bytes
     window_seconds: int
     limit: int
+    # Written again alone when the request is refused (4xx/5xx): a flood of refused
+    # requests still spends the budget. Off where only what the request did counts.
+    refused_counts: bool = True
 
 
-def tally(kind: Kind, value: bytes, limit: int) -> Verdict | None:
-    """Count this request against ``value`` on this route; None when the limit is off."""
+def tally(kind: Kind, value: bytes, limit: int, *, refused_counts: bool = True) -> Verdict | None:
+    """Count this request against ``value`` on this route; None when the limit is off.
+    ``refused_counts=False`` (routes that count in the request only): a request answered
+    4xx/5xx is not counted, so a refused one changes nothing."""
     if limit <= 0:
         return None
     portal = current_portal()
@@ -158,7 +163,7 @@ def tally(kind: Kind, value: bytes, limit: int) -> Verdict | None:
     key = counter_key(
         current_app.config["SECRET_KEY"].encode(), kind, request.endpoint or request.path, value
     )
-    counted = _Count(key, settings.window_seconds, limit)
+    counted = _Count(key, settings.window_seconds, limit, refused_counts)
     if request.endpoint in _IN_THE_REQUEST:
         # Joins the view's transaction; written again alone if the request is refused.
         g.setdefault("_rate_counts", []).append(counted)
@@ -205,8 +210,10 @@ def _count_alone(counts: list[_Count]) -> Verdict:
 
 def _refused_still_counts(response: Response) -> Response:
     """A refused request whose counts were in its own transaction: that transaction is
-    rolled back (with anything the view wrote) and the counts written alone."""
-    counts: list[_Count] = g.pop("_rate_counts", [])
+    rolled back (with anything the view wrote) and the counts written alone, but those
+    of routes where a refusal is not counted (``refused_counts=False``), which go with
+    the rollback."""
+    counts = [count for count in g.pop("_rate_counts", []) if count.refused_counts]
     if counts and response.status_code >= 400:
         try:
             db.session.rollback()
@@ -244,8 +251,14 @@ def save_verdict(subscriber_id: uuid.UUID) -> Verdict | None:
     on routes that count in the request (:func:`count_in_the_request`): the count commits
     with the save, and waits only on that person's own saves, which take turns on their
     row lock anyway. Each save may append consent events, kept for good: a loop on the
-    form must not write without bound."""
-    return tally(Kind.SUBSCRIBER, subscriber_id.bytes, current_portal().settings.rate_limit.saves)
+    form must not write without bound. A save refused (bad input, or this limit) is not
+    counted: it wrote nothing, and the person's budget is spent only by what was saved."""
+    return tally(
+        Kind.SUBSCRIBER,
+        subscriber_id.bytes,
+        current_portal().settings.rate_limit.saves,
+        refused_counts=False,
+    )
 
 
 def client_network(address: str | None) -> bytes:

@@ -429,8 +429,8 @@ def test_each_topic_explains_its_state_for_the_region(
 def test_a_save_locks_the_person_then_reads_their_choices_once(client, engine, subscribed):
     """The form's save takes the person's row lock before it reads their choices, so the
     read it shows the decisions against is the one they start from: one read, not a read
-    for the page and another under the lock, then one INSERT of the events and one upsert
-    of the rows."""
+    for the page and another under the lock, then the save's rate-limit count, one INSERT
+    of the events and one upsert of the rows."""
     html = client.get("/preferences").text
     chosen = ["offers", "order-updates"]
     with sent_statements(engine) as sent:
@@ -445,10 +445,11 @@ def test_a_save_locks_the_person_then_reads_their_choices_once(client, engine, s
     reads = [s for s, _ in sent if s.lstrip().startswith("SELECT") and "topic_preference" in s]
     assert len(reads) == 1
     assert [s.split(" (")[0] for s in shapes if s.startswith("INSERT")] == [
+        "INSERT INTO rate_limit_counter",  # RATE_LIMIT_SAVES, counted with the save
         "INSERT INTO consent_event",
         "INSERT INTO topic_preference",
     ]
-    assert len(sent) == 5
+    assert len(sent) == 6
     assert stored_preferences(engine) == {"offers": "opt_in", "order-updates": "opt_in"}
 
 
@@ -557,7 +558,17 @@ def test_form_saves_are_rate_limited_per_person_and_a_refusal_changes_nothing(
 
 def test_a_form_save_s_count_commits_with_the_save(app, client, engine, subscribed):
     """The count joins the save's own transaction: a save is one write transaction, and
-    its count is there once it commits."""
+    its count is there once it commits. A save refused for its input counts nothing (it
+    changed nothing)."""
+    portal = current_portal(app)
+    portal.settings = replace(
+        portal.settings, rate_limit=replace(portal.settings.rate_limit, saves=60)
+    )
+    refused = client.post(
+        "/preferences/frequency", data={"csrf_token": csrf_token(client.get("/preferences").text)}
+    )
+    assert refused.status_code == 400
+    assert count_rows(engine, "rate_limit_counter") == 0
     html = client.get("/preferences").text
     commits = []
 
