@@ -14,7 +14,8 @@ Three doors use it:
   looked up);
 - :func:`check_request`, before every view: a route parameter that breaks the rule names
   nothing (404), a query string that does is a bad request (400) — except on views that
-  read their query string through a form (:func:`query_form`), which name the field;
+  read their query string through a form (:func:`query_form`), which name the field, and
+  on the JSON API, which answers 400 ``invalid_parameter`` naming the parameter;
 - services that store text typed elsewhere (the command line, a policy file) call it
   themselves: the catalogue's topics and notices, staff e-mail addresses, campaigns.
 """
@@ -23,13 +24,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from flask import Flask, abort, current_app, request
 from flask_wtf import FlaskForm
 from wtforms import Field, FileField, PasswordField, TextAreaField
 from wtforms.csrf.core import CSRFTokenField
 from wtforms.validators import StopValidation
+
+from portal.errors import ApiError
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 # A multi-line field keeps its tabs and line breaks (browsers send CRLF).
@@ -136,16 +139,31 @@ def query_form(view: F) -> F:
 
 
 def check_request() -> None:
-    """Refuse route parameters and query strings that break :func:`text_problem`."""
-    for value in (request.view_args or {}).values():
+    """Refuse route parameters and query strings that break :func:`text_problem`. The
+    JSON API names the parameter (400 ``invalid_parameter``, as for any bad parameter
+    there); a page answers 404 for a route parameter and 400 for a query string."""
+    api = request.path.startswith("/api/")
+    for name, value in (request.view_args or {}).items():
         if isinstance(value, str) and text_problem(value):
+            if api:
+                _refuse_parameter(name)
             abort(404)  # no topic, version or job has such a name
     view = current_app.view_functions.get(request.endpoint or "")
     if getattr(view, "query_form", False):
         return
     for name, values in request.args.lists():
         if text_problem(name) or any(text_problem(v) for v in values):
+            if api:
+                _refuse_parameter(None if text_problem(name) else name)
             abort(400)
+
+
+def _refuse_parameter(name: str | None) -> NoReturn:
+    raise ApiError(
+        "invalid_parameter",
+        f"{name or 'a parameter name'} must not hold a control character or a direction override",
+        name,
+    )
 
 
 def error_list(

@@ -77,7 +77,7 @@ def _size_parameter(name: str, where: str, description: str) -> dict[str, Any]:
         "in": where,
         "required": True,
         "description": description,
-        "schema": {"type": "string", "pattern": "^[0-9]{1,20}$"},
+        "schema": {"type": "string", "pattern": "^0*[0-9]{1,20}$"},  # leading zeros allowed
     }
 
 

@@ -23,7 +23,9 @@ from portal.seams import current_portal
 
 bp = Blueprint("consent_log_api", __name__, url_prefix="/api/consent-log")
 
-_DIGITS = re.compile(r"^[0-9]{1,20}$")
+# A size in decimal: leading zeros are still that number, and are not counted against the
+# twenty digits 2^64 - 1 needs (nor parsed: int() refuses over 4,300 digits).
+_DIGITS = re.compile(r"0*([0-9]{1,20})")
 _HEX = re.compile(r"^[0-9a-fA-F]{64}$")
 # A proof or an archived head for a given size never changes.
 _IMMUTABLE = "public, max-age=86400, immutable"
@@ -38,20 +40,33 @@ def _readable_from_any_origin(response: Response) -> Response:
     return response
 
 
+def _query(name: str) -> str | None:
+    """The one value of a query parameter. Given twice it is refused, not read as its
+    first: an answer is cached for a day as the proof of what the URL asks, and a URL
+    asking two things has no one answer."""
+    values = request.args.getlist(name)
+    if len(values) > 1:
+        raise ApiError("invalid_parameter", f"{name} must be given once", name)
+    return values[0] if values else None
+
+
 def _size(value: str | None, name: str) -> int:
     if value is None or value == "":
         raise ApiError("invalid_parameter", f"{name} is required", name)
-    if not _DIGITS.fullmatch(value) or int(value) > merkle.MAX_UINT64:
+    digits = _DIGITS.fullmatch(value)
+    if digits is None or int(digits[1]) > merkle.MAX_UINT64:
         raise ApiError(
             "invalid_parameter", f"{name} must be a whole number from 0 to 2^64 - 1", name
         )
-    return int(value)
+    return int(digits[1])
 
 
 def _leaf(value: str | None) -> bytes:
-    """A leaf hash: standard base64 (with '+' sent as %2B), base64url, or 64 hex digits."""
+    """A leaf hash: standard base64, base64url, or 64 hex digits. A '+' of standard base64
+    sent as it is (not as %2B) arrives as a space, which base64 never holds: read back."""
     if not value:
         raise ApiError("invalid_parameter", "leaf is required", "leaf")
+    value = value.replace(" ", "+")
     raw = b""
     if _HEX.fullmatch(value):
         raw = bytes.fromhex(value)
@@ -102,8 +117,8 @@ def archived(size: str) -> Response:
 
 @bp.get("/consistency")
 def consistency() -> Response:
-    first = _size(request.args.get("from"), "from")
-    second = _size(request.args.get("to"), "to")
+    first = _size(_query("from"), "from")
+    second = _size(_query("to"), "to")
     if first < 1:
         raise ApiError(
             "invalid_parameter", "from must be at least 1 (no proof from the empty tree)", "from"
@@ -117,8 +132,8 @@ def consistency() -> Response:
 
 @bp.get("/inclusion")
 def inclusion() -> Response:
-    leaf = _leaf(request.args.get("leaf"))
-    size = _size(request.args.get("size"), "size")
+    leaf = _leaf(_query("leaf"))
+    size = _size(_query("size"), "size")
     if size < 1:
         raise ApiError("invalid_parameter", "size must be at least 1", "size")
     if size > _latest_size():

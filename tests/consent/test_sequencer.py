@@ -361,6 +361,26 @@ def test_the_api_serves_heads_and_proofs_that_verify_and_match_pymerkle(app, cli
         ("/api/consent-log/inclusion?leaf=" + "00" * 32 + "&size=0", 400, "invalid_parameter"),
         ("/api/consent-log/inclusion?leaf=" + "00" * 32 + "&size=3", 404, "unknown_leaf"),
         ("/api/consent-log/inclusion?leaf=" + "00" * 32 + "&size=9", 404, "unknown_tree_size"),
+        # Given twice: no one answer (the first was served, and cached for a day).
+        ("/api/consent-log/consistency?from=1&to=3&to=2", 400, "invalid_parameter"),
+        ("/api/consent-log/consistency?from=1&from=2&to=3", 400, "invalid_parameter"),
+        (
+            "/api/consent-log/inclusion?leaf=" + "00" * 32 + "&size=3&size=9",
+            400,
+            "invalid_parameter",
+        ),
+        # A control character: named like any other bad parameter, as the API documents.
+        ("/api/consent-log/tree-head/%00", 400, "invalid_parameter"),
+        ("/api/consent-log/tree-head/3%0A", 400, "invalid_parameter"),
+        ("/api/consent-log/consistency?from=1&to=%00", 400, "invalid_parameter"),
+        ("/api/consent-log/inclusion?leaf=%01&size=3", 400, "invalid_parameter"),
+        ("/api/consent-log/inclusion?size=3&%00=1", 400, "invalid_parameter"),
+        ("/api/consent-log/tree-head/" + "0" * 5000 + "4", 404, "unknown_tree_size"),
+        (
+            "/api/consent-log/tree-head/" + "0" * 20 + "99999999999999999999",
+            400,
+            "invalid_parameter",
+        ),
     ],
 )
 def test_bad_parameters_are_a_clear_4xx(app, client, clock, url, status, code):
@@ -368,6 +388,58 @@ def test_bad_parameters_are_a_clear_4xx(app, client, clock, url, status, code):
     answer = client.get(url)
     assert answer.status_code == status, answer.text
     assert answer.json["error"]["code"] == code
+
+
+def test_a_parameter_given_twice_is_refused_whatever_its_first_value(app, client, clock):
+    """Read as its first value, ``?from=1&to=3&to=2`` was answered (and cached for a day)
+    with the proof to 3, though the URL asks for 2 as well."""
+    _filled(app, clock, 3)
+    for url in (
+        "/api/consent-log/consistency?from=1&to=3&to=3",
+        "/api/consent-log/consistency?to=3&from=1&from=1",
+    ):
+        answer = client.get(url)
+        assert answer.status_code == 400, answer.text
+        assert answer.json["error"]["field"] in {"from", "to"}
+        assert (
+            "Cache-Control" not in answer.headers
+            or "immutable" not in answer.headers["Cache-Control"]
+        )
+
+
+def test_sizes_with_leading_zeros_are_the_same_size(app, client, clock):
+    _filled(app, clock, 3)
+    plain = client.get("/api/consent-log/tree-head/3")
+    for spelling in ("03", "0" * 40 + "3", "0" * 5000 + "3"):
+        padded = client.get(f"/api/consent-log/tree-head/{spelling}")
+        assert padded.status_code == 200, padded.text
+        assert padded.json == plain.json
+    proof = client.get("/api/consent-log/consistency?from=001&to=0003")
+    assert proof.status_code == 200
+    assert proof.json == client.get("/api/consent-log/consistency?from=1&to=3").json
+
+
+def test_a_base64_plus_sent_as_it_is_reads_as_a_plus(app, client, clock):
+    """In a query string an unescaped '+' arrives as a space: a leaf hash copied into a
+    URL by hand (standard base64, '+' and all) is still found."""
+    who = _subscriber(app, clock)
+    for _ in range(60):  # each leaf's base64 holds a '+' with odds of about one in two
+        _append(app, clock, who, 1)
+        sequence(app)
+        leaves = _leaves(app.extensions["portal.db"].engine)
+        with_plus = [(i, leaf) for i, leaf in enumerate(leaves) if "+" in _b64(leaf)]
+        if with_plus:
+            break
+    index, leaf = with_plus[0]
+    size = len(leaves)
+    raw = f"/api/consent-log/inclusion?size={size}&leaf={_b64(leaf)}"  # '+' unescaped
+    answer = client.get(raw)
+    assert answer.status_code == 200, answer.text
+    assert answer.json["leaf_index"] == index
+    escaped = client.get(
+        "/api/consent-log/inclusion", query_string={"leaf": _b64(leaf), "size": size}
+    )
+    assert escaped.json == answer.json
 
 
 def test_a_leaf_beyond_the_size_asked_is_not_found(app, client, clock):
