@@ -159,10 +159,11 @@ def check_request() -> None:
 
 
 def _refuse_parameter(name: str | None) -> NoReturn:
+    """Named when it has a name that can be shown (not empty, not itself the problem)."""
     raise ApiError(
         "invalid_parameter",
-        f"{name or 'a parameter name'} must not hold a control character or a direction override",
-        name,
+        f"{name or 'a parameter'} must not hold a control character or a direction override",
+        name or None,
     )
 
 

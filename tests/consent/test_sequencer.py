@@ -23,6 +23,7 @@ from portal.consent.models import EventKind
 from portal.db import db, uuid7
 from portal.seams import current_portal
 from portal.subscriptions.models import Subscriber
+from tests.api.guard import is_error_shape
 from tests.helpers import count_rows, sent_statements, sequence
 
 
@@ -375,6 +376,7 @@ def test_the_api_serves_heads_and_proofs_that_verify_and_match_pymerkle(app, cli
         ("/api/consent-log/consistency?from=1&to=%00", 400, "invalid_parameter"),
         ("/api/consent-log/inclusion?leaf=%01&size=3", 400, "invalid_parameter"),
         ("/api/consent-log/inclusion?size=3&%00=1", 400, "invalid_parameter"),
+        ("/api/consent-log/inclusion?size=3&=%00", 400, "invalid_parameter"),
         ("/api/consent-log/tree-head/" + "0" * 5000 + "4", 404, "unknown_tree_size"),
         (
             "/api/consent-log/tree-head/" + "0" * 20 + "99999999999999999999",
@@ -388,6 +390,7 @@ def test_bad_parameters_are_a_clear_4xx(app, client, clock, url, status, code):
     answer = client.get(url)
     assert answer.status_code == status, answer.text
     assert answer.json["error"]["code"] == code
+    assert is_error_shape(answer.json)  # a field, when named, is a name
 
 
 def test_a_parameter_given_twice_is_refused_whatever_its_first_value(app, client, clock):
