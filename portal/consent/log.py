@@ -140,6 +140,13 @@ def lock_subscriber(session: Session, *subscriber_ids: uuid.UUID | None) -> None
     connection.exec_driver_sql(_driver_text(connection.dialect, statement), parameters).all()
 
 
+def subscriber_lock_text(dialect: sa.Dialect) -> str:
+    """One person's lock (:func:`lock_subscriber`) as the driver's text, its parameter
+    ``id``: for a statement that takes it in its own round trip, with work of its own
+    (:func:`portal.ratelimit.count_save_and_lock`)."""
+    return _driver_text(dialect, _LOCK_SUBSCRIBER)
+
+
 def lock_resource(session: Session, name: str, key: bytes) -> None:
     """A transaction-scoped lock on one named thing (an endpoint hash) that has no row to
     lock yet: requests about the same push endpoint take turns, others do not wait."""

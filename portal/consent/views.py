@@ -12,6 +12,7 @@ from flask import (
     Response,
     abort,
     flash,
+    g,
     get_flashed_messages,
     jsonify,
     redirect,
@@ -26,7 +27,7 @@ from portal import ratelimit
 from portal.api import check_same_origin, json_body
 from portal.campaigns.local_time import parse_local_time
 from portal.clock import day_in
-from portal.consent import catalogue, log, receipts, tree
+from portal.consent import catalogue, receipts, tree
 from portal.consent.accounts import link_account, link_manages
 from portal.consent.log import Context
 from portal.consent.models import (
@@ -139,13 +140,14 @@ def _visitor(*, to_decide: bool = False) -> tuple[Subscriber | None, dict[int, T
 
     ``to_decide``: a form that records decisions takes the person's row lock first and
     then reads, so the preferences it answers are the ones its decisions start from
-    (``apply_decisions(read_under_lock=...)``) and need no second read."""
+    (``apply_decisions(read_under_lock=...)``) and need no second read; the lock comes
+    with the save's count (``RATE_LIMIT_SAVES``), which :func:`_too_many_saves` reads."""
     linked = _link_visitor()
     subscriber_id = linked or subscriber_from_cookie(request)
     if subscriber_id is None:
         return None, {}
     if to_decide:
-        log.lock_subscriber(db.session, subscriber_id)
+        g.save_verdict = ratelimit.count_save_and_lock(subscriber_id)
     subscriber, rows, has_devices = subscriber_with_preferences(
         db.session, subscriber_id, devices=linked is not None, fresh=to_decide
     )
@@ -440,8 +442,11 @@ def save() -> Any:
 
 def _too_many_saves(subscriber: Subscriber) -> Response | None:
     """The page a form save gets past ``RATE_LIMIT_SAVES`` a window: nothing changed,
-    and when to save again."""
-    verdict = ratelimit.save_verdict(subscriber.id)
+    and when to save again. Counted with the person's lock by a form that records
+    decisions (``_visitor(to_decide=True)``), else here."""
+    verdict = (
+        g.pop("save_verdict") if "save_verdict" in g else ratelimit.save_verdict(subscriber.id)
+    )
     if verdict is None or verdict.allowed:
         return None
     return _try_again_later(

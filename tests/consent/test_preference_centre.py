@@ -10,8 +10,11 @@ from dataclasses import replace
 import pytest
 import sqlalchemy as sa
 
+from portal import ratelimit
+from portal.db import db, uuid7
 from portal.identity import preference_link_token, sign_assertion
 from portal.seams import current_portal
+from portal.subscriptions.models import Subscriber
 from tests.helpers import (
     all_rows,
     confirm_account_link,
@@ -429,27 +432,28 @@ def test_each_topic_explains_its_state_for_the_region(
 def test_a_save_locks_the_person_then_reads_their_choices_once(client, engine, subscribed):
     """The form's save takes the person's row lock before it reads their choices, so the
     read it shows the decisions against is the one they start from: one read, not a read
-    for the page and another under the lock, then the save's rate-limit count, one INSERT
-    of the events and one upsert of the rows."""
+    for the page and another under the lock. The lock comes in one statement with the
+    save's rate-limit count (RATE_LIMIT_SAVES); then one INSERT of the events and one
+    upsert of the rows: five statements."""
     html = client.get("/preferences").text
     chosen = ["offers", "order-updates"]
     with sent_statements(engine) as sent:
         saved = save_choices(client, html, visible=chosen, topics=chosen)
     assert saved.status_code == 303
     shapes = [" ".join(statement.split())[:60] for statement, _ in sent]
-    assert (
-        shapes[0].startswith("SELECT subscriber.id FROM subscriber")
-        and "FOR UPDATE" in (sent[0][0])
+    first = " ".join(sent[0][0].split())
+    assert first.startswith("WITH counted AS (INSERT INTO rate_limit_counter")
+    assert "SELECT subscriber.id FROM subscriber" in first and first.endswith(
+        "FOR UPDATE) AS locked ON true"
     )
     assert "topic_preference" in sent[1][0] and "FROM subscriber" in sent[1][0]
     reads = [s for s, _ in sent if s.lstrip().startswith("SELECT") and "topic_preference" in s]
     assert len(reads) == 1
     assert [s.split(" (")[0] for s in shapes if s.startswith("INSERT")] == [
-        "INSERT INTO rate_limit_counter",  # RATE_LIMIT_SAVES, counted with the save
         "INSERT INTO consent_event",
         "INSERT INTO topic_preference",
     ]
-    assert len(sent) == 6
+    assert len(sent) == 5
     assert stored_preferences(engine) == {"offers": "opt_in", "order-updates": "opt_in"}
 
 
@@ -582,6 +586,36 @@ def test_a_form_save_s_count_commits_with_the_save(app, client, engine, subscrib
     finally:
         sa.event.remove(engine, "commit", committed)
     assert saved.status_code == 303
-    writes = [s for s, _ in seen if s.lstrip().upper().startswith(("INSERT", "UPDATE"))]
-    assert any("rate_limit" in s for s in writes), writes
+    writes = [s for s, _ in seen if s.lstrip().upper().startswith(("INSERT", "UPDATE", "WITH"))]
+    assert any("INSERT INTO rate_limit_counter" in s for s in writes), writes
     assert len(commits) == 1
+
+
+@pytest.mark.postgres_only
+def test_a_save_s_count_and_the_person_s_lock_are_one_round_trip(app, engine, subscribed):
+    """``ratelimit.count_save_and_lock``: the count comes back whether or not the person is
+    still there (the lock is joined to the count, not the count to the lock), the lock is
+    held to the end of the transaction, and the count goes with a rollback."""
+    portal = current_portal(app)
+    portal.settings = replace(
+        portal.settings, rate_limit=replace(portal.settings.rate_limit, saves=60)
+    )
+    with engine.connect() as connection:
+        who = connection.execute(sa.select(Subscriber.id)).scalar_one()
+    locked = sa.select(Subscriber.id).where(Subscriber.id == who).with_for_update(nowait=True)
+    with app.test_request_context("/preferences", method="POST"):
+        with sent_statements(engine) as sent:
+            verdict = ratelimit.count_save_and_lock(who)
+        assert len(sent) == 1
+        assert verdict is not None and (verdict.hits, verdict.limit) == (1, 60)
+        with engine.connect() as other, pytest.raises(sa.exc.OperationalError):
+            other.execute(locked)  # the person's row is held by the save's transaction
+        assert ratelimit.count_save_and_lock(who).hits == 2  # type: ignore[union-attr]
+        db.session.rollback()
+        with engine.connect() as other:
+            assert other.execute(locked).scalar_one() == who  # free again
+        assert count_rows(engine, "rate_limit_counter") == 0  # the counts went with it
+        nobody = ratelimit.count_save_and_lock(uuid7())
+        assert nobody is not None and nobody.hits == 1
+        db.session.commit()
+    assert count_rows(engine, "rate_limit_counter") == 1
