@@ -269,6 +269,33 @@ def test_signed_heads_verify_only_with_the_log_key(app, engine, clock):
 # --- the public API ---------------------------------------------------------------------
 
 
+def test_every_stored_node_is_the_root_of_its_leaves_across_insert_chunks(
+    app, engine, clock, monkeypatch
+):
+    # PostgreSQL takes a run's nodes in chunks (tree._NODE_CHUNK): a chunk of 3 splits
+    # 13 leaves' 23 complete subtrees over 8 statements, the last one short.
+    monkeypatch.setattr(tree, "_NODE_CHUNK", 3)
+    who = _subscriber(app, clock)
+    _append(app, clock, who, 13)
+    with sent_statements(engine) as statements:
+        assert sequence(app).after == 13
+    node_inserts = [text for text, _ in statements if "INSERT INTO consent_log_node" in text]
+    assert len(node_inserts) == (8 if engine.dialect.name == "postgresql" else 1)
+    leaves = _leaves(engine)
+    with engine.connect() as conn:
+        stored = conn.execute(sa.select(tree._n).order_by(tree._n.c.level, tree._n.c.idx)).all()
+    expected = [
+        (level, idx)
+        for level in range(4)
+        for idx in range(13 >> level)  # the complete subtrees of 13 leaves: 13, 6, 3, 1
+    ]
+    assert [(row.level, row.idx) for row in stored] == expected
+    for row in stored:
+        width = 1 << row.level
+        span = leaves[row.idx * width : (row.idx + 1) * width]
+        assert bytes(row.hash) == merkle.root_from_leaf_hashes(span), (row.level, row.idx)
+
+
 def _filled(app, clock, count: int) -> list[bytes]:
     who = _subscriber(app, clock)
     _append(app, clock, who, count)
