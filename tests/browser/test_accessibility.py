@@ -736,6 +736,12 @@ def _lookup_search(kind: str) -> Reach:
                 for n in range(1, 26):
                     make_subscriber(session, f"shop-{n:03d}")
             query = "shop-"
+        if kind == "more":  # more start alike than the search lists
+            from tests.factories import make_accounts
+
+            with db.begin(server.app) as session:
+                make_accounts(session, [f"club-{n:04d}" for n in range(1, 1006)])
+            query = "club-"
         page = _staff(new_context, server)
         page.goto("/staff/compliance/lookup")
         page.fill("#q", query)
@@ -1203,6 +1209,7 @@ STAFF_PAGES = [
     PageState("staff-compliance-lookup-endpoint-error", _lookup_by_no_endpoint, error_summary=True),
     PageState("staff-compliance-lookup-by-reference", _lookup_search("reference")),
     PageState("staff-compliance-lookup-page-2", _lookup_search("prefix")),
+    PageState("staff-compliance-lookup-more-than-listed", _lookup_search("more")),
     PageState("staff-compliance-lookup-by-receipt", _lookup_search("receipt")),
     PageState("staff-compliance-lookup-no-results", _lookup_search("empty")),
     PageState(

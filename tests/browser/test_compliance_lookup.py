@@ -27,7 +27,7 @@ from tests.browser.test_accessibility import (
     error_summary_problems,
     page_overflow,
 )
-from tests.factories import SubscriptionFactory, make_subscriber
+from tests.factories import SubscriptionFactory, make_accounts, make_subscriber
 
 pytestmark = pytest.mark.browser
 
@@ -150,6 +150,29 @@ def test_an_account_id_prefix_pages_through_everyone(viewport, new_context, serv
     officer.locator("a[rel=prev]").click()
     officer.wait_for_url("**page=1")
     expect(counted).to_have_text("Showing 1–20 of 25 people, exact matches first.")
+
+
+@WIDTHS
+def test_a_broad_start_lists_the_first_thousand_and_asks_for_more(viewport, new_context, server):
+    with db.begin(server.app) as session:
+        make_accounts(session, [f"club-{n:04d}" for n in range(1, 1206)])
+    officer = _officer(new_context, server, viewport)
+    _search(officer, "club")
+    counted = officer.locator("#results-count")
+    expect(counted).to_have_text(
+        "Showing 1–20 of the first 1,000 people found, exact matches first. More account "
+        "IDs start with “club” than are listed: type more of the account ID to narrow the "
+        "search."
+    )
+    expect(officer.locator(".pagination")).to_contain_text("Page 1 of 50")
+    _checked(officer, "lookup-prefix-more", viewport)
+    officer.goto(f"{officer.url}&page=50")
+    expect(counted).to_contain_text("Showing 981–1,000 of the first 1,000 people found")
+    rows = officer.locator("main tbody tr")
+    expect(rows.last).to_contain_text("Account club-1000")
+    assert officer.locator("a[rel=next]").count() == 0
+    _search(officer, "club-1")  # narrowed: 206 of them, all listed
+    expect(counted).to_have_text("Showing 1–20 of 206 people, exact matches first.")
 
 
 @WIDTHS

@@ -23,7 +23,7 @@ from portal.db import db
 from portal.subscriptions.models import Subscriber
 from portal.subscriptions.reference import display, reference_for
 from tests.helpers import sent_statements
-from tests.plans import PLANNED, deliveries, populate, whole_table_reads
+from tests.plans import PLANNED, deliveries, plans, populate, whole_table_reads
 
 pytestmark = pytest.mark.postgres_only
 
@@ -64,6 +64,32 @@ def test_a_look_up_by_each_key_reads_no_growing_table_whole(engine, officer, amo
     assert len(statements) >= 2 * len(searches)  # the searches were seen
     problems = whole_table_reads(engine, statements)
     assert not problems, "\n\n".join(problems)
+
+
+def test_a_broad_account_id_start_reads_only_what_its_page_lists(engine, officer, among_many):
+    """ "member-" starts the account IDs of 3,000 people: its count stops one past the
+    listed cap (``PREFIX_LISTED``, 1,000) and its page is read from the prefix index in order. Before, the search
+    counted every match and sorted them all for each page (no sequential scan, so the
+    whole-table check above did not see it)."""
+    with sent_statements(engine, PLANNED) as statements:
+        for page in ("1", "50"):
+            found = officer.get(
+                "/staff/compliance/lookup", query_string={"q": "member-", "page": page}
+            )
+            assert found.status_code == 200
+            assert "of the first 1,000 people found" in found.text
+            assert "More account IDs start with “member-” than are listed" in found.text
+    past = officer.get("/staff/compliance/lookup", query_string={"q": "member-", "page": "51"})
+    assert past.status_code == 404 and "There is no page 51" in past.text
+    by_prefix = [(sql, p) for sql, p in statements if "LIKE" in sql and "subscriber" in sql]
+    assert len(by_prefix) == 4  # per page: the capped count, the listing
+    for (sql, _), plan in zip(by_prefix, plans(engine, by_prefix), strict=True):
+        # Stopped at its limit (a count's scan too: it stops once one past the cap is
+        # found); nothing sorted; a page read in the prefix index's own order.
+        assert plan.splitlines()[1 if "count(" in sql else 0].lstrip(" ->").startswith("Limit")
+        assert "Sort" not in plan, plan
+        if "ORDER BY" in sql:
+            assert "Index Scan using ix_subscriber_external_user_id_prefix" in plan, plan
 
 
 def test_a_history_and_an_erasure_read_no_growing_table_whole(engine, clock, officer, among_many):

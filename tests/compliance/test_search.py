@@ -71,6 +71,43 @@ def test_an_account_id_prefix_pages_through_everyone_in_a_stable_order(app, acco
     assert [f.external_user_id for f in _search(app, "acct-", 2).results] == seen[20:40]
 
 
+def test_a_broad_start_lists_the_first_matches_and_says_that_more_match(
+    app, engine, accounts, monkeypatch
+):
+    monkeypatch.setattr(services, "PREFIX_LISTED", 25)
+    with db.begin(app) as session:
+        make_subscriber(session, "acct-")  # the text itself is an account: listed first
+    pages = [_search(app, "acct-", page) for page in (1, 2)]
+    assert [(p.total, p.more, p.pages) for p in pages] == [(26, True, 2), (26, True, 2)]
+    assert [(p.first, p.last) for p in pages] == [(1, 20), (21, 26)]
+    seen = [f.external_user_id for p in pages for f in p.results]
+    assert seen == ["acct-", *sorted(accounts)[:25]]  # the exact one, then the first 25
+    assert pages[0].results[0].matched == (Match.ACCOUNT_ID,)
+    refused = _refused(app, "acct-", 3)
+    assert (refused.status, refused.message) == (404, "There is no page 3: this search has 2 pages")
+    # Narrowed below the cap, all of them and no "more".
+    narrowed = _search(app, "acct-05")
+    assert (narrowed.total, narrowed.more, narrowed.pages) == (8, False, 1)
+    rows = [r for r in all_rows(engine, "staff_audit") if r["action"] == "consent.looked_up"]
+    details = [
+        json.loads(r["detail"]) if isinstance(r["detail"], str) else r["detail"] for r in rows
+    ]
+    assert details[:2] == [
+        {"by": "search", "found": 26, "page": 1, "more": True},
+        {"by": "search", "found": 26, "page": 2, "more": True},
+    ]
+
+
+def test_a_start_at_the_cap_says_nothing_more(app, accounts, monkeypatch):
+    monkeypatch.setattr(services, "PREFIX_LISTED", 57)
+    found = _search(app, "acct-", 3)
+    assert (found.total, found.more, found.last) == (57, False, 57)
+    monkeypatch.setattr(services, "PREFIX_LISTED", 56)
+    found = _search(app, "acct-", 3)
+    assert (found.total, found.more, found.last) == (56, True, 56)
+    assert found.results[-1].external_user_id == "acct-056"
+
+
 def test_an_exact_account_id_comes_first(app, accounts):
     found = _search(app, "acct-05")
     assert found.total == 8  # acct-05 is no account; acct-050 … acct-057 start with it
