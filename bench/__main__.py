@@ -59,6 +59,7 @@ BENCHMARKS = (
     "receipt",
     "campaign_list",
     "compliance_pages",
+    "compliance_search",
     "cancel",
     "review_audience",
 )
