@@ -19,13 +19,13 @@ from playwright.sync_api import Page, expect
 
 from portal.campaigns import media
 from portal.delivery.models import Delivery, DeliveryReceipt
-from tests.browser.conftest import DESKTOP, PHONE, LiveServer
+from tests.browser.conftest import DESKTOP, PHONE, SCREENSHOTS, LiveServer
 from tests.browser.test_accessibility import TARGETS, _staff, axe_results, page_overflow
 from tests.campaigns import test_picture_metadata as built
 
 pytestmark = pytest.mark.browser
 
-SHOTS = Path("/work/notes/shots/h-composer")
+SHOTS = SCREENSHOTS / "composer"
 WIDTHS = pytest.mark.parametrize("viewport", [DESKTOP, PHONE], ids=lambda v: f"{v['width']}px")
 LONG_TITLE = "Winter sale: everything in the shop is half price this week"  # 59 characters
 LONG_BODY = (

@@ -11,7 +11,6 @@ import datetime as dt
 import itertools
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,14 +20,14 @@ from playwright.sync_api import Page, expect
 from portal.db import db
 from portal.delivery.models import Delivery, DeliveryReceipt
 from portal.seams import current_portal
-from tests.browser.conftest import DESKTOP, PHONE, LiveServer
+from tests.browser.conftest import DESKTOP, PHONE, SCREENSHOTS, LiveServer
 from tests.browser.test_accessibility import TARGETS, axe_results, page_overflow
 from tests.browser.test_campaign_outcome import _open
 from tests.factories import FunnelFactory
 
 pytestmark = pytest.mark.browser
 
-SHOTS = Path("/work/notes/shots/h-funnel")
+SHOTS = SCREENSHOTS / "funnel"
 WIDTHS = pytest.mark.parametrize("viewport", [DESKTOP, PHONE], ids=lambda v: f"{v['width']}px")
 S = dt.timedelta(seconds=1)
 

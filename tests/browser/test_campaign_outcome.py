@@ -14,7 +14,6 @@ import re
 import time
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,13 +25,13 @@ from portal.campaigns.models import Campaign
 from portal.db import db
 from portal.delivery.models import Delivery
 from portal.seams import current_portal
-from tests.browser.conftest import DESKTOP, PHONE, LiveServer
+from tests.browser.conftest import DESKTOP, PHONE, SCREENSHOTS, LiveServer
 from tests.browser.test_accessibility import TARGETS, _staff, axe_results, page_overflow
 from tests.campaigns.test_readings import costly_readings
 
 pytestmark = pytest.mark.browser
 
-SHOTS = Path("/work/notes/shots/h-outcome")
+SHOTS = SCREENSHOTS / "outcome"
 WIDTHS = pytest.mark.parametrize("viewport", [DESKTOP, PHONE], ids=lambda v: f"{v['width']}px")
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,13 +18,13 @@ from playwright.sync_api import Page, expect
 from portal.campaigns import services as campaigns
 from portal.campaigns.services import CampaignDraft
 from portal.delivery.models import Delivery
-from tests.browser.conftest import DESKTOP, PHONE, LiveServer
+from tests.browser.conftest import DESKTOP, PHONE, SCREENSHOTS, LiveServer
 from tests.browser.test_accessibility import TARGETS, _staff, axe_results, page_overflow
 from tests.factories import SubscriptionFactory
 
 pytestmark = pytest.mark.browser
 
-SHOTS = Path("/work/notes/shots/h-zones")
+SHOTS = SCREENSHOTS / "zones"
 WIDTHS = pytest.mark.parametrize("viewport", [DESKTOP, PHONE], ids=lambda v: f"{v['width']}px")
 _DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 

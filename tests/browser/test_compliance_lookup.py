@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,7 +16,7 @@ from playwright.sync_api import Page, expect
 
 from portal.db import db
 from portal.seams import current_portal
-from tests.browser.conftest import DESKTOP, PHONE, LiveServer, subscribe_through_api
+from tests.browser.conftest import DESKTOP, PHONE, SCREENSHOTS, LiveServer, subscribe_through_api
 from tests.browser.test_accessibility import (
     BROKEN_WORDS,
     TARGETS,
@@ -31,7 +30,7 @@ from tests.factories import SubscriptionFactory, make_accounts, make_subscriber
 
 pytestmark = pytest.mark.browser
 
-SHOTS = Path("/work/notes/shots/h-lookup")
+SHOTS = SCREENSHOTS / "lookup"
 WIDTHS = pytest.mark.parametrize("viewport", [DESKTOP, PHONE], ids=lambda v: f"{v['width']}px")
 REFERENCE = re.compile(r"^[0-9A-HJKMNP-TV-Z]{4}-[0-9A-HJKMNP-TV-Z]{4}$")
 

@@ -4,20 +4,19 @@ it and the latest signed tree head; axe-core finds nothing, nothing scrolls side
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
 from playwright.sync_api import expect
 
 from portal.consent.jobs import sequence_once
-from tests.browser.conftest import DESKTOP, PHONE, LiveServer, subscribe_through_api
+from tests.browser.conftest import DESKTOP, PHONE, SCREENSHOTS, LiveServer, subscribe_through_api
 from tests.browser.test_accessibility import TARGETS, _staff, axe_results, page_overflow
 from tests.factories import SubscriptionFactory
 
 pytestmark = pytest.mark.browser
 
-SHOTS = Path("/work/notes/shots/h-merkle")
+SHOTS = SCREENSHOTS / "merkle"
 WIDTHS = pytest.mark.parametrize("viewport", [DESKTOP, PHONE], ids=lambda v: f"{v['width']}px")
 
 

@@ -10,19 +10,25 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 from playwright.sync_api import Page, expect
 
-from tests.browser.conftest import DESKTOP, PHONE, LiveServer, calls, subscribe_through_page
+from tests.browser.conftest import (
+    DESKTOP,
+    PHONE,
+    SCREENSHOTS,
+    LiveServer,
+    calls,
+    subscribe_through_page,
+)
 from tests.browser.test_accessibility import TARGETS, axe_results, page_overflow
 
 pytestmark = pytest.mark.browser
 
-SHOTS = Path("/work/notes/shots/h-truth")
+SHOTS = SCREENSHOTS / "truth"
 WIDTHS = pytest.mark.parametrize("viewport", [DESKTOP, PHONE], ids=lambda v: f"{v['width']}px")
 # The browser's own answer, not the page's: the push subscription it holds.
 HOLDS_NONE = """async () => {

@@ -7,13 +7,12 @@ nothing in any of these states, and nothing scrolls sideways."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
 from playwright.sync_api import Page, expect
 
-from tests.browser.conftest import DESKTOP, PHONE, LiveServer
+from tests.browser.conftest import DESKTOP, PHONE, SCREENSHOTS, LiveServer
 from tests.browser.test_accessibility import (
     GIVEN_PASSWORD,
     TARGETS,
@@ -25,7 +24,7 @@ from tests.browser.test_accessibility import (
 
 pytestmark = pytest.mark.browser
 
-SHOTS = Path("/work/notes/shots/h-staffaudit")
+SHOTS = SCREENSHOTS / "staffaudit"
 WIDTHS = pytest.mark.parametrize("viewport", [DESKTOP, PHONE], ids=lambda v: f"{v['width']}px")
 OWN_PASSWORD = "a passphrase only I know"
 

@@ -5,17 +5,16 @@ from __future__ import annotations
 
 import re
 import uuid
-from pathlib import Path
 
 import pytest
 from playwright.sync_api import Page, expect
 
-from tests.browser.conftest import DESKTOP, PHONE, LiveServer, subscribe_through_page
+from tests.browser.conftest import DESKTOP, PHONE, SCREENSHOTS, LiveServer, subscribe_through_page
 from tests.browser.test_accessibility import _staff, axe_results
 
 pytestmark = pytest.mark.browser
 
-SHOTS = Path("/work/notes/shots/h-catalogue")
+SHOTS = SCREENSHOTS / "catalogue"
 
 
 def _timeline_item(page: Page, label: str):

@@ -4,18 +4,17 @@ Chromium at 1280 and 390 px: the words are true, and axe-core finds nothing."""
 from __future__ import annotations
 
 import datetime as dt
-from pathlib import Path
 
 import pytest
 from playwright.sync_api import Page
 
-from tests.browser.conftest import DESKTOP, PHONE, subscribe_through_page
+from tests.browser.conftest import DESKTOP, PHONE, SCREENSHOTS, subscribe_through_page
 from tests.browser.test_accessibility import axe_problems, styled
 from tests.browser.test_preference_centre import publish_new_policy
 
 pytestmark = pytest.mark.browser
 
-SHOTS = Path("/work/notes/shots/h-wording")
+SHOTS = SCREENSHOTS / "wording"
 WIDTHS = pytest.mark.parametrize("viewport", [DESKTOP, PHONE], ids=lambda v: str(v["width"]))
 
 

@@ -3,20 +3,18 @@ records nothing for it, says so, and the next page no longer offers it."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import sqlalchemy as sa
 
 from portal.consent import catalogue
 from portal.db import create_engine
-from tests.browser.conftest import DESKTOP, PHONE, LiveServer, subscribe_through_api
+from tests.browser.conftest import DESKTOP, PHONE, SCREENSHOTS, LiveServer, subscribe_through_api
 from tests.browser.test_accessibility import axe_results
 from tests.browser.test_preference_centre import preferences, submit
 
 pytestmark = pytest.mark.browser
 
-SHOTS = Path("/work/notes/shots/h-catalogue")
+SHOTS = SCREENSHOTS / "catalogue"
 
 
 def retire_behind_the_page(server: LiveServer, slug: str) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,12 +16,12 @@ from playwright.sync_api import Page, expect
 
 from portal.push.transport import PushResponse
 from portal.seams import current_portal
-from tests.browser.conftest import DESKTOP, PHONE, LiveServer, calls
+from tests.browser.conftest import DESKTOP, PHONE, SCREENSHOTS, LiveServer, calls
 from tests.browser.test_accessibility import TARGETS, _staff, axe_results, page_overflow
 
 pytestmark = pytest.mark.browser
 
-SHOTS = Path("/work/notes/shots/h-testdevices")
+SHOTS = SCREENSHOTS / "testdevices"
 WIDTHS = pytest.mark.parametrize("viewport", [DESKTOP, PHONE], ids=lambda v: f"{v['width']}px")
 EMAIL = "tester@example.test"
 

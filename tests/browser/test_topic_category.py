@@ -8,18 +8,17 @@ nothing on any of these states, and nothing scrolls sideways.
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
 from playwright.sync_api import Page, expect
 
-from tests.browser.conftest import DESKTOP, PHONE, LiveServer
+from tests.browser.conftest import DESKTOP, PHONE, SCREENSHOTS, LiveServer
 from tests.browser.test_accessibility import TARGETS, _staff, axe_results, page_overflow
 
 pytestmark = pytest.mark.browser
 
-SHOTS = Path("/work/notes/shots/h-category")
+SHOTS = SCREENSHOTS / "category"
 WIDTHS = pytest.mark.parametrize("viewport", [DESKTOP, PHONE], ids=lambda v: f"{v['width']}px")
 
 
