@@ -116,6 +116,10 @@ def _new_search(session: Any, query: str, page: int) -> tuple[int, list[Any]]:
     return found.total, [row.subscriber_id for row in found.results]
 
 
+def _ratio(ratio: float) -> str:
+    return f"{ratio:.0f}×" if ratio >= 10 else f"{ratio:.2f}×"
+
+
 def _in_request(app: Any, work: Callable[[Any], Any]) -> Callable[[], Any]:
     from portal.db import db
 
@@ -200,7 +204,7 @@ def main() -> int:
     ]
     for name, old, new, old_total, new_total, rows in timed:
         lines.append(
-            f"| {name} | {old:.4f} | {new:.4f} | {old / new:.0f}× | {old_total:,} → "
+            f"| {name} | {old:.4f} | {new:.4f} | {_ratio(old / new)} | {old_total:,} → "
             f"{new_total:,}{' (and more)' if new_total < old_total else ''}, {rows} listed |"
         )
     lines += [
