@@ -32,7 +32,6 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any, cast
@@ -43,6 +42,7 @@ sys.path.insert(0, str(ROOT))
 import sqlalchemy as sa  # noqa: E402
 
 from bench.claims import add_database_arguments, own_database  # noqa: E402
+from bench.compliance_pages import _in_request  # noqa: E402
 from bench.consent_log import _app  # noqa: E402
 from bench.contract import Figure, add_arguments, median_time, write  # noqa: E402
 
@@ -118,18 +118,6 @@ def _new_search(session: Any, query: str, page: int) -> tuple[int, list[Any]]:
 
 def _ratio(ratio: float) -> str:
     return f"{ratio:.0f}×" if ratio >= 10 else f"{ratio:.2f}×"
-
-
-def _in_request(app: Any, work: Callable[[Any], Any]) -> Callable[[], Any]:
-    from portal.db import db
-
-    def run() -> Any:
-        with app.test_request_context("/staff/compliance/lookup"):
-            answer = work(db.session)
-            db.session.commit()
-            return answer
-
-    return run
 
 
 def main() -> int:
