@@ -162,6 +162,10 @@ class FunnelFactory:
             self.delivery(status, **options)
 
 
+# When a subscriber made by the factories below first came, unless a test says otherwise.
+SUBSCRIBER_CREATED = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+
+
 def make_subscriber(
     session: Any,
     external_user_id: str | None = None,
@@ -175,7 +179,7 @@ def make_subscriber(
     columns: dict[str, Any] = {"reference": reference} if reference is not None else {}
     subscriber = Subscriber(
         external_user_id=external_user_id,
-        created_at=created_at or dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
+        created_at=created_at or SUBSCRIBER_CREATED,
         **columns,
     )
     session.add(subscriber)
@@ -191,7 +195,7 @@ def make_accounts(session: Any, names: list[str], *, created_at: dt.datetime | N
     from portal.db import uuid7
     from portal.subscriptions.models import Subscriber
 
-    when = created_at or dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    when = created_at or SUBSCRIBER_CREATED
     session.execute(
         sa.insert(Subscriber),
         [{"id": uuid7(), "external_user_id": name, "created_at": when} for name in names],
